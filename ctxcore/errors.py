@@ -1,0 +1,80 @@
+"""The exception hierarchy: one base, a few precise subclasses.
+
+Every message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class CtxcoreError(Exception):
+    """Base class of every error ctxcore raises on purpose."""
+
+
+class InvalidMessageError(CtxcoreError, ValueError):
+    """A message (or a sequence of messages) is malformed.
+
+    ``index`` is the position of the offending message in the input (-1 when the
+    input as a whole is wrong), ``field`` the offending key.
+    """
+
+    def __init__(self, index: int, field: str, detail: str) -> None:
+        self.index = index
+        self.field = field
+        self.detail = detail
+        where = f"message {index}" if index >= 0 else "messages"
+        super().__init__(f"{where}: field {field!r}: {detail}")
+
+
+class ConfigError(CtxcoreError, ValueError):
+    """A configuration value is invalid; the message names the component and field."""
+
+
+class InvalidKeyError(CtxcoreError, ValueError):
+    """A tenant or conversation id is not a safe identifier."""
+
+
+class BudgetExceeded(CtxcoreError):
+    """System messages, tools and the anchors alone do not fit the token budget.
+
+    The window cannot be served without silently truncating the user's own words, so
+    the caller must raise the budget or shorten the system prompt / tool list.
+    """
+
+    def __init__(self, budget: int, system_tokens: int, tools_tokens: int, anchor_tokens: int) -> None:
+        self.budget = budget
+        self.system_tokens = system_tokens
+        self.tools_tokens = tools_tokens
+        self.anchor_tokens = anchor_tokens
+        super().__init__(
+            f"budget of {budget} tokens cannot hold system messages ({system_tokens}) + tools "
+            f"({tools_tokens}) + task/intent anchors ({anchor_tokens}) = "
+            f"{system_tokens + tools_tokens + anchor_tokens} tokens; raise budget_tokens or send "
+            "a shorter system prompt or fewer tools"
+        )
+
+
+class StoreError(CtxcoreError):
+    """A state, log or offload store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's infrastructure is unreachable; retry later (the cause is chained)."""
+
+
+class ConflictError(CtxcoreError):
+    """An optimistic-concurrency expectation did not hold (e.g. ``expected_last_id``)."""
+
+
+class CursorNotFoundError(StoreError):
+    """The compaction cursor names a log id that is not in the log.
+
+    Compaction never silently restarts from the beginning; inspect or roll back the state.
+    """
+
+
+class ModelError(CtxcoreError):
+    """A summarisation model call failed; ``kind`` classifies why (see summarize.errors)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(f"{kind}: {message}")

@@ -1,0 +1,47 @@
+"""Conversation keys: the (tenant, conversation) pair every store is keyed by.
+
+Validation here is what keeps crafted ids (``:``, ``{``, ``/``, ``..``) from reaching
+another tenant's Redis keys, SQL rows or offload files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ctxcore.errors import InvalidKeyError
+
+__all__ = ["ConversationKey", "validate_id"]
+
+_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
+
+
+def validate_id(value: object, what: str) -> str:
+    """Return ``value`` if it is a safe id (1-128 of letters, digits, ``-_.``, not starting with ``.``)."""
+    if not isinstance(value, str) or _ID.fullmatch(value) is None:
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 80 else repr(value[:80] + "...")
+        raise InvalidKeyError(
+            f"invalid {what} {shown}: use 1-128 characters from letters, digits, '-', '_' and '.', "
+            "not starting with '.'"
+        )
+    return value
+
+
+@dataclass(frozen=True, order=True)
+class ConversationKey:
+    """Identifies one conversation of one tenant."""
+
+    tenant_id: str
+    conversation_id: str
+
+    def __post_init__(self) -> None:
+        validate_id(self.tenant_id, "tenant_id")
+        validate_id(self.conversation_id, "conversation_id")
+
+    @property
+    def hash_tag(self) -> str:
+        """``{tenant:conversation}``: keeps all Redis keys of a conversation in one cluster slot."""
+        return f"{{{self.tenant_id}:{self.conversation_id}}}"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.conversation_id}"

@@ -1,0 +1,282 @@
+"""Turns, steps and anchors, and the tool-call boundary rules.
+
+* A **turn** starts at a run of *real* user messages and lasts until the next such run.
+* A **step** is a completed API round: an assistant message with all of its tool results,
+  or an assistant message without tool calls (with any user messages before it).
+* The **task anchor** is the first real user message, the **intent anchor** the last.
+
+Tool results are matched to calls within their step (the nearest preceding assistant
+message, with only tool messages in between): real agents reuse tool-call ids across a
+conversation, so a global id lookup would pair a result with the wrong call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ctxcore.markers import INTERNAL_USER_PREFIXES
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage
+
+__all__ = [
+    "Anchors",
+    "Step",
+    "Turn",
+    "UserDetector",
+    "adjust_keep_recent_for_tool_boundaries",
+    "anchors",
+    "intent_anchor",
+    "is_real_user",
+    "protect_tool_call_boundary",
+    "steps",
+    "task_anchor",
+    "tool_callers",
+    "turns",
+]
+
+
+@dataclass(frozen=True)
+class UserDetector:
+    """Tells real user messages from internal user-role messages (memory blocks, reminders).
+
+    The built-in prefixes are every marker ctxcore writes; ``extra_prefixes`` and
+    ``patterns`` (regexes matched at the start of the left-stripped text) add more.
+    """
+
+    extra_prefixes: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", tuple(re.compile(p) for p in self.patterns))
+        object.__setattr__(self, "_prefixes", INTERNAL_USER_PREFIXES + tuple(self.extra_prefixes))
+
+    def is_real(self, message: AnyMessage) -> bool:
+        """True for a user message written by the user, not by ctxcore or the harness."""
+        if not isinstance(message, UserMessage):
+            return False
+        # Deviation from spec 1.4: list content is checked by its text too, so a memory
+        # block sent as content parts is still recognised as internal.
+        text = message.text.lstrip()
+        if text.startswith(self._prefixes):
+            return False
+        return not any(p.match(text) for p in self._compiled)
+
+
+DEFAULT_DETECTOR = UserDetector()
+
+
+def is_real_user(message: AnyMessage, detector: UserDetector | None = None) -> bool:
+    """True for a real user message (spec 1.4 with every ctxcore marker added)."""
+    return (detector or DEFAULT_DETECTOR).is_real(message)
+
+
+def _has_calls(message: AnyMessage) -> bool:
+    return isinstance(message, AssistantMessage) and bool(message.tool_calls)
+
+
+# --- anchors ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """Indices of the task anchor (first real user message) and intent anchor (last)."""
+
+    task: int | None
+    intent: int | None
+
+    def indices(self) -> tuple[int, ...]:
+        """The distinct anchor indices in order."""
+        found = [i for i in (self.task, self.intent) if i is not None]
+        return tuple(sorted(set(found)))
+
+
+def anchors(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> Anchors:
+    """Both anchors of a conversation."""
+    det = detector or DEFAULT_DETECTOR
+    task = next((i for i, m in enumerate(messages) if det.is_real(m)), None)
+    if task is None:
+        return Anchors(None, None)
+    intent = next(i for i in range(len(messages) - 1, -1, -1) if det.is_real(messages[i]))
+    return Anchors(task, intent)
+
+
+def task_anchor(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> int | None:
+    """Index of the first real user message, or None."""
+    return anchors(messages, detector).task
+
+
+def intent_anchor(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> int | None:
+    """Index of the last real user message, or None."""
+    return anchors(messages, detector).intent
+
+
+# --- tool-call matching -----------------------------------------------------------------
+
+
+def tool_callers(messages: Sequence[AnyMessage]) -> dict[int, int]:
+    """Map each tool message that validly answers a call to the index of that assistant.
+
+    The caller is the nearest preceding assistant message with only tool messages in
+    between, and it must have a call with the result's id. Unmatched results are absent.
+    """
+    callers: dict[int, int] = {}
+    caller: int | None = None
+    ids: frozenset[str] = frozenset()
+    for i, message in enumerate(messages):
+        if isinstance(message, AssistantMessage):
+            caller = i
+            ids = frozenset(c.id for c in message.tool_calls)
+        elif isinstance(message, ToolMessage):
+            if caller is not None and message.tool_call_id in ids:
+                callers[i] = caller
+        else:
+            caller, ids = None, frozenset()
+    return callers
+
+
+# --- steps ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """Messages ``[start, end)`` forming one API round; ``complete`` when closed."""
+
+    start: int
+    end: int
+    assistant: int | None
+    complete: bool
+
+
+def steps(messages: Sequence[AnyMessage]) -> list[Step]:
+    """Partition messages into API rounds (spec 1.5 ``group_completed_api_rounds``).
+
+    A round closes at an assistant message without tool calls, or when every call of an
+    assistant message has its result. Trailing messages that close nothing form a final
+    incomplete step, as does an assistant whose calls never all got results.
+    """
+    out: list[Step] = []
+    start = 0
+    assistant: int | None = None
+    pending: set[str] = set()
+    for i, message in enumerate(messages):
+        if isinstance(message, AssistantMessage):
+            if pending and assistant is not None:
+                out.append(Step(start, i, assistant, False))
+                start = i
+            assistant = i
+            pending = {c.id for c in message.tool_calls}
+            if not pending:
+                out.append(Step(start, i + 1, i, True))
+                start, assistant = i + 1, None
+        elif isinstance(message, ToolMessage) and message.tool_call_id in pending:
+            pending.discard(message.tool_call_id)
+            if not pending:
+                out.append(Step(start, i + 1, assistant, True))
+                start, assistant = i + 1, None
+    if start < len(messages):
+        out.append(Step(start, len(messages), assistant, False))
+    return out
+
+
+# --- turns ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A dialogue round ``[start, end)`` beginning with real user message(s).
+
+    ``final`` is the index of the assistant reply without tool calls that closes it.
+    """
+
+    start: int
+    end: int
+    final: int | None
+    complete: bool
+    failed: bool
+    cancelled: bool
+
+
+def turns(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> list[Turn]:
+    """Dialogue rounds in log order; messages before the first real user are in none."""
+    det = detector or DEFAULT_DETECTOR
+    starts: list[int] = []
+    previous_real = False
+    for i, message in enumerate(messages):
+        real = det.is_real(message)
+        if real and not previous_real:
+            starts.append(i)
+        # Internal user messages between real ones do not split a run of user input.
+        if not isinstance(message, UserMessage):
+            previous_real = False
+        elif real:
+            previous_real = True
+    out: list[Turn] = []
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(messages)
+        out.append(_make_turn(messages, start, end))
+    return out
+
+
+def _make_turn(messages: Sequence[AnyMessage], start: int, end: int) -> Turn:
+    last_assistant: int | None = None
+    failed = cancelled = False
+    for i in range(start, end):
+        message = messages[i]
+        if isinstance(message, AssistantMessage):
+            last_assistant = i
+        elif isinstance(message, ToolMessage):
+            failed = failed or message.metadata.get("is_error") is True
+            cancelled = cancelled or message.metadata.get("cancelled") is True
+    final = None
+    if last_assistant is not None and not _has_calls(messages[last_assistant]):
+        final = last_assistant
+    complete = final is not None and all(s.complete for s in steps(messages[start : final + 1]))
+    return Turn(start, end, final, complete, failed, cancelled)
+
+
+# --- keep-recent and boundary protection (spec 4.1 and 4.5) -------------------------------
+
+
+def adjust_keep_recent_for_tool_boundaries(messages: Sequence[AnyMessage], keep: int) -> int:
+    """Widen a keep-recent count so the kept tail holds no tool result without its call.
+
+    Returns the new count (>= ``keep``); ``max(keep, 0)`` when there is nothing to do.
+    """
+    if keep <= 0 or not messages:
+        return max(keep, 0)
+    n = len(messages)
+    start = max(n - keep, 0)
+    callers = tool_callers(messages)
+    while True:
+        earliest = min(
+            (callers[i] for i in range(start, n) if i in callers and callers[i] < start), default=None
+        )
+        if earliest is None:
+            return n - start
+        start = earliest
+
+
+def protect_tool_call_boundary(messages: Sequence[AnyMessage], start: int, end: int) -> int:
+    """Move an inclusive range end back so no assistant in ``[start, end]`` loses results after it.
+
+    ``[U, A(call-1), T(call-1), A]``: ``(0, 1) -> 0`` and ``(0, 3) -> 3``.
+    """
+    callers = tool_callers(messages)
+    answered_after = {
+        callers[i] for i in range(end + 1, len(messages)) if i in callers and start <= callers[i] <= end
+    }
+    if not answered_after:
+        return end - 1 if _has_calls(messages[end]) else end
+    protected = min(answered_after) - 1
+    if protected == end and _has_calls(messages[end]):
+        return end - 1
+    return protected
+
+
+def iter_real_user_indices(messages: Iterable[AnyMessage], detector: UserDetector | None = None) -> list[int]:
+    """Indices of all real user messages."""
+    det = detector or DEFAULT_DETECTOR
+    return [i for i, m in enumerate(messages) if det.is_real(m)]

@@ -1,0 +1,309 @@
+"""Context windows: the served message list, its statistics, windowing and validation."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import UserDetector, anchors, tool_callers, turns
+
+__all__ = [
+    "DEFAULT_CONTEXT_MAX_TOKENS",
+    "MODEL_CONTEXT_WINDOW_TOKENS",
+    "ContextStats",
+    "ContextWindow",
+    "Violation",
+    "apply_window_limits",
+    "check_window",
+    "compute_stats",
+    "drop_leading_tool_messages",
+    "resolve_context_max",
+    "resolve_ratio_token_threshold",
+]
+
+
+@dataclass
+class ContextStats:
+    """Message and token counts of a window, per role."""
+
+    total_messages: int = 0
+    total_tokens: int = 0
+    total_dialogues: int = 0
+    system_messages: int = 0
+    user_messages: int = 0
+    assistant_messages: int = 0
+    tool_messages: int = 0
+    tools: int = 0
+    system_message_tokens: int = 0
+    user_message_tokens: int = 0
+    assistant_message_tokens: int = 0
+    tool_message_tokens: int = 0
+    tool_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class ContextWindow:
+    """What is sent to the model: system messages first, then context messages, plus tools.
+
+    The lists are copied on the way in and out, so a caller cannot change a window it
+    has handed over or been given.
+    """
+
+    system_messages: list[AnyMessage] = field(default_factory=list)
+    context_messages: list[AnyMessage] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    statistic: ContextStats = field(default_factory=ContextStats)
+
+    def __post_init__(self) -> None:
+        self.system_messages = list(self.system_messages)
+        self.context_messages = list(self.context_messages)
+        self.tools = [copy.deepcopy(dict(t)) for t in self.tools]
+
+    def get_messages(self) -> list[AnyMessage]:
+        """System messages, then context messages (a new list)."""
+        return [*self.system_messages, *self.context_messages]
+
+    def get_tools(self) -> list[dict[str, Any]]:
+        """Deep copies of the tool definitions."""
+        return copy.deepcopy(self.tools)
+
+
+def compute_stats(
+    system_messages: Sequence[AnyMessage],
+    context_messages: Sequence[AnyMessage],
+    tools: Sequence[Mapping[str, Any]],
+    counter: TokenCounter,
+    detector: UserDetector | None = None,
+) -> ContextStats:
+    """Exact statistics of a window under ``counter``.
+
+    ``total_tokens`` is what a request with these messages and tools costs: the figure
+    every budget comparison uses.
+    """
+    stats = ContextStats()
+    for message in (*system_messages, *context_messages):
+        tokens = _message_tokens(counter, message)
+        role = message.role
+        setattr(stats, f"{role}_messages", getattr(stats, f"{role}_messages") + 1)
+        setattr(stats, f"{role}_message_tokens", getattr(stats, f"{role}_message_tokens") + tokens)
+    stats.total_messages = len(system_messages) + len(context_messages)
+    stats.tools = len(tools)
+    stats.tool_tokens = counter.count_tools(tools)
+    stats.total_tokens = counter.count_messages([*system_messages, *context_messages]) + stats.tool_tokens
+    stats.total_dialogues = len(turns(context_messages, detector))
+    return stats
+
+
+def _message_tokens(counter: TokenCounter, message: AnyMessage) -> int:
+    count_message = getattr(counter, "count_message", None)
+    if callable(count_message):
+        return int(count_message(message))
+    return counter.count_messages([message])
+
+
+def window_tokens(
+    messages: Sequence[AnyMessage], tools: Sequence[Mapping[str, Any]], counter: TokenCounter
+) -> int:
+    """Tokens of a request holding ``messages`` and ``tools``."""
+    return counter.count_messages(messages) + counter.count_tools(tools)
+
+
+# --- windowing (spec 2.4 step 3, anchors kept) --------------------------------------------
+
+
+def drop_leading_tool_messages(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+    """Spec 2.4 step 5: tool results at the head have lost their call; drop them."""
+    start = 0
+    while start < len(messages) and isinstance(messages[start], ToolMessage):
+        start += 1
+    return list(messages[start:])
+
+
+def apply_window_limits(
+    system_messages: Sequence[AnyMessage],
+    context_messages: Sequence[AnyMessage],
+    *,
+    dialogue_round: int | None = None,
+    window_size: int | None = None,
+    detector: UserDetector | None = None,
+) -> tuple[list[AnyMessage], list[AnyMessage]]:
+    """Cut a window to its last ``dialogue_round`` turns, then to ``window_size`` messages.
+
+    ``window_size`` counts system messages too (spec 2.4). Deviation from the spec: the
+    anchors are never dropped. A cut-off task anchor is put back at the head of the
+    context messages and a cut-off intent anchor right after it; the cut never leaves a
+    tool result without its call.
+    """
+    system = list(system_messages)
+    context = list(context_messages)
+    found = anchors(context, detector)
+    start = 0
+    if dialogue_round is not None:
+        rounds = turns(context, detector)
+        if rounds:
+            start = rounds[-min(dialogue_round, len(rounds))].start
+    if window_size is not None:
+        sys_n = min(len(system), window_size)
+        system = system[len(system) - sys_n :]
+        keep = window_size - sys_n
+        start = max(start, len(context) - keep)
+    if start == 0:
+        return system, context
+    tail = context[start:]
+    head_dropped = len(tail) - len(drop_leading_tool_messages(tail))
+    start += head_dropped
+    restored = [i for i in found.indices() if i < start]
+    return system, [context[i] for i in restored] + context[start:]
+
+
+# --- context_max ------------------------------------------------------------------------
+
+DEFAULT_CONTEXT_MAX_TOKENS = 200_000
+
+MODEL_CONTEXT_WINDOW_TOKENS: dict[str, int] = {
+    "gpt-5.4": 1_050_000,
+    "gpt-5": 400_000,
+    "gpt-5-mini": 400_000,
+    "gpt-5-nano": 400_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4o": 128_000,
+    "gpt-4o-mini": 128_000,
+    "gpt-4-turbo": 128_000,
+    "gpt-4": 8_192,
+    "gpt-3.5-turbo": 16_385,
+    "o1": 200_000,
+    "o3": 200_000,
+    "o3-mini": 200_000,
+    "o4-mini": 200_000,
+    "claude-3-5-sonnet": 200_000,
+    "claude-sonnet-4": 200_000,
+    "claude-opus-4": 200_000,
+    "gemini-1.5-pro": 2_097_152,
+    "gemini-2.5-pro": 1_048_576,
+    "gemini-2.5-flash": 1_048_576,
+}
+
+
+def _lookup(table: Mapping[str, int], name: str) -> int | None:
+    if name in table:
+        return table[name]
+    folded = name.casefold()
+    for key, value in table.items():
+        if key.casefold() == folded:
+            return value
+    return None
+
+
+def resolve_context_max(
+    context_window_tokens: int | None = None,
+    model_name: str | None = None,
+    model_context_window_tokens: Mapping[str, int] | None = None,
+) -> int:
+    """The model's window: explicit -> per-model map -> built-in table -> 200000 (spec 2.6).
+
+    The built-in table also matches after stripping a ``provider/`` prefix and by the
+    longest known prefix (``gpt-4o-2024-08-06`` -> ``gpt-4o``).
+    """
+    if isinstance(context_window_tokens, int) and context_window_tokens > 0:
+        return context_window_tokens
+    if model_name:
+        if model_context_window_tokens:
+            found = _lookup(model_context_window_tokens, model_name)
+            if found:
+                return found
+        for name in (model_name, model_name.rsplit("/", 1)[-1]):
+            found = _lookup(MODEL_CONTEXT_WINDOW_TOKENS, name)
+            if found:
+                return found
+        bare = model_name.rsplit("/", 1)[-1].casefold()
+        prefixes = [k for k in MODEL_CONTEXT_WINDOW_TOKENS if bare.startswith(k.casefold() + "-")]
+        if prefixes:
+            return MODEL_CONTEXT_WINDOW_TOKENS[max(prefixes, key=len)]
+    return DEFAULT_CONTEXT_MAX_TOKENS
+
+
+def resolve_ratio_token_threshold(context_max: int, ratio: float) -> int:
+    """``max(int(context_max * ratio), 1)``."""
+    return max(int(context_max * ratio), 1)
+
+
+# --- validation -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One protocol rule a message list breaks, at ``index``."""
+
+    index: int
+    rule: str
+    detail: str
+
+
+def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
+    """Every protocol violation in a message list as sent to a chat model.
+
+    Rules: ``system_after_non_system``; ``orphan_tool_result`` (a tool message that does
+    not answer a call of the nearest preceding assistant message, with only tool messages
+    in between); ``duplicate_tool_result`` (two results for one call of one assistant
+    message); ``missing_tool_result`` (a call without its result, unless its assistant
+    message and results are the in-flight tail of the list).
+    """
+    violations: list[Violation] = []
+    seen_other = False
+    for i, message in enumerate(messages):
+        if isinstance(message, SystemMessage):
+            if seen_other:
+                violations.append(
+                    Violation(i, "system_after_non_system", "system messages must all come before the others")
+                )
+        else:
+            seen_other = True
+
+    callers = tool_callers(messages)
+    answered: dict[int, set[str]] = {}
+    for i, message in enumerate(messages):
+        if not isinstance(message, ToolMessage):
+            continue
+        caller = callers.get(i)
+        if caller is None:
+            violations.append(
+                Violation(
+                    i,
+                    "orphan_tool_result",
+                    f"tool result for call {message.tool_call_id!r} does not answer a call of the "
+                    "assistant message directly before it",
+                )
+            )
+            continue
+        got = answered.setdefault(caller, set())
+        if message.tool_call_id in got:
+            violations.append(
+                Violation(i, "duplicate_tool_result", f"second result for call {message.tool_call_id!r}")
+            )
+        got.add(message.tool_call_id)
+
+    for i, message in enumerate(messages):
+        if not isinstance(message, AssistantMessage) or not message.tool_calls:
+            continue
+        missing = [c.id for c in message.tool_calls if c.id not in answered.get(i, set())]
+        if not missing:
+            continue
+        j = i + 1
+        while j < len(messages) and isinstance(messages[j], ToolMessage):
+            j += 1
+        if j == len(messages):
+            continue  # the in-flight tail: results are still to come
+        violations.append(
+            Violation(i, "missing_tool_result", f"tool calls without a result: {', '.join(missing)}")
+        )
+    violations.sort(key=lambda v: v.index)
+    return violations
