@@ -1,0 +1,83 @@
+"""Offloaded originals as JSON files: ``{root}/{tenant}/{conversation}/{handle}.json``.
+
+Ids are validated by ``ConversationKey`` and handles here, so a crafted id cannot name a
+path outside the root. Files are written atomically (temp file + rename) with mode 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ctxcore.errors import InvalidKeyError, StoreUnavailable
+from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.state.keys import ConversationKey
+
+__all__ = ["FilesystemOffloadStore", "validate_handle"]
+
+_HANDLE = re.compile(r"[0-9a-f]{8,64}")
+
+
+def validate_handle(handle: object) -> str:
+    """Handles are lowercase hex (8-64 characters)."""
+    if not isinstance(handle, str) or _HANDLE.fullmatch(handle) is None:
+        raise InvalidKeyError(f"invalid offload handle {handle!r}: expected 8-64 lowercase hex characters")
+    return handle
+
+
+class FilesystemOffloadStore:
+    """Offloads as files under ``root``."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).resolve()
+
+    def _dir(self, key: ConversationKey) -> Path:
+        return self.root / key.tenant_id / key.conversation_id
+
+    def path_for(self, key: ConversationKey, handle: str) -> Path:
+        """Where ``handle``'s file lives (whether or not it exists)."""
+        return self._dir(key) / f"{validate_handle(handle)}.json"
+
+    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
+        """Write the file unless it exists; the write is atomic."""
+        path = self.path_for(key, handle)
+        if path.exists():
+            return False
+        payload = json.dumps(
+            {"offload_handle": handle, "messages": json.loads(messages_to_json(messages))}, ensure_ascii=False
+        )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(payload)
+                # link() fails if another writer got there first: first write wins, no overwrite.
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot write offload file {path}: {exc}") from exc
+        return True
+
+    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
+        """The stored messages, or None."""
+        path = self.path_for(key, handle)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read offload file {path}: {exc}") from exc
+        return messages_from_json(json.dumps(data["messages"]))
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove the conversation's folder."""
+        shutil.rmtree(self._dir(key), ignore_errors=True)
