@@ -123,7 +123,7 @@ _CLASS_BY_ROLE: dict[str, type[_BaseMessage]] = {
 
 # --- text flattening -------------------------------------------------------------------
 
-_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,[A-Za-z0-9+/=\s]+")
+_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,[A-Za-z0-9+/=]+")
 DATA_URL_PLACEHOLDER = "[image:data-url-omitted]"
 BASE64_PLACEHOLDER = "[image:base64-omitted]"
 
