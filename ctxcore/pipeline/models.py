@@ -1,0 +1,119 @@
+"""Pipeline configuration and the stage records that travel between planner, runner and workers."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK, TRUNCATED
+from ctxcore.state.models import SummaryBlock
+from ctxcore.summarize.model import Usage
+
+__all__ = ["STAGE_ORDER", "PipelineConfig", "Stage", "StageKind", "StageResult"]
+
+StageKind = Literal[
+    "l0_to_l1", "recursive_merge", "aggressive_keep_recent", "aggressive_full_context", "hard_truncate"
+]
+
+STAGE_ORDER: tuple[StageKind, ...] = (
+    "l0_to_l1",
+    "recursive_merge",
+    "aggressive_keep_recent",
+    "aggressive_full_context",
+    "hard_truncate",
+)
+
+
+class PipelineConfig(BaseModel):
+    """Targets and knobs of the compaction pipeline.
+
+    Pass targets left unset default to 30/160, 20/160 and 10/160 of ``target_tokens``
+    (the reference's 30k/20k/10k of 160k). They bound the summary tokens one pass
+    produces; every block also has to be at most half of what it replaces.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target_tokens: int = Field(gt=0)
+    keep_recent_messages: int = Field(default=4, ge=0)
+    first_pass_target_tokens: int | None = Field(default=None, gt=0)
+    second_pass_target_tokens: int | None = Field(default=None, gt=0)
+    third_pass_target_tokens: int | None = Field(default=None, gt=0)
+    truncate_head_ratio: float = Field(default=0.2, gt=0, lt=1)
+    compression_call_max_tokens: int = Field(default=250_000, gt=0)
+    # Raw tokens one L1 block stands for at most: bounds what one summary must hold.
+    l1_source_tokens: int | None = Field(default=None, gt=0)
+    compression_marker: str = ROUND_LEVEL_MEMORY_BLOCK
+    truncated_marker: str = TRUNCATED
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        first, second, third = self.pass_targets()
+        if not third <= second <= first:
+            raise ValueError(
+                f"pass targets must satisfy third ({third}) <= second ({second}) <= first ({first})"
+            )
+        return self
+
+    def pass_targets(self) -> tuple[int, int, int]:
+        """First, second and third pass targets, defaults resolved."""
+        t = self.target_tokens
+        return (
+            self.first_pass_target_tokens or max(t * 30 // 160, 1),
+            self.second_pass_target_tokens or max(t * 20 // 160, 1),
+            self.third_pass_target_tokens or max(t * 10 // 160, 1),
+        )
+
+    def chunk_tokens(self) -> int:
+        """Raw tokens per L1 block."""
+        return self.l1_source_tokens or max(self.pass_targets()[0] * 4, 2000)
+
+
+class Stage(BaseModel):
+    """One planned pipeline stage over a view of ``based_on_version``.
+
+    ``first_id``/``last_id`` bound the raw tail messages it summarises (None when it
+    touches no raw message); ``block_ids`` name the existing blocks it replaces.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: StageKind
+    based_on_version: int = Field(ge=0)
+    target_tokens: int = Field(gt=0)
+    first_id: str | None = None
+    last_id: str | None = None
+    block_ids: list[str] = Field(default_factory=list)
+
+
+class StageResult(BaseModel):
+    """What a stage produced: the full new ordered block list, cursor and pinned ids.
+
+    ``changed`` is False when the stage could not improve the view (model failure,
+    no benefit): the caller keeps the previous state and escalates.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stage: Stage
+    blocks: list[SummaryBlock]
+    covered_until: str | None
+    pinned: list[str]
+    changed: bool
+    tokens_before: int
+    tokens_after: int
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    detail: str = ""
+
+    def usage(self, model: str = "") -> Usage:
+        """The summariser usage of this stage."""
+        return Usage(
+            self.input_tokens,
+            self.output_tokens,
+            self.input_tokens + self.output_tokens,
+            self.model_calls,
+            model,
+        )

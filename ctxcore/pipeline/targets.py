@@ -1,0 +1,298 @@
+"""What each stage summarises: targets built deterministically from a view.
+
+A target is a contiguous run of existing blocks and/or raw tail messages that becomes one
+new block. Anchors (and any other pinned message) are never inside a target: targets form
+on either side of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ctxcore.messages import AnyMessage, AssistantMessage
+from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
+from ctxcore.pipeline.view import View, block_message
+from ctxcore.state.models import SummaryBlock
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, steps
+
+__all__ = ["Target", "build_targets", "eligible_raw", "message_tokens"]
+
+Item = SummaryBlock | AnyMessage
+
+
+def message_tokens(counter: TokenCounter, messages: Sequence[AnyMessage]) -> int:
+    """Tokens of ``messages`` (0 for none)."""
+    return counter.count_messages(list(messages)) if messages else 0
+
+
+def _mid(message: AnyMessage) -> str:
+    assert message.context_message_id is not None
+    return message.context_message_id
+
+
+@dataclass(frozen=True)
+class Target:
+    """A run of blocks and raw messages that one new block will stand for."""
+
+    target_id: str
+    scope: str
+    blocks: tuple[SummaryBlock, ...]
+    raw: tuple[AnyMessage, ...]
+    level: int
+    source_tokens: int
+    target_tokens: int
+    # What the new block stands for in raw tokens (blocks count what they stood for).
+    raw_tokens: int = 0
+
+    @property
+    def first_id(self) -> str:
+        """First log id covered."""
+        ids = [b.first_id for b in self.blocks] + [_mid(m) for m in self.raw]
+        return min(ids)
+
+    @property
+    def last_id(self) -> str:
+        """Last log id covered."""
+        ids = [b.last_id for b in self.blocks] + [_mid(m) for m in self.raw]
+        return max(ids)
+
+    def source_messages(self) -> list[AnyMessage]:
+        """The messages the summary replaces, in log order."""
+        out: list[AnyMessage] = []
+        for block in self.blocks:
+            out.extend(block.messages)
+        out.extend(self.raw)
+        return out
+
+
+def eligible_raw(view: View, keep_recent: int) -> list[AnyMessage]:
+    """The tail's leading complete steps, minus the last ``keep_recent`` messages.
+
+    Keep-recent is widened so no kept tool result loses its call; a step still waiting for
+    a tool result is never summarised.
+    """
+    tail = list(view.tail)
+    keep = adjust_keep_recent_for_tool_boundaries(tail, keep_recent) if keep_recent > 0 else 0
+    limit = len(tail) - keep
+    end = 0
+    for step in steps(tail):
+        if step.end > limit or not step.complete:
+            break
+        end = step.end
+    return tail[:end]
+
+
+def _segments(items: Sequence[Item], barriers: frozenset[str]) -> list[list[Item]]:
+    """Split items at pinned messages and anchors (which belong to no segment)."""
+    out: list[list[Item]] = [[]]
+    for item in items:
+        if not isinstance(item, SummaryBlock) and _mid(item) in barriers:
+            out.append([])
+        else:
+            out[-1].append(item)
+    return [seg for seg in out if seg]
+
+
+def _raw_chunks(
+    messages: Sequence[AnyMessage], counter: TokenCounter, chunk_tokens: int
+) -> list[list[AnyMessage]]:
+    """Split a run of raw messages at step ends into chunks of about ``chunk_tokens``."""
+    chunks: list[list[AnyMessage]] = []
+    current: list[AnyMessage] = []
+    current_tokens = 0
+    for step in steps(messages):
+        piece = list(messages[step.start : step.end])
+        tokens = message_tokens(counter, piece)
+        if current and current_tokens + tokens > chunk_tokens:
+            chunks.append(current)
+            current, current_tokens = [], 0
+        current.extend(piece)
+        current_tokens += tokens
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _scope(raw: Sequence[AnyMessage]) -> str:
+    last = raw[-1] if raw else None
+    if isinstance(last, AssistantMessage) and not last.tool_calls:
+        return "completed_react"
+    return "ongoing_react"
+
+
+def _make(
+    target_id: str,
+    scope: str,
+    items: Sequence[Item],
+    level: int,
+    budget: float,
+    counter: TokenCounter,
+) -> Target:
+    blocks = tuple(i for i in items if isinstance(i, SummaryBlock))
+    raw = tuple(i for i in items if not isinstance(i, SummaryBlock))
+    raw_tokens = message_tokens(counter, raw)
+    block_tokens = sum(message_tokens(counter, b.messages) for b in blocks)
+    source = raw_tokens + block_tokens
+    # A summary must at least halve what it replaces, or it is not worth a model call.
+    target = max(1, min(int(budget), source // 2))
+    stood_for = raw_tokens + sum(b.tokens_before or b.tokens_after for b in blocks)
+    return Target(target_id, scope, blocks, raw, level, source, target, stood_for)
+
+
+def _merge_runs(
+    blocks: Sequence[SummaryBlock], barriers_between: set[tuple[str, str]]
+) -> list[list[SummaryBlock]]:
+    """Spec 4.5 recursive-merge grouping: promote lonely levels, then runs at the lowest level."""
+    if len(blocks) < 2:
+        return []
+    level = {b.block_id: max(b.level, 1) for b in blocks}
+    while True:
+        levels = sorted(set(level.values()))
+        promoted = False
+        for lower, higher in zip(levels, levels[1:], strict=False):
+            members = [bid for bid, lv in level.items() if lv == lower]
+            if len(members) == 1:
+                level[members[0]] = higher
+                promoted = True
+                break
+        if not promoted:
+            break
+    counts: dict[int, int] = {}
+    for lv in level.values():
+        counts[lv] = counts.get(lv, 0) + 1
+    candidates = sorted(lv for lv, n in counts.items() if n >= 2)
+    if not candidates:
+        return []
+    chosen = candidates[0]
+    runs: list[list[SummaryBlock]] = []
+    previous: SummaryBlock | None = None
+    for block in blocks:
+        contiguous = previous is not None and (previous.block_id, block.block_id) not in barriers_between
+        if level[block.block_id] != chosen:
+            previous = None
+            continue
+        if contiguous and runs and runs[-1][-1] is previous:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+        previous = block
+    return [run for run in runs if len(run) >= 2]
+
+
+def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: TokenCounter) -> list[Target]:
+    """The targets ``kind`` would summarise on ``view`` (empty when it has nothing to do)."""
+    first_pass, second_pass, third_pass = config.pass_targets()
+    barriers = view.anchor_id_set() | {_mid(m) for m in view.pinned}
+    window = view.tokens(counter)
+    header = _header_tokens(counter, config)
+
+    def budget(pass_target: int, source_tokens: int, n_blocks: int) -> int:
+        # Summaries may use the room left under the target, so a pass lands near the target
+        # instead of far below it (less detail lost); the pass target is the floor. Each new
+        # block's header is paid out of the room.
+        room = config.target_tokens - (window - source_tokens) - header * n_blocks
+        return max(pass_target, room)
+
+    if kind == "l0_to_l1":
+        raw = eligible_raw(view, config.keep_recent_messages)
+        chunks: list[list[AnyMessage]] = []
+        for segment in _segments(raw, barriers):
+            chunks.extend(
+                _raw_chunks(
+                    [m for m in segment if not isinstance(m, SummaryBlock)], counter, config.chunk_tokens()
+                )
+            )
+        sizes = [message_tokens(counter, c) for c in chunks]
+        total = sum(sizes) or 1
+        room = budget(first_pass, total, len(chunks))
+        return [
+            _make(f"block_{n}", _scope(chunk), chunk, 1, room * size / total, counter)
+            for n, (chunk, size) in enumerate(zip(chunks, sizes, strict=True), 1)
+        ]
+
+    if kind == "recursive_merge":
+        prefix = view.prefix()
+        between: set[tuple[str, str]] = set()
+        last_block: SummaryBlock | None = None
+        separated = False
+        for item in prefix:
+            if isinstance(item, SummaryBlock):
+                if last_block is not None and separated:
+                    between.add((last_block.block_id, item.block_id))
+                last_block, separated = item, False
+            else:
+                separated = True
+        runs = _merge_runs(list(view.blocks), between)
+        run_sizes = [sum(message_tokens(counter, b.messages) for b in run) for run in runs]
+        room = budget(first_pass, sum(run_sizes), len(runs))
+        targets = []
+        for n, (run, size) in enumerate(zip(runs, run_sizes, strict=True), 1):
+            lv = max(max(b.level, 1) for b in run)
+            share = room * size / (sum(run_sizes) or 1)
+            targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", run, lv + 1, share, counter))
+        return targets
+
+    if kind in ("aggressive_keep_recent", "aggressive_full_context"):
+        keep = config.keep_recent_messages if kind == "aggressive_keep_recent" else 0
+        pass_target = second_pass if kind == "aggressive_keep_recent" else third_pass
+        items: list[Item] = [*view.prefix(), *eligible_raw(view, keep)]
+        segments = _segments(items, barriers)
+        total = sum(_item_tokens(counter, seg) for seg in segments) or 1
+        room = budget(pass_target, total, len(segments))
+        targets = []
+        for n, seg in enumerate(segments, 1):
+            seg_tokens = _item_tokens(counter, seg)
+            share = room * seg_tokens / total
+            if len(seg) == 1 and isinstance(seg[0], SummaryBlock) and seg_tokens <= share:
+                continue
+            lv = max([b.level for b in seg if isinstance(b, SummaryBlock)] + [0]) + 1
+            raw_part = [m for m in seg if not isinstance(m, SummaryBlock)]
+            scope = _scope(raw_part) if raw_part else "existing_round_level_block"
+            targets.append(_make(f"aggr_{n}", scope, seg, lv, share, counter))
+        # A lone block already within its share has nothing to gain.
+        return [t for t in targets if t.source_tokens > t.target_tokens * 2 or len(t.blocks) + len(t.raw) > 1]
+
+    raise ValueError(f"no targets for stage kind {kind!r}")
+
+
+def _header_tokens(counter: TokenCounter, config: PipelineConfig) -> int:
+    """Tokens a block message costs beyond its summary text."""
+    probe = block_message(
+        "",
+        block_id="L1-000000000000-000000000000",
+        first_id="000000000000",
+        last_id="000000000000",
+        level=1,
+        scope="completed_react",
+        marker=config.compression_marker,
+    )
+    return message_tokens(counter, [probe])
+
+
+def _item_tokens(counter: TokenCounter, items: Sequence[Item]) -> int:
+    total = 0
+    for item in items:
+        total += message_tokens(counter, item.messages if isinstance(item, SummaryBlock) else [item])
+    return total
+
+
+def targets_for_stage(
+    stage: Stage, view: View, config: PipelineConfig, counter: TokenCounter
+) -> list[Target]:
+    """Rebuild the targets of a planned stage, restricted to its blocks and raw range."""
+    targets = build_targets(stage.kind, view, config, counter)
+    wanted_blocks = set(stage.block_ids)
+    out = []
+    for target in targets:
+        if any(b.block_id not in wanted_blocks for b in target.blocks):
+            continue
+        if target.raw and (
+            stage.first_id is None
+            or stage.last_id is None
+            or not all(stage.first_id <= _mid(m) <= stage.last_id for m in target.raw)
+        ):
+            continue
+        out.append(target)
+    return out
