@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,7 +66,7 @@ def check_coverage(view: View, all_ids: Sequence[str]) -> None:
     pinned = {m.context_message_id for m in view.pinned}
     blocks: list[SummaryBlock] = list(view.blocks)
     ranges = sorted((b.first_id, b.last_id) for b in blocks)
-    for (a1, b1), (a2, _) in zip(ranges, ranges[1:], strict=False):
+    for (a1, b1), (a2, _) in itertools.pairwise(ranges):
         assert b1 < a2, f"overlapping blocks {a1}..{b1} and {a2}"
     assert len({b.block_id for b in blocks}) == len(blocks), "duplicate block ids"
     for log_id in all_ids:

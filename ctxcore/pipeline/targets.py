@@ -7,6 +7,7 @@ on either side of them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -151,7 +152,7 @@ def _merge_runs(
     while True:
         levels = sorted(set(level.values()))
         promoted = False
-        for lower, higher in zip(levels, levels[1:], strict=False):
+        for lower, higher in itertools.pairwise(levels):
             members = [bid for bid, lv in level.items() if lv == lower]
             if len(members) == 1:
                 level[members[0]] = higher

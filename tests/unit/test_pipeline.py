@@ -188,13 +188,13 @@ def test_raw_fallback_when_model_ignores_json() -> None:
 
 def test_wrong_block_ids_change_nothing_across_anchor() -> None:
     msgs: list[AnyMessage] = [UserMessage(content="task")]
-    for k in range(3):
+    for _k in range(3):
         msgs += [
             AssistantMessage(content="", tool_calls=[ToolCall(id="c", name="bash")]),
             ToolMessage(tool_call_id="c", content="x " * 400),
         ]
     msgs.append(UserMessage(content="now do the next thing"))
-    for k in range(3):
+    for _k in range(3):
         msgs += [
             AssistantMessage(content="", tool_calls=[ToolCall(id="c", name="bash")]),
             ToolMessage(tool_call_id="c", content="y " * 400),
