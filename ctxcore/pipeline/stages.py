@@ -112,7 +112,7 @@ def run_stage(
     cfg = config or PipelineConfig(target_tokens=stage.target_tokens)
     before = view.tokens(counter)
     if stage.kind == "hard_truncate":
-        blocks = _hard_truncate(view, cfg, counter, stage.target_tokens)
+        blocks = truncate_blocks(view, cfg, counter, stage.target_tokens)
         return _result(stage, view, blocks, view.covered_until, before, counter, detail="hard truncate")
 
     targets = targets_for_stage(stage, view, cfg, counter)
@@ -503,7 +503,7 @@ def _llm_blocks(
 # --- hard truncate ----------------------------------------------------------------------
 
 
-def _hard_truncate(
+def truncate_blocks(
     view: View, cfg: PipelineConfig, counter: TokenCounter, target_tokens: int
 ) -> list[SummaryBlock]:
     """Deterministically cut block text (never pinned or tail messages) until the view fits.

@@ -1,0 +1,207 @@
+"""``assemble_window``: compaction state + raw tail -> the window served to the model.
+
+A pure function (no I/O but what the rule callable does, no model call), shared by the
+distributed fast path and the evaluation harness so both measure exactly the same thing.
+
+Guarantees, in precedence order: the window passes ``check_window``; both anchors are in it
+verbatim (or ``BudgetExceeded`` when system + tools + anchors alone are over budget); it is
+within the budget. When the blocks plus the rule-processed tail are over budget (workers
+behind), a deterministic fallback shapes the served window only, never the saved state:
+oldest whole tail steps are left out behind a marker naming their log-id range, then block
+text is truncated, then (last) the longest non-anchor tail texts are cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from ctxcore.errors import BudgetExceeded
+from ctxcore.markers import ELIDED_STEPS
+from ctxcore.messages import AnyMessage, UserMessage, message_text
+from ctxcore.pipeline import PipelineConfig, View
+from ctxcore.pipeline.render import head_tail
+from ctxcore.pipeline.stages import truncate_blocks
+from ctxcore.state.models import CompressionState
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import UserDetector, steps
+from ctxcore.window import ContextStats, check_window, compute_stats
+
+__all__ = ["RuleFn", "WindowResult", "assemble_window", "elided_marker"]
+
+RuleFn = Callable[[Sequence[AnyMessage]], list[AnyMessage]]
+CompactionStatus = Literal["idle", "queued", "running"]
+
+
+@dataclass
+class WindowResult:
+    """The served window (system messages first) and how it was made."""
+
+    messages: list[AnyMessage]
+    stats: ContextStats
+    state_version: int
+    compaction: CompactionStatus = "idle"
+    fallback_applied: bool = False
+    elided_ranges: list[tuple[str, str]] = field(default_factory=list)
+    raw_tokens: int = 0
+
+
+def elided_marker(first_id: str, last_id: str, count: int) -> UserMessage:
+    """The note standing for tail messages left out of a served window."""
+    return UserMessage(
+        content=f"{ELIDED_STEPS} {count} message(s), log ids {first_id}..{last_id}, left out to fit the budget",
+        metadata={"elided": {"first_id": first_id, "last_id": last_id, "count": count}},
+    )
+
+
+def assemble_window(
+    state: CompressionState,
+    tail: Sequence[AnyMessage],
+    budget_tokens: int,
+    system_messages: Sequence[AnyMessage],
+    tools: Sequence[Mapping[str, Any]],
+    rules: RuleFn | None,
+    counter: TokenCounter,
+    *,
+    pinned: Sequence[AnyMessage] = (),
+    detector: UserDetector | None = None,
+    truncate_head_ratio: float = 0.2,
+) -> WindowResult:
+    """Serve ``state`` + ``tail`` within ``budget_tokens`` (see the module docstring).
+
+    ``tail`` are the raw log messages after ``state.covered_until`` and ``pinned`` the log
+    messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
+    """
+    view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
+    anchor_ids = view.anchor_id_set()
+    by_id = view.messages_by_id()
+    anchor_msgs = [by_id[i] for i in sorted(anchor_ids)]
+    system_tokens = counter.count_messages(list(system_messages))
+    tools_tokens = counter.count_tools(list(tools))
+    anchor_tokens = counter.count_messages(anchor_msgs)
+    if counter.count_messages([*system_messages, *anchor_msgs]) + tools_tokens > budget_tokens:
+        raise BudgetExceeded(budget_tokens, system_tokens, tools_tokens, anchor_tokens)
+
+    raw_tokens = view.tokens(counter)
+    ruled_tail = list(rules(list(tail))) if rules is not None else list(tail)
+    current = replace(view, tail=tuple(ruled_tail))
+    fallback = False
+    elided: list[tuple[str, str]] = []
+    if current.tokens(counter) > budget_tokens:
+        fallback = True
+        current, elided = _elide_oldest_steps(current, anchor_ids, budget_tokens, counter)
+    if current.tokens(counter) > budget_tokens and current.blocks:
+        config = PipelineConfig(target_tokens=budget_tokens, truncate_head_ratio=truncate_head_ratio)
+        current = replace(current, blocks=tuple(truncate_blocks(current, config, counter, budget_tokens)))
+    if current.tokens(counter) > budget_tokens:
+        current = _cut_tail_texts(current, anchor_ids, budget_tokens, counter, truncate_head_ratio)
+    if current.tokens(counter) > budget_tokens and elided:
+        # Not even the note fits: serve the window without it.
+        current = replace(current, tail=tuple(m for m in current.tail if not _is_marker(m)))
+
+    messages = current.messages()
+    problems = check_window(messages)
+    if problems:  # a rule or the fallback broke the protocol: never serve that
+        raise AssertionError(f"assembled window violates the protocol: {problems[:3]}")
+    context = current.context_messages()
+    stats = compute_stats(list(system_messages), context, list(tools), counter, detector)
+    return WindowResult(
+        messages=messages,
+        stats=stats,
+        state_version=state.version,
+        fallback_applied=fallback,
+        elided_ranges=elided,
+        raw_tokens=raw_tokens,
+    )
+
+
+def _elide_oldest_steps(
+    view: View, anchor_ids: frozenset[str], budget: int, counter: TokenCounter
+) -> tuple[View, list[tuple[str, str]]]:
+    """Leave out the oldest whole tail steps (never an anchor, never the in-flight step)."""
+    tail = list(view.tail)
+    units = [s for s in steps(tail) if s.complete]
+    if not units:
+        return view, []
+    removable: list[list[int]] = []
+    for step in units:
+        idx = [
+            i
+            for i in range(step.start, step.end)
+            if tail[i].context_message_id not in anchor_ids
+            and not (isinstance(tail[i], UserMessage) and message_text(tail[i]).startswith(ELIDED_STEPS))
+        ]
+        if idx:
+            removable.append(idx)
+    fixed_tokens = view.tokens(counter)
+    removed: set[int] = set()
+    # Remove step by step, estimating the saving without re-rendering every time.
+    saving = 0
+    over = fixed_tokens - budget
+    for idx in removable:
+        if saving >= over + 64:  # leave room for the marker(s)
+            break
+        removed.update(idx)
+        saving += counter.count_messages([tail[i] for i in idx]) - 3
+    while True:
+        candidate, ranges = _with_markers(tail, removed)
+        trial = replace(view, tail=tuple(candidate))
+        if trial.tokens(counter) <= budget or len(removed) == sum(len(i) for i in removable):
+            return trial, ranges
+        for idx in removable:
+            if not set(idx) <= removed:
+                removed.update(idx)
+                break
+
+
+def _with_markers(
+    tail: list[AnyMessage], removed: set[int]
+) -> tuple[list[AnyMessage], list[tuple[str, str]]]:
+    out: list[AnyMessage] = []
+    ranges: list[tuple[str, str]] = []
+    i = 0
+    while i < len(tail):
+        if i not in removed:
+            out.append(tail[i])
+            i += 1
+            continue
+        j = i
+        while j < len(tail) and j in removed:
+            j += 1
+        first, last = tail[i].context_message_id or "?", tail[j - 1].context_message_id or "?"
+        out.append(elided_marker(first, last, j - i))
+        ranges.append((first, last))
+        i = j
+    return out, ranges
+
+
+def _is_marker(message: AnyMessage) -> bool:
+    return isinstance(message, UserMessage) and "elided" in message.metadata
+
+
+def _cut_tail_texts(
+    view: View, anchor_ids: frozenset[str], budget: int, counter: TokenCounter, head_ratio: float
+) -> View:
+    """Last resort: shorten the longest non-anchor tail texts (served window only)."""
+    tail = list(view.tail)
+    order = sorted(
+        (
+            i
+            for i, m in enumerate(tail)
+            if m.context_message_id not in anchor_ids and isinstance(m.content, str)
+        ),
+        key=lambda i: -len(message_text(tail[i])),
+    )
+    for i in order:
+        over = view.tokens(counter) - budget
+        if over <= 0:
+            break
+        text = message_text(tail[i])
+        # Characters to drop, with margin: ~4 characters per token.
+        keep = max(len(text) - over * 6 - 200, 0)
+        tail[i] = tail[i].model_copy(
+            update={"content": head_tail(text, keep, head_ratio, "...[TRUNCATED]...")}
+        )
+        view = replace(view, tail=tuple(tail))
+    return view

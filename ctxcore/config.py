@@ -1,0 +1,261 @@
+"""``Settings``: the one configuration tree of the service, validated at construction.
+
+Sources, lowest precedence first: defaults, a TOML file (``--config`` or
+``CTXCORE_CONFIG_FILE``), environment variables ``CTXCORE_<SECTION>__<KEY>`` (nested keys
+joined by ``__``, values parsed as JSON when they parse, e.g. ``CTXCORE_HTTP__TOKENS='{...}'``)
+plus the short aliases ``CTXCORE_REDIS_URL``, ``CTXCORE_MODEL_BASE_URL`` and
+``CTXCORE_MODEL``. Only ``Settings.from_env()`` reads the environment; a constructed
+``Settings`` never does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ctxcore.errors import ConfigError
+from ctxcore.state.keys import validate_id
+
+__all__ = [
+    "DatabaseSettings",
+    "EngineSettings",
+    "HttpSettings",
+    "ModelSettings",
+    "RedisSettings",
+    "ServiceSettings",
+    "Settings",
+    "TenantSettings",
+    "WorkerSettings",
+    "hash_token",
+]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+ENV_PREFIX = "CTXCORE_"
+_ALIASES = {
+    "CTXCORE_REDIS_URL": ("redis", "url"),
+    "CTXCORE_MODEL_BASE_URL": ("model", "base_url"),
+    "CTXCORE_MODEL": ("model", "name"),
+}
+
+
+def hash_token(token: str) -> str:
+    """sha256 hex of a bearer token: only hashes are configured or stored."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class RedisSettings(BaseModel):
+    """Redis: broker, locks, fast-path state and log."""
+
+    model_config = _STRICT
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field(default="ctxcore", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    socket_timeout: float = Field(default=5.0, gt=0)
+
+
+class DatabaseSettings(BaseModel):
+    """Optional SQL storage of state, log and offloads (``url`` None: Redis holds them)."""
+
+    model_config = _STRICT
+    url: str | None = None
+    table_prefix: str = Field(default="ctxcore_", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")
+
+
+class ModelSettings(BaseModel):
+    """The summarisation model: any OpenAI-compatible endpoint, or the offline ``ExtractiveModel``
+    when ``base_url`` is None."""
+
+    model_config = _STRICT
+    base_url: str | None = None
+    name: str = "gpt-4o-mini"
+    api_key_env: str = Field(default="OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout: float = Field(default=60.0, gt=0)
+    max_tokens: int = Field(default=4096, gt=0)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+
+    @property
+    def offline(self) -> bool:
+        """True when no endpoint is configured (the deterministic offline model is used)."""
+        return self.base_url is None
+
+
+class EngineSettings(BaseModel):
+    """Tokenizer and conversation-shape knobs shared by every conversation."""
+
+    model_config = _STRICT
+    tokenizer_model: str | None = None
+    keep_recent_messages: int = Field(default=4, ge=0)
+    internal_user_prefixes: tuple[str, ...] = ()
+    rule_chain: Literal["default", "none"] = "default"
+
+
+class ServiceSettings(BaseModel):
+    """Fast path and compaction targets, as ratios of the budget a client asks for."""
+
+    model_config = _STRICT
+    trigger_ratio: float = Field(default=0.9, gt=0, le=1)
+    target_ratio: float = Field(default=0.75, gt=0, le=1)
+    default_budget: int = Field(default=128_000, gt=0)
+    max_messages_per_append: int = Field(default=1000, gt=0)
+    max_message_chars: int = Field(default=2_000_000, gt=0)
+    offload_ttl_seconds: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _ratios(self) -> Self:
+        if self.target_ratio > self.trigger_ratio:
+            raise ValueError(
+                f"target_ratio ({self.target_ratio}) must be <= trigger_ratio ({self.trigger_ratio})"
+            )
+        return self
+
+
+class HttpSettings(BaseModel):
+    """HTTP API: limits and the bearer-token table (sha256 of token -> tenant id)."""
+
+    model_config = _STRICT
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, gt=0, lt=65536)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    tokens: dict[str, str] = Field(default_factory=dict)
+    requests_per_second: float = Field(default=50.0, gt=0)
+    burst: int = Field(default=100, gt=0)
+
+    @field_validator("tokens")
+    @classmethod
+    def _hashes(cls, value: dict[str, str]) -> dict[str, str]:
+        for digest, tenant in value.items():
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(
+                    "http.tokens keys must be sha256 hex digests of bearer tokens (see hash_token)"
+                )
+            validate_id(tenant, "tenant_id")
+        return value
+
+
+class TenantSettings(BaseModel):
+    """Per-tenant overrides."""
+
+    model_config = _STRICT
+    model: ModelSettings | None = None
+    default_budget: int | None = Field(default=None, gt=0)
+    requests_per_second: float | None = Field(default=None, gt=0)
+    max_conversations: int | None = Field(default=None, gt=0)
+    retention_days: int | None = Field(default=None, gt=0)
+
+
+class WorkerSettings(BaseModel):
+    """Celery worker limits and retry policy."""
+
+    model_config = _STRICT
+    soft_time_limit: float = Field(default=120.0, gt=0)
+    hard_time_limit: float = Field(default=150.0, gt=0)
+    concurrency: int = Field(default=2, gt=0)
+    lock_timeout: float = Field(default=60.0, gt=0)
+    retry_delays: tuple[float, ...] = (2.0, 4.0, 8.0)
+    visibility_timeout: int = Field(default=60, gt=0)
+
+    @model_validator(mode="after")
+    def _limits(self) -> Self:
+        if self.soft_time_limit >= self.hard_time_limit:
+            raise ValueError("worker.soft_time_limit must be below worker.hard_time_limit")
+        return self
+
+
+class Settings(BaseModel):
+    """The whole configuration tree."""
+
+    model_config = _STRICT
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_ids(cls, value: dict[str, TenantSettings]) -> dict[str, TenantSettings]:
+        for tenant in value:
+            validate_id(tenant, "tenant_id")
+        return value
+
+    def tenant(self, tenant_id: str) -> TenantSettings:
+        """Overrides of one tenant (empty when none are configured)."""
+        return self.tenants.get(tenant_id) or TenantSettings()
+
+    def model_for_tenant(self, tenant_id: str) -> ModelSettings:
+        """The model a tenant's conversations are summarised with."""
+        return self.tenant(tenant_id).model or self.model
+
+    def budget_for_tenant(self, tenant_id: str) -> int:
+        """A tenant's default budget."""
+        return self.tenant(tenant_id).default_budget or self.service.default_budget
+
+    @classmethod
+    def load(cls, data: Mapping[str, Any]) -> Settings:
+        """Validate a mapping; errors become ``ConfigError`` naming every bad field."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"invalid settings: {problems}") from exc
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Settings:
+        """Settings from a TOML file alone."""
+        return cls.load(_read_toml(Path(path)))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
+        """Settings from the TOML file (if any) overlaid with ``CTXCORE_*`` variables."""
+        env = os.environ if environ is None else environ
+        path = config_file or env.get("CTXCORE_CONFIG_FILE")
+        data: dict[str, Any] = _read_toml(Path(path)) if path else {}
+        for name, value in sorted(env.items()):
+            if name in _ALIASES:
+                _set(data, _ALIASES[name], value)
+            elif name.startswith(ENV_PREFIX) and "__" in name:
+                parts = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split("__"))
+                if parts[0] == "tenants" and len(parts) >= 2:
+                    # Tenant ids keep their case.
+                    raw = name[len(ENV_PREFIX) :].split("__")
+                    parts = ("tenants", raw[1], *(p.lower() for p in raw[2:]))
+                _set(data, parts, value)
+        return cls.load(data)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def _parse(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, ValueError):
+        return value
+
+
+def _set(data: dict[str, Any], path: tuple[str, ...], value: str) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"environment sets {'.'.join(path)} but {part} is not a section")
+        node = child
+    node[path[-1]] = _parse(value)

@@ -1,0 +1,299 @@
+"""The Coordinator: the only writer of compaction state.
+
+Each call loads the state, reads only the log after its cursor, runs one pure pipeline
+stage and saves with compare-and-swap. A lost race is ``outcome="conflict"`` (re-plan), a
+model failure ``"failed"`` with the previous state untouched; a cursor missing from the
+log raises ``CursorNotFoundError`` instead of silently starting over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ctxcore.errors import CtxcoreError, CursorNotFoundError, StoreError
+from ctxcore.messages import AnyMessage
+from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
+from ctxcore.pipeline.stages import Summarizer
+from ctxcore.pipeline.targets import build_targets, eligible_raw, message_tokens
+from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore
+from ctxcore.summarize.model import ModelClient
+from ctxcore.summarize.strategies import model as model_strategy
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, turns
+
+__all__ = ["Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["compressed", "skipped", "failed", "conflict"]
+DEFAULT_BUDGET = 128_000
+
+
+@dataclass(frozen=True)
+class TriggerInput:
+    """What a trigger sees when deciding whether ``compress`` should summarise now."""
+
+    pending_messages: Sequence[AnyMessage]
+    blocks: Sequence[object]
+    estimated_pending_tokens: int
+    pending_turn_count: int
+    state: CompressionState
+    window_tokens: int = 0
+    budget_tokens: int = 0
+
+
+@dataclass
+class CoordinatorResult:
+    """The view and state after a call, what happened, and the error if it failed."""
+
+    view: View
+    state: CompressionState
+    outcome: Outcome
+    error: str | None = None
+    error_kind: str | None = None
+    stage: Stage | None = None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    detail: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Coordinator:
+    """Runs compaction stages for conversations and saves their state with CAS.
+
+    ``model_for(key)`` resolves each tenant's model; each call builds its ``PipelineConfig``
+    from the budget the conversation's clients last asked for (``get_budget``, else
+    ``default_budget``) times ``target_ratio``.
+    """
+
+    def __init__(
+        self,
+        state_store: StateStore,
+        log: MessageLog,
+        counter: TokenCounter,
+        model_for: Callable[[ConversationKey], ModelClient],
+        summarizer: Summarizer | None = None,
+        trigger: Callable[[TriggerInput], bool] | None = None,
+        trigger_ratio: float = 0.9,
+        target_ratio: float = 0.75,
+        default_budget: int = DEFAULT_BUDGET,
+        *,
+        keep_recent_messages: int = 4,
+        detector: UserDetector | None = None,
+    ) -> None:
+        if not 0 < target_ratio <= trigger_ratio <= 1:
+            raise ValueError(
+                f"need 0 < target_ratio ({target_ratio}) <= trigger_ratio ({trigger_ratio}) <= 1"
+            )
+        self.state_store = state_store
+        self.log = log
+        self.counter = counter
+        self.model_for = model_for
+        self.summarizer = summarizer
+        self.trigger = trigger
+        self.trigger_ratio = trigger_ratio
+        self.target_ratio = target_ratio
+        self.default_budget = default_budget
+        self.keep_recent_messages = keep_recent_messages
+        self.detector = detector or DEFAULT_DETECTOR
+
+    # --- reading ----------------------------------------------------------------------
+
+    def budget(self, key: ConversationKey) -> int:
+        """The conversation's budget: the last one a client asked for, else the default."""
+        return self.state_store.get_budget(key) or self.default_budget
+
+    def pipeline_config(self, key: ConversationKey, budget: int | None = None) -> PipelineConfig:
+        """Pipeline targets for ``key`` derived from its budget."""
+        b = budget or self.budget(key)
+        return PipelineConfig(
+            target_tokens=max(int(b * self.target_ratio), 1), keep_recent_messages=self.keep_recent_messages
+        )
+
+    def load(self, key: ConversationKey) -> CompressionState:
+        """The saved state, or an empty version-0 state."""
+        return self.state_store.load(key) or CompressionState()
+
+    def view(
+        self,
+        key: ConversationKey,
+        state: CompressionState | None = None,
+        *,
+        system: Sequence[AnyMessage] = (),
+        tools: Sequence[dict[str, object]] = (),
+    ) -> View:
+        """The view of ``state`` (loaded when None): its blocks, pinned anchors and the log after the cursor."""
+        state = state if state is not None else self.load(key)
+        if state.covered_until is not None and self.log.get(key, state.covered_until) is None:
+            raise CursorNotFoundError(
+                f"{key}: the compaction cursor {state.covered_until!r} is not in the log; inspect the state "
+                "history and roll back, or delete the conversation"
+            )
+        pinned = []
+        for log_id in state.pinned:
+            message = self.log.get(key, log_id)
+            if message is None:
+                raise CursorNotFoundError(f"{key}: pinned message {log_id!r} is missing from the log")
+            pinned.append(message)
+        tail = self.log.read_after(key, state.covered_until)
+        return View.from_state(state, tail, pinned, system=system, tools=tools, detector=self.detector)
+
+    def plan(self, key: ConversationKey, *, exhausted: Sequence[str] = ()) -> Stage | None:
+        """The next stage for ``key``, or None when it is within target."""
+        view = self.view(key)
+        return plan_next_stage(view, self.pipeline_config(key), self.counter, exhausted=exhausted)
+
+    # --- writing ----------------------------------------------------------------------
+
+    def run_stage(self, key: ConversationKey, stage: Stage) -> CoordinatorResult:
+        """Run one planned stage and save its result with compare-and-swap."""
+        state = self.load(key)
+        if state.version != stage.based_on_version:
+            view = self.view(key, state)
+            return CoordinatorResult(
+                view,
+                state,
+                "conflict",
+                detail=f"state is at version {state.version}, stage was planned on {stage.based_on_version}",
+            )
+        view = self.view(key, state)
+        config = self.pipeline_config(key)
+        before = view.tokens(self.counter)
+        try:
+            result = run_stage(stage, view, self.model_for(key), self.counter, self.summarizer, config=config)
+        except StoreError:
+            raise
+        except CtxcoreError as exc:
+            return self._failed(view, state, stage, exc, before)
+        except Exception as exc:  # a model client or summarizer bug must not corrupt state
+            log.exception("stage %s of %s failed", stage.kind, key)
+            return self._failed(view, state, stage, exc, before)
+        return self._finish(key, view, state, stage, result)
+
+    def compress(self, key: ConversationKey) -> CoordinatorResult:
+        """The incremental API: summarise the pending whole steps after the cursor into new L1 blocks.
+
+        Runs only when there are pending steps and the trigger says so (default: the view is
+        over ``trigger_ratio`` of the budget). The summarizer (default: ``model`` on
+        ``model_for(key)``) sees earlier blocks as context and makes one block per run of
+        steps between anchors; anchors stay pinned.
+        """
+        state = self.load(key)
+        view = self.view(key, state)
+        budget = self.budget(key)
+        pending = eligible_raw(view, self.keep_recent_messages)
+        window = view.tokens(self.counter)
+        if not pending:
+            return CoordinatorResult(
+                view, state, "skipped", detail="nothing pending", tokens_before=window, tokens_after=window
+            )
+        inp = TriggerInput(
+            pending_messages=pending,
+            blocks=list(state.blocks),
+            estimated_pending_tokens=message_tokens(self.counter, pending),
+            pending_turn_count=len(turns(pending, self.detector)),
+            state=state,
+            window_tokens=window,
+            budget_tokens=budget,
+        )
+        triggered = (
+            self.trigger(inp) if self.trigger is not None else window >= int(budget * self.trigger_ratio)
+        )
+        if not triggered:
+            return CoordinatorResult(
+                view, state, "skipped", detail="trigger not met", tokens_before=window, tokens_after=window
+            )
+        # One block per run of steps between anchors: no size chunking here.
+        config = PipelineConfig(
+            target_tokens=max(int(budget * self.target_ratio), 1),
+            keep_recent_messages=self.keep_recent_messages,
+            l1_source_tokens=10**12,
+        )
+        targets = build_targets("l0_to_l1", view, config, self.counter)
+        raw_ids = [m.context_message_id for t in targets for m in t.raw if m.context_message_id]
+        if not raw_ids:
+            return CoordinatorResult(
+                view,
+                state,
+                "skipped",
+                detail="only anchors pending",
+                tokens_before=window,
+                tokens_after=window,
+            )
+        stage = Stage(
+            kind="l0_to_l1",
+            based_on_version=state.version,
+            target_tokens=config.target_tokens,
+            first_id=min(raw_ids),
+            last_id=max(raw_ids),
+        )
+        summarizer = self.summarizer or model_strategy(self.model_for(key))
+        try:
+            result = run_stage(stage, view, None, self.counter, summarizer, config=config)
+        except StoreError:
+            raise
+        except Exception as exc:
+            return self._failed(view, state, stage, exc, window)
+        return self._finish(key, view, state, stage, result)
+
+    def compress_with_retry(self, key: ConversationKey, attempts: int = 3) -> CoordinatorResult:
+        """``compress`` that reloads and re-decides after a lost race."""
+        result = self.compress(key)
+        for _ in range(attempts - 1):
+            if result.outcome != "conflict":
+                break
+            result = self.compress(key)
+        return result
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _finish(
+        self, key: ConversationKey, view: View, state: CompressionState, stage: Stage, result: StageResult
+    ) -> CoordinatorResult:
+        """Save a stage's result with CAS (or report why not)."""
+        out = CoordinatorResult(
+            view,
+            state,
+            "skipped",
+            stage=stage,
+            tokens_before=result.tokens_before,
+            tokens_after=result.tokens_before,
+            model_calls=result.model_calls,
+            input_tokens=result.input_tokens,
+            output_tokens=result.output_tokens,
+            detail=result.detail,
+        )
+        if not result.changed:
+            return out
+        new_state = CompressionState(
+            blocks=result.blocks, covered_until=result.covered_until, pinned=result.pinned
+        )
+        if not self.state_store.save(key, new_state, expected_version=state.version):
+            out.outcome, out.state, out.detail = "conflict", self.load(key), "another writer saved first"
+            return out
+        saved = new_state.model_copy(update={"version": state.version + 1})
+        out.view = view.with_blocks(saved.blocks, saved.covered_until, version=saved.version)
+        out.state, out.outcome, out.tokens_after = saved, "compressed", result.tokens_after
+        return out
+
+    @staticmethod
+    def _failed(
+        view: View, state: CompressionState, stage: Stage, exc: Exception, tokens: int
+    ) -> CoordinatorResult:
+        kind = getattr(exc, "kind", None) or type(exc).__name__
+        return CoordinatorResult(
+            view,
+            state,
+            "failed",
+            error=str(exc),
+            error_kind=str(kind),
+            stage=stage,
+            tokens_before=tokens,
+            tokens_after=tokens,
+        )
