@@ -54,6 +54,7 @@ class CoordinatorResult:
     outcome: Outcome
     error: str | None = None
     error_kind: str | None = None
+    retry_after: float | None = None
     stage: Stage | None = None
     tokens_before: int = 0
     tokens_after: int = 0
@@ -287,12 +288,14 @@ class Coordinator:
         view: View, state: CompressionState, stage: Stage, exc: Exception, tokens: int
     ) -> CoordinatorResult:
         kind = getattr(exc, "kind", None) or type(exc).__name__
+        retry_after = getattr(exc, "retry_after", None)
         return CoordinatorResult(
             view,
             state,
             "failed",
             error=str(exc),
             error_kind=str(kind),
+            retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
             stage=stage,
             tokens_before=tokens,
             tokens_after=tokens,

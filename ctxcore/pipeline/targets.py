@@ -282,18 +282,15 @@ def _item_tokens(counter: TokenCounter, items: Sequence[Item]) -> int:
 def targets_for_stage(
     stage: Stage, view: View, config: PipelineConfig, counter: TokenCounter
 ) -> list[Target]:
-    """Rebuild the targets of a planned stage, restricted to its blocks and raw range."""
-    targets = build_targets(stage.kind, view, config, counter)
+    """The targets of a planned stage on the view as it is now.
+
+    The planned version guarantees the blocks are unchanged; the raw tail may have grown
+    since planning (agents keep appending), so raw targets are rebuilt rather than held to
+    the planned range: newly completed steps are summarised too instead of failing the stage.
+    """
     wanted_blocks = set(stage.block_ids)
-    out = []
-    for target in targets:
-        if any(b.block_id not in wanted_blocks for b in target.blocks):
-            continue
-        if target.raw and (
-            stage.first_id is None
-            or stage.last_id is None
-            or not all(stage.first_id <= _mid(m) <= stage.last_id for m in target.raw)
-        ):
-            continue
-        out.append(target)
-    return out
+    return [
+        t
+        for t in build_targets(stage.kind, view, config, counter)
+        if all(b.block_id in wanted_blocks for b in t.blocks)
+    ]

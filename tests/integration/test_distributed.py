@@ -1,0 +1,200 @@
+"""The distributed service end to end: real Redis, a real Celery worker (no eager mode)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from ctxcore.config import Settings
+from ctxcore.messages import AnyMessage, SystemMessage, from_openai
+from ctxcore.state import ConversationKey
+from ctxcore.tokens import TiktokenCounter
+from ctxcore.turns import anchors
+from ctxcore.window import check_window
+from tests.datasets import conversations
+from workers.runtime import Runtime, build_service
+from workers.scheduler import FairScheduler
+
+pytestmark = pytest.mark.redis
+TEST_DB = 14
+
+
+@pytest.fixture()
+def settings(redis_url: str) -> Settings:
+    base = redis_url.rsplit("/", 1)[0]
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    return Settings.load(
+        {
+            "redis": {"url": f"{base}/{TEST_DB}", "key_prefix": prefix},
+            "worker": {"retry_delays": [0.1, 0.2, 0.4], "lock_timeout": 10},
+            "engine": {"keep_recent_messages": 4},
+        }
+    )
+
+
+@pytest.fixture()
+def worker(settings: Settings) -> Iterator[Runtime]:
+    from celery.contrib.testing.worker import start_worker
+
+    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+
+    client = redis.Redis.from_url(settings.redis.url)
+    client.flushdb()
+    configure(settings)
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        queues=[STAGES_QUEUE, JOBS_QUEUE],
+        shutdown_timeout=20,
+    ):
+        yield runtime()
+    client.flushdb()
+
+
+def _wait_idle(rt: Runtime, key: ConversationKey, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if rt.scheduler.status(key) == "idle":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"compaction of {key} did not finish in {timeout}s")
+
+
+def test_end_to_end_swe_run_turn_by_turn(worker: Runtime) -> None:
+    from workers.tasks import CeleryQueue
+
+    rt = worker
+    service = build_service(rt, CeleryQueue())
+    conv = max(conversations("minisweagent_dev.jsonl"), key=lambda c: len(c["messages"]))
+    msgs = from_openai(conv["messages"])
+    system = [m for m in msgs if isinstance(m, SystemMessage)]
+    rest: list[AnyMessage] = [m for m in msgs if not isinstance(m, SystemMessage)]
+    key = ConversationKey("acme", f"swe-{uuid.uuid4().hex[:6]}")
+    budget = 12_000
+    counter = TiktokenCounter()
+    appended: list[AnyMessage] = []
+    i = 0
+    windows = 0
+    while i < len(rest):
+        # One step at a time: an assistant message with its tool results.
+        j = i + 1
+        while j < len(rest) and rest[j].role == "tool":
+            j += 1
+        batch = rest[i:j]
+        service.append(key, batch)
+        appended.extend(batch)
+        i = j
+        result = service.get_window(key, budget, system)
+        windows += 1
+        assert counter.count_messages(result.messages) <= budget
+        assert check_window(result.messages) == []
+        served = {m.context_message_id for m in result.messages}
+        logged = rt.log.read_after(key, None)
+        for a in anchors(logged).indices():
+            assert logged[a].context_message_id in served
+    _wait_idle(rt, key)
+    state = rt.state_store.load(key)
+    assert state is not None and state.version >= 1 and state.blocks
+    assert all(b.first_id <= b.last_id and b.tokens_before > 0 for b in state.blocks)
+    assert any(b.level >= 1 for b in state.blocks)
+    history = rt.state_store.history(key, 20)
+    assert not any(b.block_id.startswith("T") for s in history for b in s.blocks), [
+        (s.version, [b.block_id for b in s.blocks]) for s in history
+    ]
+    # The log is exactly what was appended.
+    logged = rt.log.read_after(key, None)
+    assert [m.model_copy(update={"context_message_id": None}) for m in logged] == appended
+    final = service.get_window(key, budget, system)
+    assert not final.fallback_applied
+
+
+def test_fifty_concurrent_requests_make_one_job(settings: Settings, redis_url: str) -> None:
+    client = redis.Redis.from_url(settings.redis.url)
+    sched = FairScheduler(client, prefix=settings.redis.key_prefix)
+    key = ConversationKey("acme", "busy")
+    barrier = threading.Barrier(50)
+    created: list[bool] = []
+
+    def ask() -> None:
+        barrier.wait()
+        created.append(sched.request(key))
+
+    threads = [threading.Thread(target=ask) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert created.count(True) == 1
+    job = sched.next_job()
+    assert job is not None and job.key == key and sched.next_job() is None
+    # Requests while running coalesce into exactly one follow-up.
+    assert [sched.request(key) for _ in range(10)] == [False] * 10
+    assert sched.status(key) == "running"
+    assert sched.finish(key) is True
+    assert sched.status(key) == "queued"
+    assert sched.next_job() is not None and sched.finish(key) is False and sched.status(key) == "idle"
+    client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
+
+
+def test_fairness_by_order_not_time(settings: Settings) -> None:
+    client = redis.Redis.from_url(settings.redis.url)
+    sched = FairScheduler(client, prefix=settings.redis.key_prefix)
+    for n in range(200):
+        assert sched.request(ConversationKey("tenant-a", f"c{n}"))
+    assert sched.request(ConversationKey("tenant-b", "only"))
+    workers = 2
+    order = [sched.next_job() for _ in range(workers * 2)]
+    tenants = [j.key.tenant_id for j in order if j is not None]
+    assert "tenant-b" in tenants, tenants
+    assert sched.depth() == 201 - workers * 2
+    client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
+
+
+def test_lease_expiry_requeues_after_a_dead_worker(settings: Settings) -> None:
+    client = redis.Redis.from_url(settings.redis.url)
+    sched = FairScheduler(client, prefix=settings.redis.key_prefix, lease_seconds=0.2)
+    key = ConversationKey("acme", "crashy")
+    assert sched.request(key)
+    assert sched.next_job() is not None  # taken by a worker that then dies
+    assert sched.request(key) is False  # still leased
+    time.sleep(0.3)
+    assert sched.status(key) == "idle"
+    assert sched.request(key) is True
+    client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
+
+
+def test_two_stage_runs_of_one_conversation_never_overlap(settings: Settings) -> None:
+    from workers.locks import LockBusy, conversation_lock
+
+    client = redis.Redis.from_url(settings.redis.url)
+    key = ConversationKey("acme", "locked")
+    inside = threading.Event()
+    release = threading.Event()
+    busy: list[bool] = []
+
+    def holder() -> None:
+        with conversation_lock(client, settings.redis.key_prefix, key, timeout=0.6):
+            inside.set()
+            release.wait(2)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    inside.wait(2)
+    time.sleep(0.5)  # past the original timeout: the keep-alive must have extended it
+    try:
+        with conversation_lock(client, settings.redis.key_prefix, key):
+            busy.append(False)
+    except LockBusy:
+        busy.append(True)
+    release.set()
+    t.join()
+    assert busy == [True]
+    with conversation_lock(client, settings.redis.key_prefix, key):
+        pass

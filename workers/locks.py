@@ -1,0 +1,60 @@
+"""Per-conversation locks: two workers never run stages of one conversation at once.
+
+A redis-py ``Lock`` (random token, timeout) is extended by a background thread while the
+stage works, so a long model call keeps it; if the worker dies the timeout frees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from redis.exceptions import LockError
+
+from ctxcore.state.keys import ConversationKey
+
+__all__ = ["LockBusy", "conversation_lock", "lock_name"]
+
+
+class LockBusy(Exception):
+    """Another worker holds the conversation's lock."""
+
+
+def lock_name(prefix: str, key: ConversationKey) -> str:
+    """The lock's Redis key, under the conversation's hash tag."""
+    return f"{prefix}:lock:{key.hash_tag}"
+
+
+@contextmanager
+def conversation_lock(
+    client: redis.Redis, prefix: str, key: ConversationKey, timeout: float = 60.0
+) -> Iterator[None]:
+    """Hold ``key``'s lock for the block, extending it every ``timeout / 3`` seconds.
+
+    Raises ``LockBusy`` at once if another worker holds it.
+    """
+    lock = client.lock(lock_name(prefix, key), timeout=timeout, blocking=False, thread_local=False)
+    if not lock.acquire(blocking=False):
+        raise LockBusy(str(key))
+    stop = threading.Event()
+
+    def keep_alive() -> None:
+        while not stop.wait(timeout / 3):
+            try:
+                lock.reacquire()
+            except (LockError, redis.RedisError):
+                return
+
+    thread = threading.Thread(target=keep_alive, name=f"lock-{key}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1)
+        # Expired or lost: the next holder's token differs, nothing to undo.
+        with contextlib.suppress(LockError, redis.RedisError):
+            lock.release()

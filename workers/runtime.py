@@ -1,0 +1,172 @@
+"""Wiring: stores, coordinator, scheduler, service and metrics built from ``Settings``.
+
+One ``Runtime`` per process (built after a worker forks): it owns the Redis connection
+pool and, when ``database.url`` is set, the SQL engine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ctxcore.config import ModelSettings, Settings
+from ctxcore.coordinator import Coordinator
+from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
+from ctxcore.summarize.extractive import ExtractiveModel
+from ctxcore.summarize.model import ModelClient
+from ctxcore.summarize.openai_chat import OpenAIChatModel
+from ctxcore.tokens import TiktokenCounter, TokenCounter
+from ctxcore.turns import UserDetector
+from workers.metrics import Metrics
+from workers.scheduler import FairScheduler
+from workers.service import ContextService
+
+__all__ = ["Runtime", "redis_client"]
+
+
+def redis_client(url: str, socket_timeout: float = 5.0) -> redis.Redis:
+    """A client that fails fast: redis-py retries by default, which turns an outage into
+    seconds of hanging instead of a clear ``StoreUnavailable``."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=min(socket_timeout, 2.0),
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+@dataclass
+class Runtime:
+    """Everything a worker or API process needs, built lazily from ``settings``."""
+
+    settings: Settings
+    counter: TokenCounter = field(default_factory=TiktokenCounter)
+    _models: dict[str, ModelClient] = field(default_factory=dict)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        """The process's Redis client."""
+        return redis_client(self.settings.redis.url, self.settings.redis.socket_timeout)
+
+    @cached_property
+    def _sql_engine(self):  # type: ignore[no-untyped-def]
+        from sqlalchemy import create_engine
+
+        assert self.settings.database.url is not None
+        return create_engine(self.settings.database.url, pool_pre_ping=True)
+
+    @cached_property
+    def state_store(self) -> StateStore:
+        """Compaction state: SQL when configured, else Redis."""
+        if self.settings.database.url:
+            from ctxcore.state.sql import SqlStateStore
+
+            store = SqlStateStore(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            store.setup()
+            return store
+        from ctxcore.state.redis import RedisStateStore
+
+        return RedisStateStore(self.redis, prefix=self.settings.redis.key_prefix)
+
+    @cached_property
+    def log(self) -> MessageLog:
+        """The raw message log."""
+        if self.settings.database.url:
+            from ctxcore.state.sql import SqlMessageLog
+
+            log = SqlMessageLog(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            log.setup()
+            return log
+        from ctxcore.state.redis import RedisMessageLog
+
+        return RedisMessageLog(self.redis, prefix=self.settings.redis.key_prefix)
+
+    @cached_property
+    def offloads(self) -> OffloadStore:
+        """Offloaded originals."""
+        if self.settings.database.url:
+            from ctxcore.state.sql import SqlOffloadStore
+
+            store = SqlOffloadStore(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            store.setup()
+            return store
+        from ctxcore.state.redis import RedisOffloadStore
+
+        return RedisOffloadStore(
+            self.redis,
+            prefix=self.settings.redis.key_prefix,
+            ttl_seconds=self.settings.service.offload_ttl_seconds,
+        )
+
+    @cached_property
+    def detector(self) -> UserDetector:
+        """Real-user detection with the configured extra prefixes."""
+        return UserDetector(extra_prefixes=self.settings.engine.internal_user_prefixes)
+
+    def model_for(self, key: ConversationKey) -> ModelClient:
+        """The tenant's summarisation model (cached per configuration)."""
+        cfg = self.settings.model_for_tenant(key.tenant_id)
+        cache_key = cfg.model_dump_json()
+        client = self._models.get(cache_key)
+        if client is None:
+            client = self._models.setdefault(cache_key, build_model(cfg, self.counter))
+        return client
+
+    @cached_property
+    def coordinator(self) -> Coordinator:
+        """The state's only writer."""
+        service = self.settings.service
+        return Coordinator(
+            self.state_store,
+            self.log,
+            self.counter,
+            self.model_for,
+            trigger_ratio=service.trigger_ratio,
+            target_ratio=service.target_ratio,
+            default_budget=service.default_budget,
+            keep_recent_messages=self.settings.engine.keep_recent_messages,
+            detector=self.detector,
+        )
+
+    @cached_property
+    def scheduler(self) -> FairScheduler:
+        """The fair, coalescing job queue."""
+        lease = self.settings.worker.hard_time_limit * 4
+        return FairScheduler(self.redis, prefix=self.settings.redis.key_prefix, lease_seconds=lease)
+
+    @cached_property
+    def metrics(self) -> Metrics:
+        """Shared counters."""
+        return Metrics(self.redis, prefix=self.settings.redis.key_prefix)
+
+
+def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:
+    """``ExtractiveModel`` when no endpoint is configured, else an OpenAI-compatible client."""
+    if cfg.base_url is None:
+        return ExtractiveModel(counter)
+    return OpenAIChatModel(
+        base_url=cfg.base_url,
+        api_key=os.environ.get(cfg.api_key_env),
+        model=cfg.name,
+        timeout=cfg.timeout,
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+    )
+
+
+def build_service(runtime: Runtime, queue: object) -> ContextService:
+    """A ``ContextService`` over the runtime's stores and ``queue``."""
+    return ContextService(
+        runtime.settings,
+        runtime.state_store,
+        runtime.log,
+        runtime.offloads,
+        queue,  # type: ignore[arg-type]
+        counter=runtime.counter,
+        detector=runtime.detector,
+    )

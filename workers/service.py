@@ -1,0 +1,202 @@
+"""``ContextService``: the fast path agents call to append messages and get windows.
+
+``get_window`` never calls a model: it reads the saved compaction state, the pinned anchors
+and the raw log after the cursor, applies the cheap rule chain to that tail and serves the
+result through ``ctxcore.assemble.assemble_window``. Its cost grows with the messages after
+the cursor, not with the conversation's history. When the view is over the conversation's
+trigger it asks the queue for a (coalesced) background compaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ctxcore.assemble import RuleFn, WindowResult, assemble_window
+from ctxcore.config import Settings
+from ctxcore.errors import ConflictError, InvalidMessageError
+from ctxcore.messages import AnyMessage, SystemMessage, message_text
+from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
+from ctxcore.tokens import TiktokenCounter, TokenCounter
+from ctxcore.turns import UserDetector
+from ctxcore.window import check_window
+from workers.scheduler import Status
+
+__all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
+
+
+class CompactionQueue(Protocol):
+    """Where the fast path asks for background compaction."""
+
+    def request(self, key: ConversationKey) -> Status:
+        """Ask for a compaction (coalesced); returns the conversation's status after asking."""
+        ...
+
+    def status(self, key: ConversationKey) -> Status:
+        """``idle``, ``queued`` or ``running``."""
+        ...
+
+
+class InlineQueue:
+    """A queue that only records requests (tests, and embedded use without workers)."""
+
+    def __init__(self, on_request: Callable[[ConversationKey], None] | None = None) -> None:
+        self.requests: list[ConversationKey] = []
+        self._on_request = on_request
+
+    def request(self, key: ConversationKey) -> Status:
+        """Record the request and run the optional callback."""
+        self.requests.append(key)
+        if self._on_request is not None:
+            self._on_request(key)
+        return "queued" if self._on_request is None else "idle"
+
+    def status(self, key: ConversationKey) -> Status:
+        """Always idle: nothing runs in the background."""
+        return "idle"
+
+
+class ContextService:
+    """Append and window operations over the stores (see module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        state_store: StateStore,
+        log: MessageLog,
+        offloads: OffloadStore | None,
+        enqueue: CompactionQueue,
+        *,
+        counter: TokenCounter | None = None,
+        detector: UserDetector | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.settings = settings
+        self.state_store = state_store
+        self.log = log
+        self.offloads = offloads
+        self.queue = enqueue
+        self.counter = counter or TiktokenCounter(settings.engine.tokenizer_model)
+        self.detector = detector or UserDetector(extra_prefixes=settings.engine.internal_user_prefixes)
+        self._clock = clock
+        self._chains: dict[int, list[Any]] = {}
+        self._counters: dict[str, TokenCounter] = {}
+        self.last_latency_ms = 0.0
+
+    # --- appends ----------------------------------------------------------------------
+
+    def append(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Validate and append messages; returns their log ids (existing ids for duplicates).
+
+        Raises ``InvalidMessageError`` naming the index of the first bad message (system
+        messages are rejected: they come with each window request) and ``ConflictError``
+        when ``expected_last_id`` is not the log's last id.
+        """
+        limits = self.settings.service
+        if len(messages) > limits.max_messages_per_append:
+            raise InvalidMessageError(
+                -1, "messages", f"at most {limits.max_messages_per_append} messages per append"
+            )
+        for i, message in enumerate(messages):
+            if isinstance(message, SystemMessage):
+                raise InvalidMessageError(
+                    i, "role", "system messages are not logged; send them with each window request"
+                )
+            if len(message_text(message)) > limits.max_message_chars:
+                raise InvalidMessageError(i, "content", f"longer than {limits.max_message_chars} characters")
+        if expected_last_id is not None:
+            last = self.log.last_id(key)
+            if last != expected_last_id:
+                raise ConflictError(
+                    f"{key}: expected last log id {expected_last_id!r}, the log ends at {last!r}"
+                )
+        state = self.state_store.load(key)
+        tail = self.log.read_after(key, state.covered_until if state else None)
+        fresh = [
+            m for m in messages if not (m.message_id and any(t.message_id == m.message_id for t in tail))
+        ]
+        problems = check_window([*tail, *fresh])
+        if problems:
+            first = problems[0]
+            index = first.index - len(tail)
+            # A problem located in the log tail is caused by the new messages (e.g. a missing
+            # tool result now followed by something else): blame the first new message.
+            raise InvalidMessageError(max(index, 0), first.rule, first.detail)
+        return self.log.append(key, list(messages))
+
+    # --- windows ----------------------------------------------------------------------
+
+    def _counter_for(self, model: str | None) -> TokenCounter:
+        if model is None:
+            return self.counter
+        counter = self._counters.get(model)
+        if counter is None:
+            # One counter per model keeps its per-message cache warm across requests.
+            counter = self._counters.setdefault(model, TiktokenCounter(model))
+        return counter
+
+    def _rules(self, key: ConversationKey, budget: int) -> RuleFn | None:
+        if self.settings.engine.rule_chain == "none":
+            return None
+        chain = self._chains.get(budget)
+        if chain is None:
+            chain = build_rule_chain(default_rule_chain(budget))
+            if len(self._chains) > 256:
+                self._chains.clear()
+            self._chains[budget] = chain
+        built = chain
+
+        def rules(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+            return apply_rules(
+                messages, built, self.counter, self.offloads, key, context_max=budget, detector=self.detector
+            )
+
+        return rules
+
+    def get_window(
+        self,
+        key: ConversationKey,
+        budget_tokens: int,
+        system_messages: Sequence[AnyMessage] = (),
+        tools: Sequence[Mapping[str, Any]] = (),
+        model: str | None = None,
+    ) -> WindowResult:
+        """The window for ``key`` within ``budget_tokens``; never calls a model.
+
+        Records the budget beside the state; asks for compaction when the view is over
+        ``trigger_ratio`` of it. ``BudgetExceeded`` when system + tools + anchors alone do
+        not fit.
+        """
+        if budget_tokens <= 0:
+            raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
+        for i, message in enumerate(system_messages):
+            if not isinstance(message, SystemMessage):
+                raise InvalidMessageError(i, "system_messages", "only system messages belong here")
+        started = self._clock()
+        counter = self._counter_for(model)
+        state = self.state_store.load(key) or CompressionState()
+        self.state_store.set_budget(key, budget_tokens)
+        pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
+        tail = self.log.read_after(key, state.covered_until)
+        result = assemble_window(
+            state,
+            tail,
+            budget_tokens,
+            list(system_messages),
+            list(tools),
+            self._rules(key, budget_tokens),
+            counter,
+            pinned=pinned,
+            detector=self.detector,
+        )
+        trigger = int(budget_tokens * self.settings.service.trigger_ratio)
+        if result.raw_tokens > trigger:
+            result.compaction = self.queue.request(key)
+        else:
+            result.compaction = self.queue.status(key)
+        self.last_latency_ms = (self._clock() - started) * 1000
+        return result
