@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
+from ctxcore.config import Settings
 from ctxcore.errors import CtxcoreError
 from ctxcore.messages import from_openai
 from ctxcore.tokens import TiktokenCounter
@@ -68,6 +69,145 @@ def cmd_count(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    # The CLI is one of the two places that read the environment (DESIGN: config).
+    return Settings.from_env(config_file=getattr(args, "config", None))
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    """Replay the bundled runs through the distributed service on an embedded default."""
+    from workers.demo import run_demo
+
+    return run_demo(
+        _settings(args), str(bundled_sample()), out, interactive=out.isatty(), timeout=args.timeout
+    )
+
+
+def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
+    """Start a Celery worker consuming continuation stages first, then new jobs."""
+    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure
+
+    settings = _settings(args)
+    configure(settings)
+    argv = ["worker", "-Q", f"{STAGES_QUEUE},{JOBS_QUEUE}", "--loglevel", args.loglevel, "-E"]
+    argv += ["--concurrency", str(args.concurrency or settings.worker.concurrency)]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the HTTP API with uvicorn."""
+    import uvicorn
+
+    from workers.http import create_app
+    from workers.runtime import Runtime
+
+    settings = _settings(args)
+    from workers.app import configure
+
+    configure(settings)
+    uvicorn.run(
+        create_app(Runtime(settings)),
+        host=args.host or settings.http.host,
+        port=args.port or settings.http.port,
+    )
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
+    """Offline batch: compact each conversation of a JSONL file to a window within the budget."""
+    from ctxcore.assemble import assemble_window
+    from ctxcore.messages import SystemMessage, to_openai
+    from ctxcore.pipeline import PipelineConfig, View, compress_until_target
+    from workers.runtime import build_model
+
+    settings = _settings(args)
+    counter = TiktokenCounter(args.model)
+    model = build_model(settings.model, counter)
+    records = _read_jsonl(Path(args.file))
+    show_bar = out.isatty()
+    written = 0
+    with open(args.out, "w", encoding="utf-8") as sink:
+        for n, record in enumerate(records, 1):
+            messages = from_openai(record["messages"])
+            system = [m for m in messages if isinstance(m, SystemMessage)]
+            rest = [
+                m.model_copy(update={"context_message_id": f"{i:012d}"})
+                for i, m in enumerate((m for m in messages if not isinstance(m, SystemMessage)), 1)
+            ]
+            view = View(version=0, system=tuple(system), tail=tuple(rest))
+            target = max(int(args.budget * settings.service.target_ratio), 1)
+            config = PipelineConfig(
+                target_tokens=target, keep_recent_messages=settings.engine.keep_recent_messages
+            )
+            run = compress_until_target(view, config, model, counter)
+            state = run.view.to_state()
+            result = assemble_window(
+                state,
+                list(run.view.tail),
+                args.budget,
+                system,
+                [],
+                None,
+                counter,
+                pinned=list(run.view.pinned),
+            )
+            row = {
+                "id": record.get("id", n),
+                "messages": to_openai(result.messages, include_extra=True),
+                "tokens_before": view.tokens(counter),
+                "tokens_after": result.stats.total_tokens,
+                "stages": [r.stage.kind for r in run.results if r.changed],
+            }
+            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+            written += 1
+            line = f"{row['id']}: {row['tokens_before']:,} -> {row['tokens_after']:,} tokens ({', '.join(row['stages']) or 'unchanged'})"
+            out.write((f"\r[{n}/{len(records)}] " if show_bar else "") + line + "\n")
+    out.write(f"wrote {written} windows to {args.out}\n")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    """Print a conversation's compaction state (and history)."""
+    from ctxcore.state import ConversationKey
+    from workers.runtime import Runtime
+
+    rt = Runtime(_settings(args))
+    key = ConversationKey(args.tenant, args.conversation)
+    state = rt.state_store.load(key)
+    doc: dict[str, Any] = {
+        "conversation": str(key),
+        "last_log_id": rt.log.last_id(key),
+        "budget": rt.state_store.get_budget(key),
+        "state": state.model_dump(mode="json") if state else None,
+    }
+    if args.history:
+        doc["history"] = [s.model_dump(mode="json") for s in rt.state_store.history(key, 20)]
+    json.dump(doc, out, indent=2, ensure_ascii=False)
+    out.write("\n")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
+    """Make an earlier kept version of the state current again (as a new version)."""
+    from ctxcore.state import ConversationKey
+    from workers.runtime import Runtime
+
+    rt = Runtime(_settings(args))
+    key = ConversationKey(args.tenant, args.conversation)
+    state = rt.state_store.load(key)
+    if state is None:
+        out.write(f"{key}: no saved state\n")
+        return 2
+    if not rt.state_store.rollback(key, args.version, expected_version=state.version):
+        out.write(
+            f"{key}: rollback to version {args.version} failed (unknown version or a concurrent save)\n"
+        )
+        return 1
+    out.write(f"{key}: version {args.version} restored as version {state.version + 1}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="ctxcore", description="A context engine for LLM agents.")
@@ -77,6 +217,43 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument("--model", default=None, help="model name picking the tokenizer (default cl100k_base)")
     count.add_argument("--json", action="store_true", help="print JSON instead of a table")
     count.set_defaults(func=cmd_count)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", help="TOML settings file (default: $CTXCORE_CONFIG_FILE)")
+        return p
+
+    demo = with_config(sub.add_parser("demo", help="run the distributed service on the bundled samples"))
+    demo.add_argument("--timeout", type=float, default=100.0, help="seconds before the demo wraps up")
+    demo.set_defaults(func=cmd_demo)
+
+    worker = with_config(sub.add_parser("worker", help="start a Celery compaction worker"))
+    worker.add_argument("--concurrency", type=int, default=None)
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+    serve = with_config(sub.add_parser("serve", help="serve the HTTP API"))
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.set_defaults(func=cmd_serve)
+
+    compact = with_config(sub.add_parser("compact", help="offline batch compaction of a JSONL file"))
+    compact.add_argument("file", help="JSONL of {'id', 'messages': [...]}")
+    compact.add_argument("--out", required=True, help="where to write the compacted windows (JSONL)")
+    compact.add_argument("--budget", type=int, required=True, help="token budget of each window")
+    compact.add_argument("--model", default=None, help="model name picking the tokenizer")
+    compact.set_defaults(func=cmd_compact)
+
+    inspect = with_config(sub.add_parser("inspect", help="show a conversation's compaction state"))
+    inspect.add_argument("tenant")
+    inspect.add_argument("conversation")
+    inspect.add_argument("--history", action="store_true")
+    inspect.set_defaults(func=cmd_inspect)
+
+    rollback = with_config(sub.add_parser("rollback", help="restore an earlier state version"))
+    rollback.add_argument("tenant")
+    rollback.add_argument("conversation")
+    rollback.add_argument("version", type=int)
+    rollback.set_defaults(func=cmd_rollback)
     return parser
 
 
