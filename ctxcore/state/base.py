@@ -5,11 +5,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ctxcore.messages import AnyMessage
+from ctxcore.errors import InvalidKeyError, InvalidMessageError, StoreError
+from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 
-__all__ = ["HISTORY_LIMIT", "MessageLog", "OffloadStore", "StateStore"]
+__all__ = [
+    "HISTORY_LIMIT",
+    "LOG_ID_WIDTH",
+    "MessageLog",
+    "OffloadStore",
+    "StateStore",
+    "check_budget",
+    "check_loggable",
+    "decode_log_messages",
+    "encode_log_message",
+    "encode_state",
+    "format_log_id",
+    "parse_log_id",
+    "rollback_by_save",
+]
 
 HISTORY_LIMIT = 20
 
@@ -107,3 +122,83 @@ class OffloadStore(Protocol):
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""
         ...
+
+
+# --- helpers shared by the backends ---------------------------------------------------------
+
+LOG_ID_WIDTH = 12
+"""Digits of a log id: a zero-padded per-conversation counter, so string order is append order."""
+
+
+def format_log_id(seq: int) -> str:
+    """The log id of the ``seq``-th message of a conversation (1-based)."""
+    return f"{seq:0{LOG_ID_WIDTH}d}"
+
+
+def parse_log_id(log_id: str) -> int:
+    """The counter value behind ``log_id``; ``InvalidKeyError`` if it is not a log id."""
+    if (
+        not isinstance(log_id, str)
+        or len(log_id) != LOG_ID_WIDTH
+        or not log_id.isascii()
+        or not log_id.isdigit()
+    ):
+        raise InvalidKeyError(f"invalid log id {log_id!r}: expected {LOG_ID_WIDTH} ASCII digits")
+    return int(log_id)
+
+
+def check_loggable(messages: Sequence[AnyMessage]) -> None:
+    """Reject a batch containing a system message before anything of it is written."""
+    for index, message in enumerate(messages):
+        if message.role == "system":
+            raise InvalidMessageError(
+                index, "role", "system messages are not logged: send them with each window request"
+            )
+
+
+def encode_log_message(message: AnyMessage) -> str:
+    """JSON of one logged message, without its log id (the store assigns and re-attaches it)."""
+    return message.model_dump_json(exclude={"context_message_id"})
+
+
+def decode_log_messages(rows: Sequence[tuple[str, str | bytes]]) -> list[AnyMessage]:
+    """Messages from ``(log id, encode_log_message output)`` rows, ``context_message_id`` set."""
+    if not rows:
+        return []
+    # One JSON array and one validation pass for the whole page rather than one per message.
+    parts = [raw.encode() if isinstance(raw, str) else raw for _, raw in rows]
+    messages = messages_from_json(b"[" + b",".join(parts) + b"]")
+    return [
+        m.model_copy(update={"context_message_id": log_id})
+        for (log_id, _), m in zip(rows, messages, strict=True)
+    ]
+
+
+def encode_state(state: CompressionState, version: int) -> str:
+    """JSON of ``state`` as stored under ``version`` (the store, not the caller, numbers versions)."""
+    return state.model_copy(update={"version": version}).model_dump_json()
+
+
+def check_budget(budget_tokens: int) -> None:
+    """A budget must be a positive number of tokens (``ValueError`` otherwise)."""
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 1:
+        raise ValueError(f"budget_tokens must be a positive integer, got {budget_tokens!r}")
+
+
+def rollback_by_save(store: StateStore, key: ConversationKey, to_version: int, expected_version: int) -> bool:
+    """``StateStore.rollback`` on top of ``history`` and ``save``.
+
+    Safe without a lock: kept versions are never rewritten, and ``save`` re-checks
+    ``expected_version`` atomically, so a writer that slipped in between makes it return False.
+    Raises ``StoreError`` when ``to_version`` is not among the kept versions.
+    """
+    kept = store.history(key)
+    if not kept or kept[0].version != expected_version:
+        return False
+    for state in kept:
+        if state.version == to_version:
+            return store.save(key, state, expected_version)
+    raise StoreError(
+        f"{key}: version {to_version} is not kept (kept: {kept[-1].version}..{kept[0].version}, "
+        f"the last {HISTORY_LIMIT}); pick one of those"
+    )

