@@ -1,0 +1,325 @@
+"""Classifying model-call failures (spec 5.1) and recognising context overflow (spec 3.5).
+
+The executor's retry policy hangs on one of seven kinds, so classification must be
+precise. Two deliberate deviations from the reference:
+
+* HTTP status codes are read as codes (``status_code``, ``status``, ``response.status_code``
+  along the cause chain) and beat any text. The reference also matched "400", "500", "413"
+  ... as substrings of the collected text (spec 9.8), so a request id such as
+  ``req_500abc`` turned a bad request into a retried server error.
+* Overflow text is matched with the spec 3.5 matcher, which knows that an *output* token
+  limit or a billing quota is not a context overflow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, Final
+
+import openai
+
+from ctxcore.errors import ModelError
+
+__all__ = [
+    "ERROR_KINDS",
+    "TRANSIENT_KINDS",
+    "ModelCallError",
+    "classify_error",
+    "is_context_overflow_error",
+    "status_code_of",
+]
+
+ERROR_KINDS: Final = (
+    "context_overflow",
+    "rate_limit",
+    "authentication",
+    "timeout",
+    "server_unstable",
+    "api_request_error",
+    "unknown",
+)
+TRANSIENT_KINDS: Final = frozenset({"rate_limit", "timeout", "server_unstable", "unknown"})
+
+_CHAIN_DEPTH = 8
+_MATCH_DEPTH = 6
+
+
+class ModelCallError(ModelError):
+    """A model call failed for good (or failed once, inside the executor).
+
+    ``kind`` is one of ``ERROR_KINDS``; ``status_code`` the HTTP status when there was one;
+    ``retry_after`` the server's requested pause in seconds; ``attempts`` how many calls the
+    executor made before giving up (0 when the error comes straight from a client).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        *,
+        attempts: int = 0,
+    ) -> None:
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"unknown model error kind {kind!r}; expected one of {ERROR_KINDS}")
+        super().__init__(kind, message)
+        self.message = message
+        self.status_code = status_code
+        self.retry_after = retry_after
+        self.attempts = attempts
+
+    @property
+    def transient(self) -> bool:
+        """True for kinds worth retrying unchanged (rate limit, timeout, server, unknown)."""
+        return self.kind in TRANSIENT_KINDS
+
+
+# --- the cause chain ----------------------------------------------------------------------
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and its causes (``__cause__``, ``__context__``, ``.cause``), cycle-safe."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending and len(seen) < _CHAIN_DEPTH:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        for attr in ("__cause__", "__context__", "cause"):
+            nxt = getattr(current, attr, None)
+            if isinstance(nxt, BaseException) and id(nxt) not in seen:
+                pending.append(nxt)
+
+
+def _as_status(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        code = value
+    elif isinstance(value, str) and len(value) == 3 and value.isdigit():
+        code = int(value)
+    else:
+        return None
+    return code if 100 <= code <= 599 else None
+
+
+def status_code_of(exc: BaseException) -> int | None:
+    """The first HTTP status code found on the exception or its causes, else None."""
+    for current in _chain(exc):
+        for attr in ("status_code", "status"):
+            code = _as_status(getattr(current, attr, None))
+            if code is not None:
+                return code
+        response = getattr(current, "response", None)
+        if response is not None:
+            code = _as_status(getattr(response, "status_code", None))
+            if code is not None:
+                return code
+    return None
+
+
+def _error_text(exc: BaseException) -> str:
+    """The chain's messages and descriptive fields, casefolded, for marker matching."""
+    parts: list[str] = []
+    for current in _chain(exc):
+        parts.append(type(current).__name__)
+        parts.append(str(current))
+        for attr in ("code", "type", "param", "errmsg", "details", "body"):
+            value = getattr(current, attr, None)
+            if value is not None and not callable(value):
+                parts.append(str(value)[:4000])
+    return "\n".join(parts).casefold()
+
+
+# --- overflow matcher (spec 3.5) ------------------------------------------------------------
+
+_MATCH_FIELDS: Final = (
+    "message",
+    "body",
+    "details",
+    "error",
+    "errors",
+    "response",
+    "code",
+    "type",
+    "param",
+    "status_code",
+    "status",
+    "text",
+    "content",
+    "cause",
+    "__cause__",
+    "__context__",
+)
+_STRONG_OVERFLOW: Final = (
+    "context length",
+    "context window",
+    "maximum context",
+    "max context",
+    "context limit",
+    "prompt is too long",
+    "prompt too long",
+    "input is too long",
+    "input too long",
+    "too many tokens",
+    "request too large",
+)
+_SUBJECT = re.compile(r"\b(?:context|prompt|input)\b")
+_OUTPUT_SIDE = re.compile(r"\b(?:output|completion|response)\b")
+_NOT_OVERFLOW = re.compile(r"\b(?:quota|billing|rate limit)\b")
+_SEPARATORS = re.compile(r"[_\-\s]+")
+
+
+def _normalise(text: str) -> str:
+    return _SEPARATORS.sub(" ", text.casefold())
+
+
+def _text_is_overflow(text: str) -> bool:
+    """Spec 3.5 rules on one piece of text (already normalised)."""
+    if any(marker in text for marker in _STRONG_OVERFLOW):
+        return True
+    # The weaker rules need a subject (context/prompt/input) and must not be about output
+    # size or billing, which look alike ("exceeded your quota", "output token limit").
+    if _NOT_OVERFLOW.search(text):
+        return False
+    if "token limit" in text and not _OUTPUT_SIDE.search(text):
+        return True
+    subject = _SUBJECT.search(text) is not None
+    if subject and "too long" in text:
+        return True
+    return subject and ("exceed" in text or "over limit" in text) and not _OUTPUT_SIDE.search(text)
+
+
+def _texts(value: Any, depth: int, seen: set[int]) -> Iterator[str]:
+    """Text pieces of an exception and the fields of spec 3.5, depth-limited and cycle-safe."""
+    if depth > _MATCH_DEPTH or value is None:
+        return
+    if isinstance(value, str):
+        yield value[:20000]
+        return
+    if isinstance(value, bytes):
+        yield value[:20000].decode("utf-8", "replace")
+        return
+    if isinstance(value, int | float):
+        return
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, dict):
+        for item in list(value.values())[:50]:
+            yield from _texts(item, depth + 1, seen)
+        return
+    if isinstance(value, list | tuple):
+        for item in value[:50]:
+            yield from _texts(item, depth + 1, seen)
+        return
+    if isinstance(value, BaseException):
+        yield str(value)[:20000]
+    for name in _MATCH_FIELDS:
+        try:
+            field = getattr(value, name, None)
+        except Exception:  # a lazy property (e.g. an unread HTTP body) may raise
+            continue
+        if field is not None and not callable(field):
+            yield from _texts(field, depth + 1, seen)
+
+
+def is_context_overflow_error(exc: BaseException) -> bool:
+    """True when an exception says the request did not fit the model's context window.
+
+    Walks the exception, its descriptive fields and its causes (depth <= 6, cycle-safe).
+    False for billing/quota errors, output-token limits and network timeouts.
+    """
+    for current in _chain(exc):
+        if isinstance(current, ModelError) and current.kind == "context_overflow":
+            return True
+    return any(_text_is_overflow(_normalise(piece)) for piece in _texts(exc, 0, set()))
+
+
+# --- classification (spec 5.1) ----------------------------------------------------------------
+
+_RATE_LIMIT = ("rate_limit", "rate limit", "too many requests")
+_AUTH = ("authentication", "unauthorized", "invalid api key", "api key invalid", "invalid_api_key")
+_TIMEOUT = ("timeout", "timed out")
+_SERVER = (
+    "internal server error",
+    "service unavailable",
+    "bad gateway",
+    "gateway timeout",
+    "overloaded",
+    "temporarily unavailable",
+    "connection error",
+    "connection reset",
+    "connection refused",
+)
+_BAD_REQUEST = ("bad request", "invalid request", "invalid_request")
+
+
+def _is_timeout_type(exc: BaseException) -> bool:
+    if isinstance(exc, TimeoutError | openai.APITimeoutError):
+        return True
+    # httpx and httpx2 both name their base class TimeoutException; matching the name
+    # covers either without importing both.
+    return any(
+        cls.__name__ == "TimeoutException" and cls.__module__.startswith("httpx") for cls in type(exc).__mro__
+    )
+
+
+def _kind_from_status(status: int, text: str, exc: BaseException) -> str | None:
+    if status == 413:
+        return "context_overflow"
+    if status == 429:
+        return "rate_limit"
+    if status in (401, 403):
+        return "authentication"
+    if status == 408:
+        return "timeout"
+    if status >= 500:
+        return "server_unstable"
+    if 400 <= status < 500:
+        # Providers report a prompt that is too long as a plain 400 (OpenAI:
+        # context_length_exceeded), so only the overflow text can refine a 4xx.
+        if is_context_overflow_error(exc) or "context_length" in text:
+            return "context_overflow"
+        return "api_request_error"
+    return None
+
+
+def classify_error(exc: BaseException) -> str:
+    """The kind of a failed model call: one of ``ERROR_KINDS``.
+
+    Order: an already-classified ``ModelError``; the HTTP status code (status beats text);
+    timeout and connection exception types; then casefolded text markers (spec 5.1 without
+    the bare numbers); ``unknown`` otherwise.
+    """
+    for current in _chain(exc):
+        if isinstance(current, ModelError) and current.kind in ERROR_KINDS:
+            return current.kind
+    text = _error_text(exc)
+    status = status_code_of(exc)
+    if status is not None:
+        kind = _kind_from_status(status, text, exc)
+        if kind is not None:
+            return kind
+    chain = list(_chain(exc))
+    if any(_is_timeout_type(c) for c in chain):
+        return "timeout"
+    if any(isinstance(c, openai.APIConnectionError | ConnectionError) for c in chain):
+        return "server_unstable"
+    if is_context_overflow_error(exc) or "context_length" in text:
+        return "context_overflow"
+    if any(m in text for m in _RATE_LIMIT):
+        return "rate_limit"
+    if any(m in text for m in _AUTH):
+        return "authentication"
+    if any(m in text for m in _TIMEOUT):
+        return "timeout"
+    if any(m in text for m in _SERVER):
+        return "server_unstable"
+    if any(m in text for m in _BAD_REQUEST):
+        return "api_request_error"
+    return "unknown"
