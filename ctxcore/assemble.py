@@ -8,7 +8,8 @@ verbatim (or ``BudgetExceeded`` when system + tools + anchors alone are over bud
 within the budget. When the blocks plus the rule-processed tail are over budget (workers
 behind), a deterministic fallback shapes the served window only, never the saved state:
 oldest whole tail steps are left out behind a marker naming their log-id range, then block
-text is truncated, then (last) the longest non-anchor tail texts are cut.
+text is truncated, then the longest non-anchor tail texts are cut, and as the very last
+resort only the anchors of the tail are served.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ def assemble_window(
     if current.tokens(counter) > budget_tokens and elided:
         # Not even the note fits: serve the window without it.
         current = replace(current, tail=tuple(m for m in current.tail if not _is_marker(m)))
+    if current.tokens(counter) > budget_tokens and current.tail:
+        # Last resort: only the anchors are owed a place; the unfinished step goes too.
+        kept = tuple(m for m in current.tail if m.context_message_id in anchor_ids)
+        elided.append((current.tail[0].context_message_id or "?", current.tail[-1].context_message_id or "?"))
+        current = replace(current, tail=kept)
 
     messages = current.messages()
     problems = check_window(messages)

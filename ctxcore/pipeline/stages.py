@@ -232,11 +232,13 @@ def _apply(
         tokens = message_tokens(counter, messages)
         if tokens < target.source_tokens and tokens <= cfg.compression_call_max_tokens:
             useful[target.target_id] = (messages, tokens)
-    last_useful_raw = max((i for i, t in enumerate(targets) if t.raw and t.target_id in useful), default=-1)
+    last_useful_raw = max(
+        (i for i, t in enumerate(targets) if t.raw and not t.blocks and t.target_id in useful), default=-1
+    )
     for i, target in enumerate(targets):
         got = useful.get(target.target_id)
         if got is None:
-            if not target.raw or i > last_useful_raw:
+            if target.blocks or not target.raw or i > last_useful_raw:
                 continue
             messages = _verbatim(target)
             tokens = message_tokens(counter, messages)

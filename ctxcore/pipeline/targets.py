@@ -185,7 +185,9 @@ def _merge_runs(
 def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: TokenCounter) -> list[Target]:
     """The targets ``kind`` would summarise on ``view`` (empty when it has nothing to do)."""
     first_pass, second_pass, third_pass = config.pass_targets()
-    barriers = view.anchor_id_set() | {_mid(m) for m in view.pinned}
+    # Only the current anchors split targets: a former intent anchor pinned earlier is an
+    # ordinary message now, and later merges may fold it into a block.
+    barriers = view.anchor_id_set()
     window = view.tokens(counter)
     header = _header_tokens(counter, config)
 
@@ -214,25 +216,38 @@ def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: 
         ]
 
     if kind == "recursive_merge":
-        prefix = view.prefix()
         between: set[tuple[str, str]] = set()
+        gaps: dict[tuple[str, str], list[AnyMessage]] = {}
         last_block: SummaryBlock | None = None
         separated = False
-        for item in prefix:
+        gap: list[AnyMessage] = []
+        for item in view.prefix():
             if isinstance(item, SummaryBlock):
-                if last_block is not None and separated:
-                    between.add((last_block.block_id, item.block_id))
-                last_block, separated = item, False
-            else:
+                if last_block is not None:
+                    if separated:
+                        between.add((last_block.block_id, item.block_id))
+                    elif gap:
+                        gaps[(last_block.block_id, item.block_id)] = gap
+                last_block, separated, gap = item, False, []
+            elif _mid(item) in barriers:
                 separated = True
+            else:
+                gap.append(item)
         runs = _merge_runs(list(view.blocks), between)
-        run_sizes = [sum(message_tokens(counter, b.messages) for b in run) for run in runs]
+        run_items: list[list[Item]] = []
+        for run in runs:
+            items_of_run: list[Item] = [run[0]]
+            for previous, block in itertools.pairwise(run):
+                items_of_run.extend(gaps.get((previous.block_id, block.block_id), []))
+                items_of_run.append(block)
+            run_items.append(items_of_run)
+        run_sizes = [_item_tokens(counter, items) for items in run_items]
         room = budget(first_pass, sum(run_sizes), len(runs))
         targets = []
-        for n, (run, size) in enumerate(zip(runs, run_sizes, strict=True), 1):
+        for n, (run, items, size) in enumerate(zip(runs, run_items, run_sizes, strict=True), 1):
             lv = max(max(b.level, 1) for b in run)
             share = room * size / (sum(run_sizes) or 1)
-            targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", run, lv + 1, share, counter))
+            targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", items, lv + 1, share, counter))
         return targets
 
     if kind in ("aggressive_keep_recent", "aggressive_full_context"):

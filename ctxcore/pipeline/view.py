@@ -232,7 +232,8 @@ class View:
     ) -> View:
         """A new view after a stage: blocks replaced, the cursor advanced.
 
-        Tail messages up to the new cursor that no block covers become pinned.
+        Tail messages up to the new cursor that no block covers become pinned; pinned
+        messages a new block now covers (former anchors folded into a merge) are dropped.
         """
         ordered = tuple(sorted(blocks, key=lambda b: b.first_id))
         cursor = covered_until
@@ -250,7 +251,11 @@ class View:
             version=self.version if version is None else version,
             system=self.system,
             tools=self.tools,
-            pinned=(*self.pinned, *newly_pinned),
+            pinned=tuple(
+                m
+                for m in (*self.pinned, *newly_pinned)
+                if not any(first <= _msg_id(m) <= last for first, last in covered_ranges)
+            ),
             blocks=ordered,
             tail=tuple(tail),
             covered_until=cursor,
