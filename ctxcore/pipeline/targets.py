@@ -241,13 +241,13 @@ def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: 
                 items_of_run.extend(gaps.get((previous.block_id, block.block_id), []))
                 items_of_run.append(block)
             run_items.append(items_of_run)
-        run_sizes = [_item_tokens(counter, items) for items in run_items]
+        run_sizes = [_item_tokens(counter, group) for group in run_items]
         room = budget(first_pass, sum(run_sizes), len(runs))
         targets = []
-        for n, (run, items, size) in enumerate(zip(runs, run_items, run_sizes, strict=True), 1):
+        for n, (run, group, size) in enumerate(zip(runs, run_items, run_sizes, strict=True), 1):
             lv = max(max(b.level, 1) for b in run)
             share = room * size / (sum(run_sizes) or 1)
-            targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", items, lv + 1, share, counter))
+            targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", group, lv + 1, share, counter))
         return targets
 
     if kind in ("aggressive_keep_recent", "aggressive_full_context"):

@@ -623,7 +623,7 @@ def _extract(
             continue
         hits = [ln.strip() for ln in message_text(message).splitlines() if _NEEDLE_ERROR.search(ln)]
         if hits:
-            words = ex.features(hits[-1])[1]
+            needle_words = frozenset(ex.features(hits[-1])[1])
             ex.items.append(
                 _Item(
                     (index, 10**6),
@@ -631,7 +631,7 @@ def _extract(
                     hits[-1],
                     _BASE_SCORE.get("error", 10.0),
                     f"lasterror:{hits[-1]}",
-                    words,
+                    needle_words,
                     must=True,
                     share=0.25,
                 )

@@ -1,0 +1,112 @@
+"""``ContextEngineConfig`` and the strict config validation every processor shares.
+
+Deviation from spec section 0: configs reject unknown keys (``extra="forbid"``) instead of
+silently ignoring them, so a misspelt threshold fails at ``create_context`` rather than
+leaving a processor at its default. Every problem becomes one ``ConfigError`` naming the
+component, the field and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from ctxcore.errors import ConfigError
+
+__all__ = ["CompressionRecallConfig", "ContextEngineConfig", "StrictConfig", "validate_config"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictConfig(BaseModel):
+    """Base of every ctxcore config model: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    loc = ".".join(str(part) for part in error.get("loc", ()))
+    kind = error.get("type", "")
+    reason = (
+        "unknown field (not accepted by this config)" if kind == "extra_forbidden" else error.get("msg", "")
+    )
+    if not loc:
+        return str(reason).removeprefix("Value error, ")
+    shown = "" if kind == "extra_forbidden" else f" (got {error.get('input')!r})"
+    return f"field {loc!r}: {reason}{shown}"
+
+
+def validate_config(model: type[M], raw: M | Mapping[str, Any] | None, component: str) -> M:
+    """Build ``model`` from an instance, a plain dict of its fields, or None (defaults).
+
+    Raises:
+        ConfigError: naming ``component``, each offending field and the reason.
+    """
+    if raw is None:
+        raw = {}
+    if isinstance(raw, model):
+        return raw
+    if isinstance(raw, BaseModel):
+        raise ConfigError(
+            f"{component}: expected a {model.__name__} or a dict of its fields, got {type(raw).__name__}"
+        )
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{component}: config must be a {model.__name__} or a dict, got {type(raw).__name__}"
+        )
+    try:
+        return model.model_validate(dict(raw))
+    except ValidationError as exc:
+        details = "; ".join(_describe(e) for e in exc.errors())
+        raise ConfigError(f"{component}: invalid config: {details}") from exc
+
+
+class CompressionRecallConfig(StrictConfig):
+    """Chunking of archived originals for recall by LLM compressors (spec 2.2)."""
+
+    enabled: bool = False
+    chunk_size_tokens: PositiveInt = 3000
+    chunk_overlap_tokens: PositiveInt = 300
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> CompressionRecallConfig:
+        if self.chunk_overlap_tokens >= self.chunk_size_tokens:
+            raise ValueError(
+                f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be smaller than "
+                f"chunk_size_tokens ({self.chunk_size_tokens})"
+            )
+        return self
+
+
+class ContextEngineConfig(StrictConfig):
+    """Engine-wide settings (spec 2.2) with ctxcore's deliberate changes.
+
+    * ``enable_tiktoken_counter`` defaults to True: budgets are compared with exact counts;
+      False selects ``EstimateCounter`` (``len // 4``).
+    * No OpenRouter lookup of model windows (the library never touches the network), so
+      the two ``*openrouter*`` fields of the reference do not exist here.
+    * ``strict_processors``: a processor failure is re-raised after the pipeline finished
+      (still isolated, so the context stays consistent); tests turn this on.
+    * ``internal_user_prefixes`` / ``internal_user_patterns``: more internal user-role
+      markers, on top of ctxcore's own, that never count as real user messages.
+    * ``enable_reload`` adds the ``reload_original_context_messages`` tool definition to
+      every window's tools.
+    """
+
+    max_context_message_num: PositiveInt | None = None
+    default_window_message_num: PositiveInt | None = None
+    default_window_round_num: PositiveInt | None = None
+    enable_reload: bool = False
+    enable_tiktoken_counter: bool = True
+    context_window_tokens: PositiveInt | None = None
+    model_name: str | None = None
+    model_context_window_tokens: dict[str, PositiveInt] | None = None
+    compression_recall_config: CompressionRecallConfig = Field(default_factory=CompressionRecallConfig)
+    # Read by compressors that write debug records; the rule processors never write any.
+    enable_context_debug: bool = False
+    context_debug_dir: str | None = None
+    strict_processors: bool = False
+    internal_user_prefixes: tuple[str, ...] = ()
+    internal_user_patterns: tuple[str, ...] = ()

@@ -1,0 +1,161 @@
+"""The processor contract: four hooks, an active-compression hook, a kind, a registry.
+
+A processor is a configured object the engine calls at two moments:
+
+* **add** (``trigger_add_messages`` then ``on_add_messages``): with the batch being added;
+  it returns the batch to append and may rewrite the stored view with ``ctx.set_messages``.
+* **window** (``trigger_get_context_window`` then ``on_get_context_window``): with the
+  window being built; it returns the window to serve and may persist a rewrite with
+  ``ctx.set_messages``.
+
+Active compression (``ModelContext.compress_context``) calls ``on_compress``. Which
+processors it runs is decided by ``kind`` (offloaders first, then compressors; views never),
+not by substrings of class names as in the reference (spec 3.4).
+
+Triggers must be cheap: they run on every add and every window. Hooks are synchronous and
+run under the context's processor lock, so a hook never races another hook of its context;
+for the same reason a hook must not call ``add_messages`` or ``get_context_window`` of its
+own context (the lock is not re-entrant).
+Every hook receives ``**kwargs``: ``force`` (active compression) and ``phase`` always,
+``compression_trigger`` and ``preserve_instruction`` in active compression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
+
+from ctxcore.engine_config import StrictConfig, validate_config
+from ctxcore.messages import AnyMessage
+from ctxcore.processors.events import ContextEvent
+from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
+from ctxcore.window import ContextWindow
+
+if TYPE_CHECKING:
+    from ctxcore.engine import ModelContext
+
+__all__ = ["ContextProcessor", "Kind", "ProcessorConfig", "register_processor"]
+
+Kind = Literal["offloader", "compressor", "view"]
+
+
+class ProcessorConfig(StrictConfig):
+    """Base of processor configs: immutable, unknown keys rejected with ``ConfigError``."""
+
+
+C = TypeVar("C", bound=ProcessorConfig)
+
+
+class ContextProcessor(Generic[C]):
+    """Base class of every processor.
+
+    Subclasses set ``config_model`` (their pydantic config class) and ``kind``, and override
+    the hooks they need; the defaults never trigger and pass everything through unchanged.
+
+    Args:
+        config: an instance of ``config_model``, a dict of its fields, or None for defaults.
+
+    Raises:
+        ConfigError: an unknown key or an invalid value, naming processor, field and reason.
+    """
+
+    config_model: ClassVar[type[ProcessorConfig]] = ProcessorConfig
+    kind: ClassVar[Kind] = "compressor"
+
+    def __init__(self, config: C | Mapping[str, Any] | None = None) -> None:
+        self.config: C = validate_config(self.config_model, config, self.processor_type())  # type: ignore[assignment]
+
+    @classmethod
+    def processor_type(cls) -> str:
+        """The registry name: the name given to ``register_processor``, else the class name."""
+        name = cls.__dict__.get("_processor_type")
+        return name if isinstance(name, str) else cls.__name__
+
+    # --- add ---------------------------------------------------------------------------
+
+    def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
+        """Whether ``on_add_messages`` should run for this batch (cheap; default False)."""
+        return False
+
+    def on_add_messages(
+        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+    ) -> tuple[ContextEvent | None, list[AnyMessage]]:
+        """Process a batch; returns (event or None, the batch to append)."""
+        return None, messages
+
+    # --- window ------------------------------------------------------------------------
+
+    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+        """Whether ``on_get_context_window`` should run for this window (cheap; default False)."""
+        return False
+
+    def on_get_context_window(
+        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+    ) -> tuple[ContextEvent | None, ContextWindow]:
+        """Process a window; returns (event or None, the window to serve)."""
+        return None, window
+
+    # --- active compression ------------------------------------------------------------
+
+    def on_compress(
+        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+    ) -> tuple[ContextEvent | None, list[AnyMessage]]:
+        """Compress the whole view on request; returns (event or None, the new view).
+
+        The default follows spec 3.4: a processor with a window hook gets the whole view as
+        a window (an offloader only if its window trigger agrees); any other processor runs
+        its add hook with an empty batch and ``force=True`` and the view is read back.
+        """
+        cls = type(self)
+        if cls.on_get_context_window is not ContextProcessor.on_get_context_window:
+            window = ContextWindow(context_messages=messages)
+            if self.kind == "offloader" and not self.trigger_get_context_window(ctx, window, **kwargs):
+                return None, messages
+            event, window = self.on_get_context_window(ctx, window, **kwargs)
+            return event, window.context_messages
+        event, _ = self.on_add_messages(ctx, [], **kwargs)
+        return event, ctx.get_messages()
+
+    # --- state -------------------------------------------------------------------------
+
+    def save_state(self) -> dict[str, Any]:
+        """JSON-ready processor state saved with the context (built-ins are stateless)."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``save_state`` returned."""
+
+
+P = TypeVar("P", bound=type[ContextProcessor[Any]])
+
+
+@overload
+def register_processor(
+    cls: P, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
+) -> P: ...
+
+
+@overload
+def register_processor(
+    *, name: str | None = None, registry: ProcessorRegistry | None = None
+) -> Callable[[P], P]: ...
+
+
+def register_processor(
+    cls: P | None = None, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
+) -> P | Callable[[P], P]:
+    """Class decorator adding a processor to a registry (the engine's by default).
+
+    Usable bare (``@register_processor``), with arguments
+    (``@register_processor(name="MyCompressor")``) or as a call
+    (``register_processor(MyCompressor, registry=mine)``). Registering a name again replaces the
+    previous class, so a module can override a built-in deliberately.
+    """
+
+    def decorate(target: P) -> P:
+        if name is not None:
+            target._processor_type = name  # type: ignore[attr-defined]
+        (registry or REGISTRY).register(target)
+        return target
+
+    return decorate(cls) if cls is not None else decorate

@@ -1,0 +1,162 @@
+"""Rule chains over plain message lists: the default chain and ``apply_rules``.
+
+``apply_rules`` is what the distributed fast path calls on the raw log tail: no hooks, no
+context, no clock, only the pure rule functions in order. Its result always passes
+``check_window`` and keeps both anchors verbatim when its input did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctxcore.errors import ConfigError
+from ctxcore.messages import AnyMessage
+from ctxcore.processors.events import IdRange
+from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
+from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rules import RuleEnv
+from ctxcore.state.base import OffloadStore
+from ctxcore.state.keys import ConversationKey
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
+from ctxcore.window import DEFAULT_CONTEXT_MAX_TOKENS
+
+__all__ = [
+    "ChainResult",
+    "RuleChain",
+    "apply_rules",
+    "apply_rules_result",
+    "build_rule_chain",
+    "default_rule_chain",
+]
+
+RuleChain = Sequence[tuple[str, Any]]
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def default_rule_chain(
+    context_window_tokens: int = DEFAULT_CONTEXT_MAX_TOKENS,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The default chain as (name, config) pairs, scaled to the model's window.
+
+    ``MessageSummaryOffloader -> ToolResultBudgetProcessor -> MicroCompactProcessor ->
+    CompactCompletedToolTurns -> WindowLimit``. At 200k tokens the figures are the
+    reference defaults (50k tokens of tool output per turn, 15 recent results per tool)
+    with 20 full turns and at most 2000 messages attached; smaller windows get
+    proportionally smaller ones (16k: 4k per turn, 3 results per tool, 2 full turns).
+    Pass the same window to ``apply_rules(context_max=...)``: the offloader's thresholds
+    are ratios of it.
+    """
+    m = context_window_tokens
+    large = max(m // 20, 2)
+    return [
+        ("MessageSummaryOffloader", {"add_message_threshold_ratio": 0.1}),
+        (
+            "ToolResultBudgetProcessor",
+            {
+                "tokens_threshold": max(m // 4, 2),
+                "large_message_threshold": large,
+                "trim_size": min(_clamp(m // 64, 200, 3000), large - 1),
+            },
+        ),
+        (
+            "MicroCompactProcessor",
+            {
+                "compactable_tool_names": ["*"],
+                "keep_recent_per_tool": _clamp(m // 8000, 3, 15),
+                "trigger_threshold": _clamp(m // 40000, 1, 5),
+            },
+        ),
+        # Big windows can afford many full turns; only small ones need the shrinking early.
+        ("CompactCompletedToolTurns", {"keep_recent_turns": _clamp(m // 10000, 2, 20)}),
+        # About 100 tokens per message: a safety cap on message count, not the budget.
+        ("WindowLimit", {"max_attached_messages": max(m // 100, 50)}),
+    ]
+
+
+def build_rule_chain(
+    chain: RuleChain | Sequence[RuleProcessor[Any]], registry: ProcessorRegistry | None = None
+) -> list[RuleProcessor[Any]]:
+    """Instantiate (and validate) a chain of rule processors; built ones are kept as they are.
+
+    Raises:
+        ConfigError: an unknown name, an invalid config, or a processor that is not a rule.
+    """
+    built: list[RuleProcessor[Any]] = []
+    for entry in chain:
+        if isinstance(entry, RuleProcessor):
+            built.append(entry)
+            continue
+        name, config = entry
+        processor = (registry or REGISTRY).create(name, config)
+        if not isinstance(processor, RuleProcessor):
+            raise ConfigError(f"{name}: not a rule processor; apply_rules runs rule processors only")
+        built.append(processor)
+    return built
+
+
+@dataclass(frozen=True)
+class ChainResult:
+    """What a chain did: the messages, and every span and handle its rules reported."""
+
+    messages: list[AnyMessage]
+    removed_ranges: tuple[IdRange, ...] = ()
+    offloaded: tuple[str, ...] = ()
+    changed: bool = False
+
+
+def apply_rules_result(
+    messages: Sequence[AnyMessage],
+    chain: RuleChain | Sequence[RuleProcessor[Any]],
+    counter: TokenCounter,
+    offloads: OffloadStore | None,
+    key: ConversationKey,
+    *,
+    context_max: int = DEFAULT_CONTEXT_MAX_TOKENS,
+    detector: UserDetector = DEFAULT_DETECTOR,
+    originals: Mapping[str, AnyMessage] | None = None,
+) -> ChainResult:
+    """Apply a chain in passive mode (as on every add), collecting what each rule reported.
+
+    ``originals`` maps log ids to the messages as logged; by default the input messages
+    are taken as the originals (the fast path passes raw log messages).
+    """
+    current = list(messages)
+    if originals is None:
+        originals = {m.context_message_id: m for m in current if m.context_message_id}
+    env = RuleEnv(
+        counter=counter,
+        key=key,
+        offloads=offloads,
+        detector=detector,
+        originals=originals,
+        context_max=context_max,
+    )
+    ranges: list[IdRange] = []
+    handles: list[str] = []
+    changed = False
+    for rule in build_rule_chain(chain):
+        result = rule.rule(current, env)
+        if result.changed:
+            changed = True
+            current = result.messages
+            ranges.extend(result.removed_ranges)
+            handles.extend(result.offloaded)
+    return ChainResult(current, tuple(ranges), tuple(dict.fromkeys(handles)), changed)
+
+
+def apply_rules(
+    messages: Sequence[AnyMessage],
+    chain: RuleChain | Sequence[RuleProcessor[Any]],
+    counter: TokenCounter,
+    offloads: OffloadStore | None,
+    key: ConversationKey,
+    **kwargs: Any,
+) -> list[AnyMessage]:
+    """The messages after every rule of ``chain`` (see ``apply_rules_result``)."""
+    return apply_rules_result(messages, chain, counter, offloads, key, **kwargs).messages

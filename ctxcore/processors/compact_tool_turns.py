@@ -1,0 +1,81 @@
+"""``CompactCompletedToolTurns``: an old finished tool turn shrinks to request + answer.
+
+A view processor: every completed turn older than the newest ``keep_recent_turns`` that
+used tools is served as its user message(s) and its final assistant reply; the tool steps
+in between are left out (whole steps, so the window stays protocol-valid) and reported
+as log-id ranges. The current turn, failed turns (a result with ``metadata.is_error``)
+and cancelled turns (``metadata.cancelled``) are never touched: their details are what
+the model still needs.
+"""
+
+from __future__ import annotations
+
+from pydantic import NonNegativeInt
+
+from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
+from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult
+from ctxcore.turns import Turn, turns
+
+__all__ = ["CompactCompletedToolTurns", "CompactCompletedToolTurnsConfig", "apply", "triggers"]
+
+
+class CompactCompletedToolTurnsConfig(ProcessorConfig):
+    """Settings of ``CompactCompletedToolTurns``.
+
+    Attributes:
+        keep_recent_turns: newest turns served in full (the current turn always is).
+    """
+
+    keep_recent_turns: NonNegativeInt = 2
+
+
+def _uses_tools(messages: list[AnyMessage], turn: Turn) -> bool:
+    return any(isinstance(m, AssistantMessage) and m.tool_calls for m in messages[turn.start : turn.end])
+
+
+def _compactable(
+    messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv
+) -> list[Turn]:
+    found = turns(messages, env.detector)
+    # The current (last) turn is never compacted, even with keep_recent_turns=0.
+    older = found[: max(len(found) - max(config.keep_recent_turns, 1), 0)]
+    return [t for t in older if t.complete and not t.failed and not t.cancelled and _uses_tools(messages, t)]
+
+
+def triggers(messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv) -> bool:
+    """True if an older completed tool turn exists."""
+    return bool(_compactable(messages, config, env))
+
+
+def apply(
+    messages: list[AnyMessage],
+    config: CompactCompletedToolTurnsConfig,
+    env: RuleEnv,
+    *,
+    force: bool = False,
+) -> RuleResult:
+    """Serve each older completed tool turn as its user messages + final reply."""
+    rewrite = Rewrite(messages)
+    for turn in _compactable(messages, config, env):
+        for i in range(turn.start, turn.end):
+            if i != turn.final and not isinstance(messages[i], UserMessage):
+                rewrite.remove(i)
+    return rewrite.result()
+
+
+@register_processor
+class CompactCompletedToolTurns(RuleProcessor[CompactCompletedToolTurnsConfig]):
+    """Serves older completed tool turns as request + final answer."""
+
+    config_model = CompactCompletedToolTurnsConfig
+    kind = "view"
+
+    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
+        """See ``triggers``."""
+        return triggers(messages, self.config, env)
+
+    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
+        """See ``apply``."""
+        return apply(messages, self.config, env, force=force)

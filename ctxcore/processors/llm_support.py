@@ -1,0 +1,88 @@
+"""Shared pieces of the LLM compressors: the model-client config field and usage records."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, PlainSerializer
+
+from ctxcore.messages import AnyMessage
+from ctxcore.summarize.extractive import ExtractiveModel
+from ctxcore.summarize.model import Completion, ModelClient, OutputContract, Usage
+from ctxcore.tokens import TokenCounter
+
+__all__ = ["ExecutorClient", "ModelClientSpec", "resolve_client", "usage_dict"]
+
+_MODEL_KEYS = {"base_url", "name", "api_key_env", "timeout", "max_tokens", "temperature"}
+
+
+def _check_client(value: Any) -> Any:
+    if value is None or isinstance(value, ModelClient):
+        return value
+    if isinstance(value, Mapping):
+        unknown = set(value) - _MODEL_KEYS
+        if unknown:
+            raise ValueError(f"unknown model_client keys {sorted(unknown)}; expected {sorted(_MODEL_KEYS)}")
+        from ctxcore.config import ModelSettings
+
+        return ModelSettings.model_validate(dict(value))
+    raise ValueError("model_client must be a ModelClient instance or a dict with the keys of Settings.model")
+
+
+# A ModelClient instance (in process) or the keys of ``Settings.model`` (built on first use).
+ModelClientSpec = Annotated[
+    Any,
+    BeforeValidator(_check_client),
+    PlainSerializer(lambda v: v.model_dump() if hasattr(v, "model_dump") else getattr(v, "name", None)),
+]
+
+
+def resolve_client(spec: Any, counter: TokenCounter) -> ModelClient:
+    """The configured client; ``ExtractiveModel`` (offline, deterministic) when none is set."""
+    if spec is None:
+        return ExtractiveModel(counter)
+    if isinstance(spec, ModelClient):
+        return spec
+    import os
+
+    from ctxcore.summarize.openai_chat import OpenAIChatModel
+
+    return OpenAIChatModel(
+        base_url=spec.base_url or "http://127.0.0.1:8000/v1",
+        api_key=os.environ.get(spec.api_key_env),
+        model=spec.name,
+        timeout=spec.timeout,
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+    )
+
+
+class ExecutorClient:
+    """A ``ModelClient`` whose calls go through a ``CompressionExecutor`` (retries, classification)."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+
+    @property
+    def name(self) -> str:
+        """The wrapped client's name."""
+        return str(self.executor.client.name)
+
+    def complete(
+        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
+    ) -> Completion:
+        """One call with the executor's retry policy."""
+        result: Completion = self.executor.execute(messages, max_tokens=max_tokens, contract=contract)
+        return result
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """The reference's compression-usage record."""
+    return {
+        "calls": usage.calls,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "model_name": usage.model,
+    }

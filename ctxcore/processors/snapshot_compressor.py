@@ -1,0 +1,224 @@
+"""The shared base of ``CurrentRoundCompressor`` and ``DialogueCompressor`` (spec 4.1-4.3).
+
+A subclass picks a span ``(preserved prefix, messages to compress, protected tail)``; the
+model writes a ``<state_snapshot>`` of the span (the prompt and a machine-readable contract
+with the section titles are sent together); the snapshot replaces the span as one memory
+block carrying its log-id provenance, optionally followed by a ``<recovered_context>``.
+The span never holds an anchor or an unfinished tool step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import Field
+
+from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.pipeline.view import BLOCK_META
+from ctxcore.processors.base import ContextProcessor, ProcessorConfig
+from ctxcore.processors.events import ContextEvent, IdRange
+from ctxcore.processors.llm_support import ModelClientSpec, resolve_client, usage_dict
+from ctxcore.processors.reinjection import build_recovered_context
+from ctxcore.summarize.dump import CompressionDump
+from ctxcore.summarize.executor import CompressionExecutor
+from ctxcore.summarize.model import OutputContract
+from ctxcore.summarize.prompts import with_preserve_instruction
+from ctxcore.turns import steps
+from ctxcore.window import ContextWindow
+
+if TYPE_CHECKING:
+    from ctxcore.engine import ModelContext
+
+__all__ = ["SnapshotCompressor", "SnapshotCompressorConfig", "Span"]
+
+_SNAPSHOT = re.compile(r"<state_snapshot>(.*?)</state_snapshot>", re.DOTALL | re.IGNORECASE)
+
+
+class SnapshotCompressorConfig(ProcessorConfig):
+    """Ratios are of the model's context window (``ModelContext.context_max``)."""
+
+    model_config = ProcessorConfig.model_config | {"arbitrary_types_allowed": True}
+
+    trigger_context_ratio: float = Field(default=0.8, gt=0, lt=1)
+    min_target_context_ratio: float = Field(default=0.1, ge=0, lt=1)
+    model_client: ModelClientSpec = None
+    summary_max_tokens: int = Field(default=8000, gt=0)
+    enable_compression_dump: bool = False
+    compression_dump_dir: str | None = None
+    workspace_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Span:
+    """``prefix`` stays, ``target`` is summarised, ``tail`` stays after the summary."""
+
+    prefix: list[AnyMessage]
+    target: list[AnyMessage]
+    tail: list[AnyMessage]
+
+
+def complete_prefix(messages: list[AnyMessage]) -> int:
+    """Length of the longest prefix made of complete steps (never cut an open tool call)."""
+    end = 0
+    for step in steps(messages):
+        if not step.complete:
+            break
+        end = step.end
+    return end
+
+
+def extract_snapshot(text: str) -> str:
+    """The ``<state_snapshot>`` body, or the whole stripped response when there is none."""
+    match = _SNAPSHOT.search(text)
+    if match and match.group(1).strip():
+        return match.group(1).strip()
+    return text.strip()
+
+
+class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
+    """Base class; subclasses set the tag, meaning, prompt, sections, builders and ``span``."""
+
+    config_model: ClassVar[type[ProcessorConfig]] = SnapshotCompressorConfig
+    kind = "compressor"
+    tag: ClassVar[str] = ""
+    meaning: ClassVar[str] = ""
+    prompt: ClassVar[str] = ""
+    sections: ClassVar[tuple[str, ...]] = ()
+    builders: ClassVar[tuple[str, ...]] = ()
+
+    def span(self, ctx: ModelContext, messages: list[AnyMessage]) -> Span:
+        """Which messages to summarise (no anchors, whole steps only)."""
+        raise NotImplementedError
+
+    # --- hooks -------------------------------------------------------------------------
+
+    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+        """Over ``trigger_context_ratio`` of the window, with a span worth summarising."""
+        counter = ctx.token_counter
+        total = counter.count_messages(window.get_messages()) + counter.count_tools(window.tools)
+        if total < max(int(ctx.context_max * self.config.trigger_context_ratio), 1):
+            return False
+        return self._worth_it(ctx, window.context_messages)
+
+    def _worth_it(self, ctx: ModelContext, messages: list[AnyMessage]) -> bool:
+        span = self.span(ctx, messages)
+        if not span.target:
+            return False
+        return ctx.token_counter.count_messages(span.target) >= int(
+            ctx.context_max * self.config.min_target_context_ratio
+        )
+
+    def on_get_context_window(
+        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+    ) -> tuple[ContextEvent | None, ContextWindow]:
+        """Summarise the span; on success the rewrite replaces the view."""
+        new, event = self._compress(ctx, window, kwargs.get("preserve_instruction"))
+        if event is None:
+            return None, window
+        ctx.set_messages(new)
+        return event, ContextWindow(
+            system_messages=window.system_messages, context_messages=new, tools=window.tools
+        )
+
+    # --- work --------------------------------------------------------------------------
+
+    def _compress(
+        self, ctx: ModelContext, window: ContextWindow, preserve_instruction: str | None
+    ) -> tuple[list[AnyMessage], ContextEvent | None]:
+        original = list(window.context_messages)
+        span = self.span(ctx, original)
+        if not span.target:
+            return original, None
+        counter = ctx.token_counter
+        source_tokens = counter.count_messages(span.target)
+        target_tokens = max(min(source_tokens // 3, self.config.summary_max_tokens), 64)
+        prompt = with_preserve_instruction(self.prompt, preserve_instruction)
+        query = next((m.text for m in reversed(original) if ctx.detector.is_real(m)), "")
+        contract = OutputContract(
+            kind="state_snapshot",
+            sections=list(self.sections),
+            source=span.target,
+            target_tokens=target_tokens,
+            context=span.prefix,
+            instruction=preserve_instruction or "",
+            query=query,
+        )
+        dump = (
+            CompressionDump(self.config.compression_dump_dir)
+            if self.config.enable_compression_dump and self.config.compression_dump_dir
+            else None
+        )
+        executor = CompressionExecutor(resolve_client(self.config.model_client, counter), counter, dump=dump)
+        state = {"target": list(span.target), "tail": list(span.tail)}
+
+        def request() -> list[AnyMessage]:
+            return [*window.system_messages, *span.prefix, *state["target"], UserMessage(content=prompt)]
+
+        def shrink(ratio: float) -> tuple[list[AnyMessage], OutputContract] | None:
+            # Keep the longest leading run of the span that fits the smaller budget; the rest
+            # moves to the front of the protected tail (spec 5.2).
+            budget = max(int(ctx.context_max * ratio), 1)
+            fixed = counter.count_messages(
+                [*window.system_messages, *span.prefix, UserMessage(content=prompt)]
+            )
+            room = budget - fixed
+            target = state["target"]
+            if room <= 0 or len(target) <= 1:
+                return None
+            keep = complete_prefix(target)
+            while keep > 0 and counter.count_messages(target[:keep]) > room:
+                keep = complete_prefix(target[: keep - 1])
+            if keep == 0 or keep == len(target):
+                keep = complete_prefix(target[: len(target) - 1])
+            if keep == 0:
+                return None
+            state["tail"] = target[keep:] + state["tail"]
+            state["target"] = target[:keep]
+            return request(), contract.model_copy(update={"source": state["target"]})
+
+        completion = executor.execute(
+            request(), max_tokens=target_tokens + 512, contract=contract, shrink=shrink
+        )
+        summary = extract_snapshot(completion.text)
+        if not summary:
+            return original, None
+        target, tail = state["target"], state["tail"]
+        first = target[0].context_message_id or ""
+        last = target[-1].context_message_id or ""
+        memory = UserMessage(
+            content=(
+                f"{self.tag}\n<meaning>{self.meaning}</meaning>\n<conflict_policy>Newer raw messages, fresh tool "
+                "results and the latest explicit user intent win over this block.</conflict_policy>\n"
+                f"<summary>\n{summary}\n</summary>\n{self.tag.replace('<', '</', 1)}"
+            ),
+            metadata={
+                BLOCK_META: {
+                    "block_id": f"{self.processor_type()}-{first}-{last}",
+                    "first_id": first,
+                    "last_id": last,
+                    "level": 1,
+                    "scope": self.processor_type(),
+                    "tokens_before": counter.count_messages(target),
+                    "model": completion.usage.model,
+                }
+            },
+        )
+        new = [*span.prefix, memory]
+        recovered = build_recovered_context(
+            target, [*span.prefix, *tail], self.builders, workspace=self.config.workspace_dir
+        )
+        if recovered is not None:
+            new.append(recovered)
+        new.extend(tail)
+        if counter.count_messages(new) >= counter.count_messages(original):
+            return original, None  # no benefit: keep the context as it was
+        event = ContextEvent(
+            event_type=self.processor_type(),
+            messages_to_modify=list(range(len(original))),
+            compact_summary=str(memory.content),
+            compression_usage=usage_dict(executor.usage),
+            removed_ranges=[IdRange(first, last)],
+        )
+        return new, event

@@ -1,0 +1,108 @@
+"""A pure ASGI middleware that rejects request bodies over a size limit with 413.
+
+It runs before routing, authentication and JSON parsing, so an oversized body is never
+buffered whole nor parsed. A declared ``Content-Length`` over the limit is refused before
+the application is called at all; a body without one (chunked transfer encoding) is
+counted as it streams, and the moment it passes the limit the 413 is sent and the
+application sees a client disconnect (whatever response it then tries to send is dropped).
+
+Recent Starlette/FastAPI releases have a ``max_body_size`` of their own; our dependency
+floor predates it and we want the API's JSON error shape, hence this small middleware.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["BodyLimitMiddleware"]
+
+
+def _response(status: int, error: str, detail: str) -> tuple[Message, Message]:
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    start: Message = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            # The rest of the body is not read: the connection cannot be reused.
+            (b"connection", b"close"),
+        ],
+    }
+    return start, {"type": "http.response.body", "body": body}
+
+
+def _content_length(scope: Scope) -> int | str | None:
+    """The declared length, None when absent, "invalid" when it is not a number."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            text = value.decode("latin-1").strip()
+            return int(text) if text.isdigit() else "invalid"
+    return None
+
+
+class BodyLimitMiddleware:
+    """Reject HTTP request bodies larger than ``max_bytes`` with 413 (see module docstring)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes!r}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _reject(self, send: Send, status: int, error: str, detail: str) -> None:
+        start, body = _response(status, error, detail)
+        await send(start)
+        await send(body)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request through, or answer 413 without involving the application."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared == "invalid":
+            await self._reject(send, 400, "invalid_request", "Content-Length is not a number")
+            return
+        too_large = f"request body larger than {self.max_bytes} bytes"
+        if isinstance(declared, int) and declared > self.max_bytes:
+            await self._reject(send, 413, "body_too_large", too_large)
+            return
+
+        received = 0
+        rejected = False  # the body went over the limit
+        answered = False  # ... and we sent the 413 (the application had not responded yet)
+        response_started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, rejected, answered
+            if rejected:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    rejected = True
+                    if not response_started:
+                        await self._reject(send, 413, "body_too_large", too_large)
+                        answered = True
+                    # The application stops reading as if the client went away.
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal response_started
+            if answered:
+                return  # our 413 is the response; drop the application's
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            # The application may let our simulated disconnect escape: the 413 is already sent.
+            if not rejected:
+                raise
