@@ -96,21 +96,14 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    """Serve the HTTP API with uvicorn."""
-    import uvicorn
-
-    from workers.http import create_app
-    from workers.runtime import Runtime
+    """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
+    from workers.http import serve
 
     settings = _settings(args)
-    from workers.app import configure
-
-    configure(settings)
-    uvicorn.run(
-        create_app(Runtime(settings)),
-        host=args.host or settings.http.host,
-        port=args.port or settings.http.port,
-    )
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
+    serve(settings)
     return 0
 
 
