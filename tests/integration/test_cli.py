@@ -1,0 +1,110 @@
+"""The ctxcore command line: count, compact, inspect/rollback and the demo as a user runs them."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from ctxcore.config import Settings
+from ctxcore.messages import from_openai
+from ctxcore.state import CompressionState, ConversationKey
+from ctxcore.window import check_window
+from tests.datasets import conversations
+from workers.cli import main
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    out = io.StringIO()
+    old = sys.stdout
+    sys.stdout = out
+    try:
+        code = main(list(argv)) if env is None else _with_env(env, argv)
+    finally:
+        sys.stdout = old
+    return code, out.getvalue()
+
+
+def _with_env(env: dict[str, str], argv: tuple[str, ...]) -> int:
+    mp = pytest.MonkeyPatch()
+    try:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        return main(list(argv))
+    finally:
+        mp.undo()
+
+
+def test_count_bundled_sample() -> None:
+    code, out = run_cli("count")
+    assert code == 0
+    assert "sympy__sympy-20590" in out and "total" in out
+
+
+def test_count_bad_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert main(["count", str(bad)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_compact_offline_batch(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    with src.open("w") as fh:
+        for conv in list(conversations("minisweagent_dev.jsonl"))[:2]:
+            fh.write(json.dumps({"id": conv["id"], "messages": conv["messages"]}) + "\n")
+    dst = tmp_path / "out.jsonl"
+    code, out = run_cli("compact", str(src), "--out", str(dst), "--budget", "8000")
+    assert code == 0 and "wrote 2 windows" in out
+    rows = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["tokens_after"] <= 8000 < row["tokens_before"]
+        assert check_window(from_openai(row["messages"])) == []
+
+
+@pytest.mark.redis
+def test_inspect_and_rollback(redis_url: str) -> None:
+    base = redis_url.rsplit("/", 1)[0]
+    prefix = f"cli{uuid.uuid4().hex[:6]}"
+    env = {"CTXCORE_REDIS_URL": f"{base}/9", "CTXCORE_REDIS__KEY_PREFIX": prefix}
+    from workers.runtime import Runtime
+
+    rt = Runtime(Settings.load({"redis": {"url": f"{base}/9", "key_prefix": prefix}}))
+    key = ConversationKey("acme", "c1")
+    assert rt.state_store.save(key, CompressionState(pinned=["000000000001"]), expected_version=0)
+    assert rt.state_store.save(key, CompressionState(), expected_version=1)
+    code, out = run_cli("inspect", "acme", "c1", "--history", env=env)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["state"]["version"] == 2 and [s["version"] for s in doc["history"]] == [2, 1]
+    code, out = run_cli("rollback", "acme", "c1", "1", env=env)
+    assert code == 0 and "restored as version 3" in out
+    state = rt.state_store.load(key)
+    assert state is not None and state.version == 3 and state.pinned == ["000000000001"]
+    client = redis.Redis.from_url(f"{base}/9")
+    keys = list(client.scan_iter(f"{prefix}*"))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_demo_runs_and_exits_zero(redis_url: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "demo", "--timeout", "90"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={"PATH": "/usr/bin:/bin", "CTXCORE_REDIS_URL": redis_url.rsplit("/", 1)[0] + "/8"},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "windows served, every one within budget" in proc.stdout
+    assert ": yes;" in proc.stdout
