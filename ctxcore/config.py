@@ -159,6 +159,10 @@ class WorkerSettings(BaseModel):
     lock_timeout: float = Field(default=60.0, gt=0)
     retry_delays: tuple[float, ...] = (2.0, 4.0, 8.0)
     visibility_timeout: int = Field(default=60, gt=0)
+    # Circuit breaker per tenant + model endpoint (workers/circuit.py): opens after this many
+    # consecutive failed calls, lets one probe call through after ``circuit_reset_seconds``.
+    circuit_failure_threshold: int = Field(default=5, gt=0)
+    circuit_reset_seconds: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _limits(self) -> Self:

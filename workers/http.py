@@ -46,6 +46,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ctxcore import __version__
 from ctxcore.config import Settings, hash_token
@@ -126,8 +127,10 @@ class AppendResponse(_Model):
 class WindowRequest(_Model):
     """What the model will be called with besides the conversation."""
 
+    # Bounded: the budget is stored beside the state (a BIGINT column on SQL backends) and
+    # no model has a billion-token window.
     budget_tokens: int = Field(
-        gt=0, description="Token budget of the whole request (system + tools + messages)"
+        gt=0, le=1_000_000_000, description="Token budget of the whole request (system + tools + messages)"
     )
     model: str | None = Field(
         default=None,
@@ -359,6 +362,16 @@ def _install_error_handlers(app: FastAPI) -> None:
         ]
         return JSONResponse({"error": "invalid_request", "detail": errors}, status_code=422)
 
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        # Unmatched routes (e.g. an id holding an encoded "/") and wrong methods: the same
+        # {"error", "detail"} shape as every other error, not the framework's default body.
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            {"error": code, "detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(InvalidMessageError, invalid_message)
     app.add_exception_handler(BudgetExceeded, budget_exceeded)
@@ -562,7 +575,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         status_code=201,
         responses={
             200: {"model": AppendResponse, "description": "Every message was already logged (a replay)"},
-            **_errors(401, 403, 409, 413, 422, 429, 503),
+            **_errors(401, 403, 404, 409, 413, 422, 429, 503),
         },
         tags=["conversations"],
     )

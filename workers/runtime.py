@@ -22,6 +22,7 @@ from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.openai_chat import OpenAIChatModel
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
+from workers.circuit import CircuitBreaker, CircuitBreakerClient
 from workers.metrics import Metrics
 from workers.scheduler import FairScheduler
 from workers.service import ContextService
@@ -109,13 +110,36 @@ class Runtime:
         return UserDetector(extra_prefixes=self.settings.engine.internal_user_prefixes)
 
     def model_for(self, key: ConversationKey) -> ModelClient:
-        """The tenant's summarisation model (cached per configuration)."""
+        """The tenant's summarisation model (cached per configuration).
+
+        A remote endpoint is called through the tenant's circuit breaker (shared in Redis by
+        every worker); the offline ``ExtractiveModel`` cannot fail that way and is not wrapped.
+        """
         cfg = self.settings.model_for_tenant(key.tenant_id)
         cache_key = cfg.model_dump_json()
         client = self._models.get(cache_key)
         if client is None:
             client = self._models.setdefault(cache_key, build_model(cfg, self.counter))
-        return client
+        if cfg.base_url is None:
+            return client
+        return CircuitBreakerClient(
+            client,
+            self.circuit,
+            key.tenant_id,
+            cfg.base_url,
+            on_refused=lambda: self.metrics.inc("ctxcore_circuit_open_total"),
+        )
+
+    @cached_property
+    def circuit(self) -> CircuitBreaker:
+        """The model endpoints' circuit breaker (state in Redis, shared by all workers)."""
+        worker = self.settings.worker
+        return CircuitBreaker(
+            self.redis,
+            prefix=self.settings.redis.key_prefix,
+            failure_threshold=worker.circuit_failure_threshold,
+            reset_seconds=worker.circuit_reset_seconds,
+        )
 
     @cached_property
     def coordinator(self) -> Coordinator:

@@ -8,10 +8,12 @@ rather than a lazy ``[\\s\\S]*?`` that would rescan the rest of the text per BEG
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["REDACTED", "redact", "redact_value"]
+from ctxcore.messages import AnyMessage, AssistantMessage
+
+__all__ = ["REDACTED", "redact", "redact_messages", "redact_value"]
 
 REDACTED: Final = "[REDACTED]"
 
@@ -121,3 +123,37 @@ def redact_value(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redact_value(v) for v in value]
     return value
+
+
+def redact_messages(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+    """Copies of ``messages`` with their text parts and tool-call arguments redacted.
+
+    Used at the model-call seam so secrets pasted into a conversation are not sent to the
+    summarisation endpoint; messages without a secret are returned as they are.
+    """
+    out: list[AnyMessage] = []
+    for message in messages:
+        update: dict[str, Any] = {}
+        content = message.content
+        if isinstance(content, str):
+            cleaned = redact(content)
+            if cleaned != content:
+                update["content"] = cleaned
+        elif isinstance(content, list):
+            parts = [redact_value(p) if isinstance(p, str) else _redact_part(p) for p in content]
+            if parts != content:
+                update["content"] = parts
+        if isinstance(message, AssistantMessage) and message.tool_calls:
+            calls = [c.model_copy(update={"arguments": redact(c.arguments)}) for c in message.tool_calls]
+            if calls != message.tool_calls:
+                update["tool_calls"] = calls
+        out.append(message.model_copy(update=update) if update else message)
+    return out
+
+
+def _redact_part(part: dict[str, Any]) -> dict[str, Any]:
+    # Only the text of a part: image URLs and other fields are passed as they are.
+    text = part.get("text")
+    if isinstance(text, str):
+        return {**part, "text": redact(text)}
+    return part

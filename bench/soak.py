@@ -1,0 +1,308 @@
+"""Concurrency soak: concurrent appends + windows + background compactions from several processes.
+
+    .venv/bin/python bench/soak.py [--duration 300] [--tenants 5] [--conversations 200]
+        [--clients 3] [--workers 1] [--concurrency 2] [--model-delay 0.05 | --offline]
+        [--redis-url redis://127.0.0.1:6379/10] [--json]
+
+``--conversations`` is per tenant (default 5 x 200 = 1,000 conversations). Client processes
+pick conversations at random, so several processes append to the same conversation at
+once; every window over its trigger asks the fair scheduler for a compaction, which real
+``celery -A workers.app worker`` processes run against a local OpenAI-compatible server
+(``--model-delay`` seconds per call) or the offline ``ExtractiveModel`` (``--offline``).
+
+Prints throughput, p50/p99 window latency, CAS conflicts, lost updates (acknowledged
+appends missing from the log: must be 0), invalid states (history, block ranges, cursor:
+must be 0) and worker memory growth. Loopback only, bounded in time; the Redis database
+given (default db 10) is flushed before and after: use one nothing else uses.
+Asserts nothing (``tests/chaos/test_soak.py`` runs a 60-second version and asserts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import redis  # noqa: E402
+from celery import Celery  # noqa: E402
+
+from ctxcore.config import Settings  # noqa: E402
+from ctxcore.messages import AssistantMessage, UserMessage  # noqa: E402
+from ctxcore.state import ConversationKey  # noqa: E402
+from ctxcore.tokens import TiktokenCounter  # noqa: E402
+from ctxcore.window import check_window  # noqa: E402
+from tests.chaos.helpers import (  # noqa: E402
+    WorkerProcess,
+    block_responder,
+    broker_idle,
+    conversation_problems,
+    worker_env,
+)
+from workers.app import JOBS_QUEUE, celery_config  # noqa: E402
+from workers.runtime import Runtime, build_service  # noqa: E402
+from workers.scheduler import Status  # noqa: E402
+
+BUDGET = 2500
+WORKER_LIMITS = {
+    "soft_time_limit": 20.0,
+    "hard_time_limit": 25.0,
+    "visibility_timeout": 30,
+    "lock_timeout": 10,
+    "retry_delays": [0.2, 0.5, 1.0],
+}
+
+
+def _settings(url: str, prefix: str) -> Settings:
+    return Settings.load(
+        {
+            "redis": {"url": url, "key_prefix": prefix},
+            "engine": {"keep_recent_messages": 4},
+            "worker": WORKER_LIMITS,
+        }
+    )
+
+
+class _Queue:
+    """The fast path's compaction queue: the fair scheduler plus a Celery drain token."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.sender = Celery("soak-client")
+        self.sender.conf.update(celery_config(rt.settings))
+        self.requests = 0
+
+    def request(self, key: ConversationKey) -> Status:
+        self.requests += 1
+        if self.rt.scheduler.request(key):
+            self.sender.send_task("ctxcore.drain", queue=JOBS_QUEUE, ignore_result=True)
+            return "queued"
+        return self.rt.scheduler.status(key)
+
+    def status(self, key: ConversationKey) -> Status:
+        return self.rt.scheduler.status(key)
+
+
+def _keys(tenants: int, conversations: int) -> list[ConversationKey]:
+    return [
+        ConversationKey(f"tenant-{t}", f"conv-{c:04d}") for t in range(tenants) for c in range(conversations)
+    ]
+
+
+def _client(index: int, url: str, prefix: str, keys: list[ConversationKey], until: float, out: str) -> None:
+    """One client process: append a user/assistant pair, then ask for a window, until ``until``."""
+    rt = Runtime(_settings(url, prefix))
+    queue = _Queue(rt)
+    service = build_service(rt, queue)
+    counter = TiktokenCounter()
+    rng = random.Random(index)
+    acked: list[tuple[str, str, list[str], list[str]]] = []
+    latencies: list[float] = []
+    errors: list[str] = []
+    violations = 0
+    n = 0
+    while time.time() < until:
+        key = rng.choice(keys)
+        n += 1
+        tag = f"c{index}-{n}"
+        words = " ".join(
+            rng.choice(("deploy", "cache", "error", "retry", "index", "token")) for _ in range(60)
+        )
+        batch = [
+            UserMessage(content=f"{tag} please look at {words}", message_id=f"{tag}-u"),
+            AssistantMessage(content=f"{tag} result: {words} {words}", message_id=f"{tag}-a"),
+        ]
+        try:
+            ids = service.append(key, batch)
+            acked.append((key.tenant_id, key.conversation_id, [m.message_id or "" for m in batch], ids))
+            started = time.perf_counter()
+            window = service.get_window(key, BUDGET)
+            latencies.append(time.perf_counter() - started)
+            if counter.count_messages(window.messages) > BUDGET or check_window(window.messages):
+                violations += 1
+        except Exception as exc:  # counted and reported: a soak must not stop at the first error
+            errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+    Path(out).write_text(
+        json.dumps(
+            {
+                "acked": acked,
+                "latencies": latencies,
+                "errors": errors,
+                "violations": violations,
+                "requests": queue.requests,
+            }
+        )
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the soak; returns the figures."""
+    host = urlparse(args.redis_url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit(f"soak: loopback only, refusing {args.redis_url}")
+    client = redis.Redis.from_url(args.redis_url)
+    client.flushdb()
+    prefix = f"soak{uuid.uuid4().hex[:6]}"
+    settings = _settings(args.redis_url, prefix)
+    rt = Runtime(settings)
+    keys = _keys(args.tenants, args.conversations)
+    workdir = Path(tempfile.mkdtemp(prefix="ctxcore-soak-"))
+    server = None
+    model_url = None
+    if not args.offline:
+        from ctxcore.testing import OpenAIServer
+
+        server = OpenAIServer(delay=args.model_delay, responder=block_responder).start()
+        model_url = server.base_url
+    env = worker_env(args.redis_url, prefix, model_url=model_url, **WORKER_LIMITS)
+    workers = [
+        WorkerProcess(
+            env, workdir / f"worker{i}.log", pool="prefork", concurrency=args.concurrency, name=f"soak{i}"
+        )
+        for i in range(args.workers)
+    ]
+    ctx = mp.get_context("spawn")
+    started = time.time()
+    until = started + args.duration
+    rss_start = rss_end = 0
+    try:
+        for w in workers:
+            w.start()
+        procs = [
+            ctx.Process(
+                target=_client,
+                args=(i, args.redis_url, prefix, keys, until, str(workdir / f"client{i}.json")),
+            )
+            for i in range(args.clients)
+        ]
+        for p in procs:
+            p.start()
+        # Memory baseline once the workers are warm (a tenth of the run), then at the end.
+        time.sleep(min(max(args.duration * 0.1, 5.0), args.duration))
+        rss_start = sum(w.rss_kb() for w in workers)
+        for p in procs:
+            p.join(args.duration + 120)
+        load_seconds = time.time() - started
+        rss_end = sum(w.rss_kb() for w in workers)
+        # Let queued compactions finish (bounded), then stop the workers before checking.
+        drain_deadline = time.monotonic() + args.drain
+        while time.monotonic() < drain_deadline:
+            if broker_idle(rt.redis) and all(
+                rt.scheduler.status(k) != "running" for k in keys[:: max(len(keys) // 50, 1)]
+            ):
+                break
+            time.sleep(0.5)
+    finally:
+        for w in workers:
+            w.stop()
+        if server is not None:
+            server.stop()
+
+    results = [
+        json.loads((workdir / f"client{i}.json").read_text())
+        for i in range(args.clients)
+        if (workdir / f"client{i}.json").exists()
+    ]
+    acked = [a for r in results for a in r["acked"]]
+    latencies = [x for r in results for x in r["latencies"]]
+    errors = [e for r in results for e in r["errors"]]
+    # Lost updates: an acknowledged message whose log id does not hold it (or holds another).
+    lost = 0
+    expected: dict[ConversationKey, int] = {}
+    for tenant, conv, message_ids, ids in acked:
+        key = ConversationKey(tenant, conv)
+        expected[key] = expected.get(key, 0) + len(ids)
+        for message_id, log_id in zip(message_ids, ids, strict=True):
+            got = rt.log.get(key, log_id)
+            if got is None or got.message_id != message_id:
+                lost += 1
+    extra = 0
+    invalid: list[str] = []
+    compacted = 0
+    for key in keys:
+        logged = rt.log.read_after(key, None)
+        extra += max(len(logged) - expected.get(key, 0), 0)
+        problems = conversation_problems(rt.state_store, rt.log, key)
+        invalid += problems
+        state = rt.state_store.load(key)
+        compacted += bool(state and state.version >= 1)
+    metrics = rt.metrics.snapshot()
+    stages = sum(v for k, v in metrics.items() if k.startswith("ctxcore_compactions_total"))
+    figures = {
+        "duration_s": round(load_seconds, 1),
+        "conversations": len(keys),
+        "client_processes": args.clients,
+        "worker_processes": args.workers,
+        "appends": len(acked),
+        "windows": len(latencies),
+        "appends_per_s": round(len(acked) / load_seconds, 1),
+        "windows_per_s": round(len(latencies) / load_seconds, 1),
+        "stages_run": int(stages),
+        "stages_per_s": round(stages / load_seconds, 2),
+        "compacted_conversations": compacted,
+        "window_p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
+        "window_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
+        "window_violations": sum(r["violations"] for r in results),
+        "cas_conflicts": int(metrics.get("ctxcore_cas_conflicts_total", 0)),
+        "lost_updates": lost,
+        "unacknowledged_extra_messages": extra,
+        "invalid_states": len(invalid),
+        "invalid_examples": invalid[:5],
+        "client_errors": len(errors),
+        "client_error_examples": errors[:5],
+        "worker_rss_start_mb": round(rss_start / 1024, 1),
+        "worker_rss_end_mb": round(rss_end / 1024, 1),
+        "worker_rss_growth_mb": round((rss_end - rss_start) / 1024, 1),
+        "model": "offline ExtractiveModel"
+        if args.offline
+        else f"local OpenAI-compatible server, {args.model_delay}s/call",
+    }
+    client.flushdb()
+    client.close()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    parser.add_argument("--drain", type=float, default=30.0, help="seconds allowed for queued work to finish")
+    parser.add_argument("--tenants", type=int, default=5)
+    parser.add_argument("--conversations", type=int, default=200, help="per tenant")
+    parser.add_argument("--clients", type=int, default=3, help="client processes")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (each a prefork pool)")
+    parser.add_argument("--concurrency", type=int, default=2, help="pool size of each worker")
+    parser.add_argument("--model-delay", type=float, default=0.05)
+    parser.add_argument("--offline", action="store_true", help="summarise with ExtractiveModel")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/10")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    figures = run(args)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        width = max(len(k) for k in figures)
+        for name, value in figures.items():
+            print(f"{name:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
