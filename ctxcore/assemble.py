@@ -74,6 +74,8 @@ def assemble_window(
     ``tail`` are the raw log messages after ``state.covered_until`` and ``pinned`` the log
     messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
     """
+    if tools:
+        counter = _RequestCounter(counter, tools)
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
     anchor_ids = view.anchor_id_set()
     by_id = view.messages_by_id()
@@ -105,6 +107,15 @@ def assemble_window(
         kept = tuple(m for m in current.tail if m.context_message_id in anchor_ids)
         elided.append((current.tail[0].context_message_id or "?", current.tail[-1].context_message_id or "?"))
         current = replace(current, tail=kept)
+    if current.tokens(counter) > budget_tokens and current.blocks:
+        # Even blocks truncated to their bare marker do not fit beside the anchors (found by
+        # fuzzing: a tight budget after a hard truncate). Leave blocks out, oldest first:
+        # served window only, their ranges reported and still in the log.
+        blocks = list(current.blocks)
+        while blocks and replace(current, blocks=tuple(blocks)).tokens(counter) > budget_tokens:
+            dropped = blocks.pop(0)
+            elided.append((dropped.first_id, dropped.last_id))
+        current = replace(current, blocks=tuple(blocks))
 
     messages = current.messages()
     problems = check_window(messages)
@@ -120,6 +131,42 @@ def assemble_window(
         elided_ranges=elided,
         raw_tokens=raw_tokens,
     )
+
+
+class _RequestCounter:
+    """``counter`` with this request's tool definitions tokenised once.
+
+    Every re-count of a candidate window (and the statistics) would otherwise tokenise all
+    tool definitions again: with 14 tools (~2k tokens) that was 9 uncached tokenisations,
+    about half of a get_window call (bench/fast_path.py).
+    """
+
+    def __init__(self, counter: TokenCounter, tools: Sequence[Mapping[str, Any]]) -> None:
+        self._counter = counter
+        self._tools = list(tools)
+        self._tools_tokens = counter.count_tools(self._tools)
+
+    def __getattr__(self, name: str) -> Any:
+        # Optional extras of the wrapped counter (``count_message``, ``model``...) stay visible:
+        # callers look them up with getattr. Private names are not forwarded (no recursion
+        # before ``_counter`` is set).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._counter, name)
+
+    def count_text(self, text: str) -> int:
+        """Tokens of a plain string."""
+        return self._counter.count_text(text)
+
+    def count_messages(self, messages: Sequence[AnyMessage]) -> int:
+        """Tokens of messages as one request."""
+        return self._counter.count_messages(messages)
+
+    def count_tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        """The request's tools from the first count; any other list counted as usual."""
+        if len(tools) == len(self._tools) and all(a is b for a, b in zip(tools, self._tools, strict=True)):
+            return self._tools_tokens
+        return self._counter.count_tools(tools)
 
 
 def _elide_oldest_steps(

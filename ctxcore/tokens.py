@@ -304,7 +304,17 @@ class _FramedCounter:
         """Tokens of tool definitions in the ``functions.NAME:IDX`` framing."""
         if not tools:
             return 0
-        return sum(self.count_text(t) for t in _tools_text(tools)) + _REPLY_PRIMING
+        # Agents send the same definitions with every request: cached by their rendered
+        # text like message contents, instead of re-tokenising ~2k tokens per window.
+        total = _REPLY_PRIMING
+        for rendered in _tools_text(tools):
+            key = ("tool", rendered)
+            value = self._cache.get(key)
+            if value is None:
+                value = self.count_text(rendered)
+                self._cache.put(key, value)
+            total += value
+        return total
 
 
 class TiktokenCounter(_FramedCounter):

@@ -19,7 +19,7 @@ from ctxcore.errors import ConflictError, InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, message_text
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.tokens import TiktokenCounter, TokenCounter
+from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from workers.scheduler import Status
@@ -133,10 +133,12 @@ class ContextService:
     def _counter_for(self, model: str | None) -> TokenCounter:
         if model is None:
             return self.counter
-        counter = self._counters.get(model)
+        # One counter per encoding (not per model name, which the client chooses freely:
+        # a cache keyed by it would grow without bound) keeps its message cache warm.
+        encoding = encoding_for_model(model)
+        counter = self._counters.get(encoding)
         if counter is None:
-            # One counter per model keeps its per-message cache warm across requests.
-            counter = self._counters.setdefault(model, TiktokenCounter(model))
+            counter = self._counters.setdefault(encoding, TiktokenCounter(model))
         return counter
 
     def _rules(self, key: ConversationKey, budget: int) -> RuleFn | None:

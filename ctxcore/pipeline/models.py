@@ -46,6 +46,9 @@ class PipelineConfig(BaseModel):
     l1_source_tokens: int | None = Field(default=None, gt=0)
     compression_marker: str = ROUND_LEVEL_MEMORY_BLOCK
     truncated_marker: str = TRUNCATED
+    # Secrets (API keys, tokens, passwords, private keys) are cut from the prompt sent to
+    # the summarisation endpoint; turn off only for a model you trust with them.
+    redact_secrets: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from ctxcore.summarize.prompts import (
     ROUND_LEVEL_OUTPUT_CONTRACT,
     ROUND_LEVEL_SYSTEM_PROMPT,
 )
+from ctxcore.summarize.redact import redact
 from ctxcore.tokens import TokenCounter
 
 __all__ = [
@@ -41,13 +42,22 @@ __all__ = [
 
 # Below this many raw tokens an L1 block's header would cost more than it saves.
 MIN_L1_SOURCE_TOKENS = 200
+# The earlier blocks a summarizer gets as context are at most this share of the pending
+# steps' tokens (or the floor, so a short pending run still sees the newest summaries).
+# Handing it every earlier block made incremental compaction send O(compactions^2) tokens
+# (bench/incremental.py: 6.9x the conversation's own tokens over 40 compactions); with the
+# cap each raw token is sent about once, plus at most a quarter (1,000 tokens for a short run).
+SUMMARIZER_CONTEXT_RATIO = 0.25
+SUMMARIZER_CONTEXT_FLOOR = 1000
 
 
 class Summarizer(Protocol):
     """Turns pending steps into the messages of one new L1 block.
 
     ``previous_blocks`` are context (so the summary does not repeat them) and stay as they
-    are; the result stands for ``pending_steps`` only. None or [] is a failure.
+    are: the most recent earlier blocks, together at most ``SUMMARIZER_CONTEXT_RATIO`` of
+    the pending steps' tokens or ``SUMMARIZER_CONTEXT_FLOOR`` tokens. The result stands for
+    ``pending_steps`` only. None or [] is a failure.
     """
 
     def __call__(
@@ -123,8 +133,9 @@ def run_stage(
     summaries: dict[str, list[AnyMessage]] = {}
     model_name = getattr(model_client, "name", "") if model_client is not None else ""
     if stage.kind == "l0_to_l1" and summarizer is not None:
-        previous = list(view.blocks)
         for target in targets:
+            limit = max(int(target.source_tokens * SUMMARIZER_CONTEXT_RATIO), SUMMARIZER_CONTEXT_FLOOR)
+            previous = _recent_blocks(view.blocks, limit, counter)
             produced = summarizer(previous, list(target.raw), target.target_tokens)
             if not produced:
                 raise ModelError(
@@ -163,6 +174,19 @@ def run_stage(
         output_tokens=output_tokens,
     )
     return result
+
+
+def _recent_blocks(blocks: Sequence[SummaryBlock], limit: int, counter: TokenCounter) -> list[SummaryBlock]:
+    """The newest blocks whose messages fit ``limit`` tokens together, in log order."""
+    chosen: list[SummaryBlock] = []
+    used = 0
+    for block in reversed(blocks):
+        used += message_tokens(counter, block.messages)
+        if used > limit:
+            break
+        chosen.append(block)
+    chosen.reverse()
+    return chosen
 
 
 def _as_block_messages(
@@ -370,11 +394,18 @@ _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.MULTILINE)
 
 def parse_blocks(text: str) -> dict[str, str]:
     """``{"blocks": [{"block_id", "summary"}]}`` -> id -> summary; anything else -> {}."""
-    candidates = [text.strip(), _FENCE.sub("", text.strip())]
+    stripped = text.strip()
     start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        candidates.append(text[start : end + 1])
-    for candidate in candidates:
+    # Built lazily: the fence regex costs milliseconds on a long reply that parses as it is.
+    candidates: list[Callable[[], str]] = [
+        lambda: stripped,
+        lambda: _FENCE.sub("", stripped),
+        lambda: text[start : end + 1] if 0 <= start < end else "",
+    ]
+    for make in candidates:
+        candidate = make()
+        if not candidate:
+            continue
         try:
             payload = json.loads(candidate)
         except (json.JSONDecodeError, ValueError):
@@ -476,6 +507,8 @@ def _llm_blocks(
     )
     if prompt is None:
         return {}, "", 0, 0
+    if cfg.redact_secrets:
+        prompt = redact(prompt)
     task_id, intent_id = view.anchor_ids()
     by_id = view.messages_by_id()
     query = message_text(by_id[intent_id]) if intent_id in by_id else ""

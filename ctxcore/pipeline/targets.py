@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from ctxcore.messages import AnyMessage, AssistantMessage
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
@@ -47,13 +48,14 @@ class Target:
     # What the new block stands for in raw tokens (blocks count what they stood for).
     raw_tokens: int = 0
 
-    @property
+    # Cached: stages ask for the range of a target of hundreds of messages many times.
+    @cached_property
     def first_id(self) -> str:
         """First log id covered."""
         ids = [b.first_id for b in self.blocks] + [_mid(m) for m in self.raw]
         return min(ids)
 
-    @property
+    @cached_property
     def last_id(self) -> str:
         """Last log id covered."""
         ids = [b.last_id for b in self.blocks] + [_mid(m) for m in self.raw]
@@ -130,10 +132,13 @@ def _make(
     level: int,
     budget: float,
     counter: TokenCounter,
+    raw_tokens: int | None = None,
 ) -> Target:
+    """``raw_tokens``: the raw items' tokens when the caller has already counted them."""
     blocks = tuple(i for i in items if isinstance(i, SummaryBlock))
     raw = tuple(i for i in items if not isinstance(i, SummaryBlock))
-    raw_tokens = message_tokens(counter, raw)
+    if raw_tokens is None:
+        raw_tokens = message_tokens(counter, raw)
     block_tokens = sum(message_tokens(counter, b.messages) for b in blocks)
     source = raw_tokens + block_tokens
     # A summary must at least halve what it replaces, or it is not worth a model call.
@@ -184,6 +189,16 @@ def _merge_runs(
 
 def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: TokenCounter) -> list[Target]:
     """The targets ``kind`` would summarise on ``view`` (empty when it has nothing to do)."""
+    # Planning a stage and running it ask for the targets of the same view: built once.
+    built = view.memoized(
+        ("targets", kind, config), counter, lambda: _build_targets(kind, view, config, counter)
+    )
+    return list(built)
+
+
+def _build_targets(
+    kind: StageKind, view: View, config: PipelineConfig, counter: TokenCounter
+) -> list[Target]:
     first_pass, second_pass, third_pass = config.pass_targets()
     # Only the current anchors split targets: a former intent anchor pinned earlier is an
     # ordinary message now, and later merges may fold it into a block.
@@ -211,7 +226,7 @@ def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: 
         total = sum(sizes) or 1
         room = budget(first_pass, total, len(chunks))
         return [
-            _make(f"block_{n}", _scope(chunk), chunk, 1, room * size / total, counter)
+            _make(f"block_{n}", _scope(chunk), chunk, 1, room * size / total, counter, raw_tokens=size)
             for n, (chunk, size) in enumerate(zip(chunks, sizes, strict=True), 1)
         ]
 

@@ -7,10 +7,12 @@ messages, so an embedded context's message list can be turned back into a ``View
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import bisect
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK
 from ctxcore.messages import AnyMessage, UserMessage
@@ -19,6 +21,8 @@ from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
 
 __all__ = ["BLOCK_META", "View", "block_message", "block_provenance"]
+
+T = TypeVar("T")
 
 # Metadata key on a block's messages holding its provenance.
 BLOCK_META = "ctxcore_block"
@@ -92,6 +96,11 @@ class View:
     tail: tuple[AnyMessage, ...] = ()
     covered_until: str | None = None
     detector: UserDetector = field(default=DEFAULT_DETECTOR, compare=False)
+    # Figures derived from this (immutable) view, computed once: one stage asks for the same
+    # token count, anchors and targets several times (plan, run, prompt, result), and on
+    # 100k tokens each recount is hundreds of cache lookups. Not an init field, so
+    # ``dataclasses.replace`` and ``with_blocks`` start with an empty memo.
+    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # --- construction -------------------------------------------------------------------
 
@@ -208,16 +217,37 @@ class View:
         """System messages followed by the rendered context."""
         return [*self.system, *self.context_messages()]
 
+    def memoized(self, key: Hashable, counter: TokenCounter | None, compute: Callable[[], T]) -> T:
+        """``compute()`` once per view, ``key`` and ``counter`` (compared by identity)."""
+        found = self._memo.get(key)
+        if found is not None and found[0] is counter:
+            value: T = found[1]
+            return value
+        value = compute()
+        self._memo[key] = (counter, value)
+        return value
+
     def tokens(self, counter: TokenCounter) -> int:
-        """Tokens of a request carrying this view and its tools."""
-        return counter.count_messages(self.messages()) + counter.count_tools(list(self.tools))
+        """Tokens of a request carrying this view and its tools (counted once per view).
+
+        Like the rest of a view its tool definitions must not change after it was built.
+        """
+        return self.memoized(
+            "tokens",
+            counter,
+            lambda: counter.count_messages(self.messages()) + counter.count_tools(list(self.tools)),
+        )
 
     def anchor_ids(self) -> tuple[str | None, str | None]:
         """Log ids of the task anchor and the intent anchor (pinned or in the tail)."""
-        real = [_msg_id(m) for m in (*self.pinned, *self.tail) if self.detector.is_real(m)]
-        if not real:
-            return None, None
-        return real[0], real[-1]
+
+        def compute() -> tuple[str | None, str | None]:
+            real = [_msg_id(m) for m in (*self.pinned, *self.tail) if self.detector.is_real(m)]
+            if not real:
+                return None, None
+            return real[0], real[-1]
+
+        return self.memoized("anchor_ids", None, compute)
 
     def anchor_id_set(self) -> frozenset[str]:
         """Both anchor ids as a set."""
@@ -237,13 +267,21 @@ class View:
         """
         ordered = tuple(sorted(blocks, key=lambda b: b.first_id))
         cursor = covered_until
-        covered_ranges = [(b.first_id, b.last_id) for b in ordered]
+        # "Some block has first <= id <= last" by bisection over the sorted first ids and
+        # the running maximum of last ids: one lookup per message instead of a block scan.
+        firsts = [b.first_id for b in ordered]
+        reach = list(itertools.accumulate((b.last_id for b in ordered), max))
+
+        def covered(mid: str) -> bool:
+            i = bisect.bisect_right(firsts, mid)
+            return i > 0 and reach[i - 1] >= mid
+
         newly_pinned = []
         tail = []
         for message in self.tail:
             mid = _msg_id(message)
             if cursor is not None and mid <= cursor:
-                if not any(first <= mid <= last for first, last in covered_ranges):
+                if not covered(mid):
                     newly_pinned.append(message)
             else:
                 tail.append(message)
@@ -251,11 +289,7 @@ class View:
             version=self.version if version is None else version,
             system=self.system,
             tools=self.tools,
-            pinned=tuple(
-                m
-                for m in (*self.pinned, *newly_pinned)
-                if not any(first <= _msg_id(m) <= last for first, last in covered_ranges)
-            ),
+            pinned=tuple(m for m in (*self.pinned, *newly_pinned) if not covered(_msg_id(m))),
             blocks=ordered,
             tail=tuple(tail),
             covered_until=cursor,

@@ -25,6 +25,7 @@ from ctxcore.summarize.dump import CompressionDump
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
 from ctxcore.summarize.prompts import with_preserve_instruction
+from ctxcore.summarize.redact import redact_messages
 from ctxcore.turns import steps
 from ctxcore.window import ContextWindow
 
@@ -48,6 +49,8 @@ class SnapshotCompressorConfig(ProcessorConfig):
     enable_compression_dump: bool = False
     compression_dump_dir: str | None = None
     workspace_dir: str | None = None
+    # Cut secrets from the text sent to the summarisation model (off only for a trusted model).
+    redact_secrets: bool = True
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
         state = {"target": list(span.target), "tail": list(span.tail)}
 
         def request() -> list[AnyMessage]:
-            return [*window.system_messages, *span.prefix, *state["target"], UserMessage(content=prompt)]
+            sent = [*window.system_messages, *span.prefix, *state["target"], UserMessage(content=prompt)]
+            return redact_messages(sent) if self.config.redact_secrets else sent
 
         def shrink(ratio: float) -> tuple[list[AnyMessage], OutputContract] | None:
             # Keep the longest leading run of the span that fits the smaller budget; the rest

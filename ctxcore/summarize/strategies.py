@@ -21,6 +21,7 @@ from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.stages import Summarizer, parse_blocks
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
+from ctxcore.summarize.redact import redact
 from ctxcore.turns import is_real_user, turns
 
 __all__ = [
@@ -105,8 +106,13 @@ def _context(previous_blocks: Sequence[SummaryBlock]) -> list[AnyMessage]:
     return [m for b in previous_blocks for m in b.messages]
 
 
-def model(client: ModelClient, instruction: str = DEFAULT_INSTRUCTION) -> Summarizer:
-    """One summary message of the pending steps, written with previous blocks as context."""
+def model(
+    client: ModelClient, instruction: str = DEFAULT_INSTRUCTION, *, redact_secrets: bool = True
+) -> Summarizer:
+    """One summary message of the pending steps, written with previous blocks as context.
+
+    ``redact_secrets`` cuts API keys, tokens, passwords and private keys from the prompt.
+    """
 
     def summarize(
         previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int
@@ -120,6 +126,8 @@ def model(client: ModelClient, instruction: str = DEFAULT_INSTRUCTION) -> Summar
             f'Return JSON only: {{"blocks": [{{"block_id": "summary", "summary": "..."}}]}} '
             f"with a summary of at most {target_tokens} tokens."
         )
+        if redact_secrets:
+            prompt = redact(prompt)
         query = next((message_text(m) for m in reversed(pending_steps) if is_real_user(m)), "")
         contract = OutputContract(
             kind="blocks",
@@ -142,8 +150,13 @@ def model(client: ModelClient, instruction: str = DEFAULT_INSTRUCTION) -> Summar
     return summarize
 
 
-def per_message_model(client: ModelClient, instruction: str = DEFAULT_INSTRUCTION) -> Summarizer:
-    """One summary per user/assistant message (roles, ids and tool calls kept; tool results untouched)."""
+def per_message_model(
+    client: ModelClient, instruction: str = DEFAULT_INSTRUCTION, *, redact_secrets: bool = True
+) -> Summarizer:
+    """One summary per user/assistant message (roles, ids and tool calls kept; tool results untouched).
+
+    ``redact_secrets`` cuts API keys, tokens, passwords and private keys from the prompt.
+    """
 
     def summarize(
         previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int
@@ -161,6 +174,8 @@ def per_message_model(client: ModelClient, instruction: str = DEFAULT_INSTRUCTIO
             'Return JSON only: {"blocks": [{"block_id": "m<index>", "summary": "..."}]}, one entry per message, '
             f"ids {', '.join(b.block_id for b in blocks)}, each at most {per} tokens."
         )
+        if redact_secrets:
+            prompt = redact(prompt)
         contract = OutputContract(kind="blocks", blocks=blocks, context=_context(previous_blocks))
         completion = client.complete(
             [SystemMessage(content=instruction), UserMessage(content=prompt)],
