@@ -14,6 +14,7 @@ whose planned version is stale re-plans instead of writing twice.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery import Celery
@@ -69,6 +70,14 @@ _state: dict[str, Any] = {"settings": None, "runtime": None}
 def configure(settings: Settings, celery_app: Celery = app) -> Celery:
     """Apply ``settings`` to the app and remember them for the tasks' runtime."""
     celery_app.conf.update(celery_config(settings))
+    # Connections and the result backend are cached on first use: drop them so a new broker
+    # URL takes effect in a process that already talked to another one.
+    celery_app._pool = None
+    amqp = celery_app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
+    celery_app._backend_cache = None
+    celery_app._local = threading.local()
     _state["settings"] = settings
     _state["runtime"] = None
     return celery_app

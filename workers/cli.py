@@ -160,6 +160,41 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# ``ctxcore.eval.POLICIES`` by name: importing the harness for every command would cost ~0.7 s.
+EVAL_POLICIES = ("truncate", "rules", "current_round", "dialogue", "round_level", "full")
+
+
+def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
+    """Replay conversations through a context policy and score every window (``ctxcore.eval``)."""
+    from ctxcore.eval import EvalConfig, evaluate_file
+    from ctxcore.eval.report import format_report, plot_report
+
+    config = EvalConfig(
+        policy=args.policy,
+        budget=args.budget,
+        budget_ratio=args.budget_ratio,
+        limit=args.limit,
+        ids=args.ids.split(",") if args.ids else None,
+        step_stride=args.step_stride,
+        counter=TiktokenCounter(args.model),
+    )
+
+    def progress(result: Any) -> None:
+        print(f"{result.id}: {result.elapsed_seconds:.1f}s", file=sys.stderr, flush=True)
+
+    report = evaluate_file(args.file, config, progress=progress if args.progress else None)
+    out.write(format_report(report, per_conversation=not args.quiet))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=1, ensure_ascii=False)
+            fh.write("\n")
+        out.write(f"wrote {args.json}\n")
+    if args.plot:
+        plot_report(report, args.plot)
+        out.write(f"wrote {args.plot}\n")
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     """Print a conversation's compaction state (and history)."""
     from ctxcore.state import ConversationKey
@@ -235,6 +270,24 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--budget", type=int, required=True, help="token budget of each window")
     compact.add_argument("--model", default=None, help="model name picking the tokenizer")
     compact.set_defaults(func=cmd_compact)
+
+    ev = sub.add_parser("eval", help="replay conversations through a policy and score its windows")
+    ev.add_argument("file", help="JSONL of {'id', 'messages': [...], 'qa'?: [...]}")
+    ev.add_argument("--policy", required=True, choices=EVAL_POLICIES)
+    size = ev.add_mutually_exclusive_group(required=True)
+    size.add_argument("--budget", type=int, help="token budget of every window")
+    size.add_argument("--budget-ratio", type=float, help="budget as a share of each conversation's tokens")
+    ev.add_argument("--json", help="write the full JSON report here")
+    ev.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    ev.add_argument("--limit", type=int, default=None, help="only the first K conversations")
+    ev.add_argument("--ids", default=None, help="only these conversation ids (comma-separated)")
+    ev.add_argument(
+        "--step-stride", type=int, default=1, help="a window every N steps without a user message (default 1)"
+    )
+    ev.add_argument("--model", default=None, help="model name picking the tokenizer")
+    ev.add_argument("--quiet", action="store_true", help="print the overall row only")
+    ev.add_argument("--progress", action="store_true", help="print each conversation's time to stderr")
+    ev.set_defaults(func=cmd_eval)
 
     inspect = with_config(sub.add_parser("inspect", help="show a conversation's compaction state"))
     inspect.add_argument("tenant")

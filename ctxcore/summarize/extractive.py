@@ -93,6 +93,9 @@ _WRITE_TOOL = re.compile(
 _TASK_TOOL = re.compile(r"todo|task|plan")
 _MEANINGFUL = re.compile(r"[A-Za-z0-9]")
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?;])\s+(?=[A-Z0-9`\"'(\[])")
+# A "Name: " label opening a transcript line; sentences split off the line keep it, so a
+# summary line still says who said what.
+_SPEAKER = re.compile(r"^[A-Z][a-z][\w'.-]{0,30}(?: [A-Z][a-z][\w'.-]{0,30}){0,2}:\s+(?=\S)")
 # Markdown headings and whole-line bold titles; numbered lines are content, not headings.
 _HEADING = re.compile(r"^(?:#{1,6}\s+(.+?)|\*\*(.+?)\*\*):?\s*$")
 _SECTION_LIKE = re.compile(r"(?m)^(#|</?state_snapshot>)")
@@ -106,7 +109,7 @@ _FILE_TOKEN = re.compile(r"[\w./~@-]+\.\w+")
 _BOILERPLATE_TAGS: Final = ("meaning", "conflict_policy", "coverage", "instruction")
 _HEADER_LINE = re.compile(
     r"^(?:processor|type|scope|authority|instruction_status|conflict_priority|type_note|strategy_status|"
-    r"tool_action_state_status):",
+    r"tool_action_state_status|covers):",
 )
 _PATH_KEYS: Final = ("path", "file_path", "filepath", "file", "filename", "notebook_path")
 _STOPWORD_TEXT: Final = (
@@ -143,6 +146,7 @@ _ROUTES: Final = MappingProxyType(
         "pending": ("pending", "work"),
         "work": ("work",),
         "fact": ("decision",),
+        "chat": ("decision",),
         "other": (),
     }
 )
@@ -160,6 +164,8 @@ _BASE_SCORE: Final = MappingProxyType(
         "fact": 3.0,
         "paths": 2.0,
         "other": 1.0,
+        # A sentence of a dialogue: no prior at all, it is worth what it says.
+        "chat": 0.0,
     }
 )
 _MUST_FIRST = 1e9
@@ -213,6 +219,9 @@ class _Item:
     share: float = 1.0
     decay: float = 1.0
     tokens: int = field(default=-1, compare=False)
+    # A line of an earlier summary: chosen on its own once already, so the lines of one
+    # memory block do not share a message's diminishing returns.
+    independent: bool = False
 
     @property
     def weight(self) -> float:
@@ -379,7 +388,14 @@ class _Extractor:
         return value, words
 
     def add(
-        self, order: tuple[int, int], category: str, text: str, *, key: str | None = None, bonus: float = 0.0
+        self,
+        order: tuple[int, int],
+        category: str,
+        text: str,
+        *,
+        key: str | None = None,
+        bonus: float = 0.0,
+        independent: bool = False,
     ) -> None:
         text = text.strip()
         if len(text) < 3 or not _MEANINGFUL.search(text):
@@ -390,7 +406,7 @@ class _Extractor:
         static = _BASE_SCORE[category] + bonus + value
         if norm in self.known:
             static *= 0.3
-        self.items.append(_Item(order, category, text, static, norm, words))
+        self.items.append(_Item(order, category, text, static, norm, words, independent=independent))
 
     def anchor(self, index: int, text: str, priority: float, category: str, share: float) -> None:
         """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
@@ -412,6 +428,38 @@ class _Extractor:
                 self.items.append(_Item((index, 0), category, stripped, static, _user_key(stripped), words))
             return
         self.lines(index, text, lambda _line: category)
+
+    def dialogue(self, index: int, text: str) -> None:
+        """A turn of a tool-free dialogue: every sentence is a fact of its own.
+
+        Without tools, neither side is narrating agent work: what both say is the content
+        (a chat between people, questions and answers), so both compete on content alone
+        and a long turn can give its one informative sentence without its small talk.
+        """
+        sub = 0
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line:
+                continue
+            label = _SPEAKER.match(line)
+            prefix = label.group(0) if label else ""
+            for piece in _SENTENCE_SPLIT.split(line[len(prefix) :]):
+                sub += 1
+                self.chat((index, sub), prefix, piece, independent=True)
+
+    def chat(self, order: tuple[int, int], prefix: str, piece: str, *, independent: bool = False) -> None:
+        """One dialogue sentence; its speaker label is printed but scores nothing, and a
+        sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate."""
+        piece = piece.strip()
+        value, words = self.features(piece)
+        if not words or not _MEANINGFUL.search(piece):
+            return
+        text = _clip(f"{prefix}{piece}")
+        norm = _collapse(text).casefold()
+        static = _BASE_SCORE["chat"] + value
+        if norm in self.known:
+            static *= 0.3
+        self.items.append(_Item(order, "chat", text, static, norm, words, independent=independent))
 
     # sources
 
@@ -461,9 +509,17 @@ class _Extractor:
                 line = line[len("Summary:") :]
             sub += 1
             line = line.lstrip("-*• ").strip()
+            label = _SPEAKER.match(line)
+            if label is not None and not _is_error(line):
+                # A dialogue sentence kept by an earlier summary competes as one again
+                # ("ValueError: ..." is an error line, not a speaker's).
+                self.chat((index, sub), label.group(0), line[label.end() :], independent=True)
+                continue
             # Lines of an earlier summary were already chosen once; requests carried over
             # from it outrank ordinary facts.
-            self.add((index, sub), category, line, bonus=3.0 if category == "request" else 1.0)
+            self.add(
+                (index, sub), category, line, bonus=3.0 if category == "request" else 1.0, independent=True
+            )
 
     def assistant(self, index: int, message: AssistantMessage) -> None:
         def classify(line: str) -> str:
@@ -573,6 +629,12 @@ def _extract(
     first_real = real[0] if real else None
     last_real = real[-1] if real else None
     callers = tool_callers(source)
+    # Turns of people talking, with no tool activity, are a dialogue: see ``_Extractor.dialogue``.
+    dialogue = (
+        bool(real)
+        and not callers
+        and not any(isinstance(m, AssistantMessage) and m.tool_calls for m in source)
+    )
     results: dict[tuple[int, str], int] = {}
     for tool_index, caller in callers.items():
         tool = source[tool_index]
@@ -593,11 +655,17 @@ def _extract(
                 category = "constraint" if _CONSTRAINT.search(message.text) else "request"
                 ex.anchor(index, message.text, _MUST_LAST, category, _LAST_SHARE)
             elif index in real_set:
-                ex.user(index, message.text)
+                if dialogue:
+                    ex.dialogue(index, message.text)
+                else:
+                    ex.user(index, message.text)
             else:
                 ex.memory_block(index, message.text)
         elif isinstance(message, AssistantMessage):
-            ex.assistant(index, message)
+            if dialogue:
+                ex.dialogue(index, message.text)
+            else:
+                ex.assistant(index, message)
             for pos, call in enumerate(message.tool_calls):
                 found = results.get((index, call.id))
                 result = source[found] if found is not None else None
@@ -616,12 +684,17 @@ def _extract(
             ex.tool_output(index, message, used_lines.get(index, ""))
 
     # The newest failure is what the agent must not lose: the last error-looking line of
-    # the last tool output that has one is always kept (a small bounded share).
+    # the last tool output that has one is always kept (a small bounded share). An earlier
+    # summary in the source counts as well, so the line survives later merges.
     for index in range(len(source) - 1, -1, -1):
         message = source[index]
-        if not isinstance(message, ToolMessage):
+        if isinstance(message, ToolMessage):
+            lines = [ln.strip() for ln in message_text(message).splitlines()]
+        elif isinstance(message, UserMessage) and index not in real_set:
+            lines = [ln.strip().lstrip("-*• ").strip() for ln in message.text.splitlines()]
+        else:
             continue
-        hits = [ln.strip() for ln in message_text(message).splitlines() if _NEEDLE_ERROR.search(ln)]
+        hits = [ln for ln in lines if _NEEDLE_ERROR.search(ln)]
         if hits:
             needle_words = frozenset(ex.features(hits[-1])[1])
             ex.items.append(
@@ -630,7 +703,8 @@ def _extract(
                     "error",
                     hits[-1],
                     _BASE_SCORE.get("error", 10.0),
-                    f"lasterror:{hits[-1]}",
+                    # The same key as the line's ordinary candidate: it is printed once.
+                    _collapse(hits[-1]).casefold(),
                     needle_words,
                     must=True,
                     share=0.25,
@@ -683,7 +757,7 @@ def _diminish(items: list[_Item]) -> None:
     """
     by_message: dict[int, list[_Item]] = {}
     for item in items:
-        if not item.must:
+        if not item.must and not item.independent:
             by_message.setdefault(item.order[0], []).append(item)
     for group in by_message.values():
         group.sort(key=lambda it: (-it.static, it.order))

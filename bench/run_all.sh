@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Run every benchmark of bench/ one after the other and keep their output in bench/results/.
+#
+#   bash bench/run_all.sh            # quick profiles: about 7 minutes on 2 cores
+#   bash bench/run_all.sh --long     # long profiles (opt-in): well over an hour
+#
+# Benchmarks print figures and assert nothing; a failing one is reported and the others
+# still run. Redis: the benchmarks that need it use 127.0.0.1:6379 (db 10 for fast_path and
+# incremental, 11 for the soak, 12 for turn_latency, 13 for throughput); when nothing answers
+# there and a redis-server binary is on PATH, one is started for the run and stopped after.
+# Bench-only dependencies (not in pyproject): pip install matplotlib langchain
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-bench/results}
+LONG=0
+[[ "${1:-}" == "--long" ]] && LONG=1
+mkdir -p "$OUT"
+
+STARTED_REDIS=""
+if ! redis-cli -p 6379 ping >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; then
+    redis-server --port 6379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+        --pidfile "$OUT/redis.pid" >/dev/null && STARTED_REDIS=1 && sleep 0.5
+fi
+
+declare -a SUMMARY=()
+run() {
+    local name=$1
+    shift
+    echo "=== $name: $PY $*"
+    local start=$SECONDS
+    "$PY" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.err"
+    local status=$?
+    cat "$OUT/$name.txt"
+    [[ $status -ne 0 ]] && tail -5 "$OUT/$name.err"
+    SUMMARY+=("$(printf '%-16s exit %-3s %5ss' "$name" "$status" "$((SECONDS - start))")")
+    echo
+}
+
+if [[ $LONG -eq 1 ]]; then
+    run rule_processors bench/rule_processors.py
+    run store_latency bench/store_latency.py --n 2000
+    run compressors bench/compressors.py --long
+    run incremental bench/incremental.py --long
+    run fast_path bench/fast_path.py --long
+    run soak bench/soak.py --redis-url redis://127.0.0.1:6379/11
+    run throughput bench/throughput.py --long
+    run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
+    run retention bench/retention.py --long --plot "$OUT/retention.png" --json "$OUT/retention.json"
+else
+    run rule_processors bench/rule_processors.py
+    run store_latency bench/store_latency.py
+    run compressors bench/compressors.py
+    run incremental bench/incremental.py
+    run fast_path bench/fast_path.py
+    run soak bench/soak.py --duration 20 --conversations 20 --drain 20 --redis-url redis://127.0.0.1:6379/11
+    run throughput bench/throughput.py
+    run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"
+    run retention bench/retention.py --plot "$OUT/retention.png" --json "$OUT/retention.json"
+fi
+
+if [[ -n "$STARTED_REDIS" ]]; then
+    redis-cli -p 6379 shutdown nosave >/dev/null 2>&1 || true
+fi
+echo "=== summary ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ))"
+printf '%s\n' "${SUMMARY[@]}"
+echo "total ${SECONDS}s; outputs in $OUT/"

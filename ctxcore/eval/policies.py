@@ -1,0 +1,368 @@
+"""Context policies the harness replays a conversation through, one instance per conversation.
+
+* ``truncate``: keep the newest messages that fit (the naive baseline; it does not protect
+  tool-call pairs or anchors, and its violations and anchor rate are reported as they are).
+* ``rules``: the default rule chain on the whole log, served by ``assemble_window`` (whose
+  deterministic fallback leaves out the oldest steps when the rules are not enough).
+* ``full``: what the distributed service runs. Every window comes from ``assemble_window``
+  with the default rule chain on the raw tail after the cursor; when the view is over the
+  trigger (0.9 of the budget) the compaction pipeline runs first, synchronously, stage by
+  stage through a ``Coordinator`` on memory stores (target 0.75 of the budget), exactly as
+  the workers loop ``plan`` / ``run_stage``.
+* ``round_level``, ``current_round``, ``dialogue``: the embedded LLM compressors through a
+  ``ContextEngine`` (no rule chain), triggered at 0.9 of the budget.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ctxcore.assemble import RuleFn, assemble_window
+from ctxcore.coordinator import Coordinator
+from ctxcore.engine import ContextEngine, ContextEngineConfig
+from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.state import CompressionState, ConversationKey
+from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
+from ctxcore.summarize.model import Completion, ModelClient, OutputContract
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import UserDetector
+
+__all__ = [
+    "POLICIES",
+    "CountingModel",
+    "Policy",
+    "PolicySetup",
+    "PolicyWindow",
+    "make_policy",
+]
+
+TRIGGER_RATIO = 0.9
+TARGET_RATIO = 0.75
+KEEP_RECENT_MESSAGES = 4
+MAX_STAGES = 32
+
+
+class CountingModel:
+    """A ``ModelClient`` wrapper that counts summariser calls and the tokens sent to it."""
+
+    def __init__(self, inner: ModelClient, counter: TokenCounter) -> None:
+        self.inner = inner
+        self.counter = counter
+        self.calls = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    @property
+    def name(self) -> str:
+        """The wrapped client's name."""
+        return self.inner.name
+
+    def complete(
+        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
+    ) -> Completion:
+        """Count the request (with this counter, whatever the model reports), then forward it."""
+        self.calls += 1
+        self.input_tokens += self.counter.count_messages(list(messages))
+        completion = self.inner.complete(messages, max_tokens=max_tokens, contract=contract)
+        self.output_tokens += completion.usage.output_tokens
+        return completion
+
+
+@dataclass
+class PolicySetup:
+    """What every policy of one conversation shares."""
+
+    conversation_id: str
+    budget: int
+    system: Sequence[AnyMessage]
+    tools: Sequence[Mapping[str, Any]]
+    counter: TokenCounter
+    model: CountingModel
+    detector: UserDetector
+    keep_recent_messages: int = KEEP_RECENT_MESSAGES
+    trigger_ratio: float = TRIGGER_RATIO
+    target_ratio: float = TARGET_RATIO
+
+
+@dataclass
+class PolicyWindow:
+    """A served window (system messages first) and how it was made."""
+
+    messages: list[AnyMessage]
+    fallback: bool = False
+    stages: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+class Policy(ABC):
+    """Receives appended message groups and serves windows."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, setup: PolicySetup) -> None:
+        self.setup = setup
+
+    @abstractmethod
+    def append(self, messages: Sequence[AnyMessage]) -> None:
+        """Append one group (a user message, or an assistant step with its tool results)."""
+
+    @abstractmethod
+    def window(self) -> PolicyWindow:
+        """The window the model would be sent now (may raise ``BudgetExceeded``)."""
+
+
+def _conversation_key(conversation_id: str) -> ConversationKey:
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", conversation_id)[:120].lstrip(".") or "conversation"
+    return ConversationKey("eval", safe)
+
+
+def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadStore) -> RuleFn:
+    # Built once per policy instance, as the service caches one chain per budget.
+    chain = build_rule_chain(default_rule_chain(setup.budget))
+
+    def rules(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+        return apply_rules(
+            messages,
+            chain,
+            setup.counter,
+            offloads,
+            key,
+            context_max=setup.budget,
+            detector=setup.detector,
+        )
+
+    return rules
+
+
+class TruncatePolicy(Policy):
+    """Keep the longest suffix of the conversation that fits the budget (naive baseline)."""
+
+    name = "truncate"
+
+    def __init__(self, setup: PolicySetup) -> None:
+        super().__init__(setup)
+        self.messages: list[AnyMessage] = []
+
+    def append(self, messages: Sequence[AnyMessage]) -> None:
+        """Remember the messages."""
+        self.messages.extend(messages)
+
+    def window(self) -> PolicyWindow:
+        """System messages plus the newest messages that fit."""
+        return PolicyWindow(truncate_window(self.setup, self.messages))
+
+
+def _priming(counter: TokenCounter) -> int:
+    """Tokens a request costs beyond its messages (the reply priming)."""
+    probe = UserMessage(content="x")
+    one = counter.count_messages([probe])
+    return 2 * one - counter.count_messages([probe, probe])
+
+
+def truncate_window(setup: PolicySetup, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+    """The keep-newest window of ``messages`` within ``setup.budget``."""
+    counter = setup.counter
+    priming = _priming(counter)
+    system = list(setup.system)
+    used = counter.count_messages(system) + counter.count_tools(list(setup.tools))
+    if not system:
+        used += priming
+    start = len(messages)
+    for i in range(len(messages) - 1, -1, -1):
+        cost = counter.count_messages([messages[i]]) - priming
+        if used + cost > setup.budget:
+            break
+        used += cost
+        start = i
+    return [*system, *messages[start:]]
+
+
+class RulesPolicy(Policy):
+    """The default rule chain over the whole log, served by ``assemble_window``."""
+
+    name = "rules"
+
+    def __init__(self, setup: PolicySetup) -> None:
+        super().__init__(setup)
+        self.key = _conversation_key(setup.conversation_id)
+        self.log = MemoryMessageLog()
+        self.rules = _rule_fn(setup, self.key, MemoryOffloadStore())
+
+    def append(self, messages: Sequence[AnyMessage]) -> None:
+        """Log the messages."""
+        self.log.append(self.key, list(messages))
+
+    def window(self) -> PolicyWindow:
+        """Rules on the whole log; the fallback shapes what still does not fit."""
+        s = self.setup
+        result = assemble_window(
+            CompressionState(),
+            self.log.read_after(self.key, None),
+            s.budget,
+            list(s.system),
+            list(s.tools),
+            self.rules,
+            s.counter,
+            detector=s.detector,
+        )
+        return PolicyWindow(result.messages, fallback=result.fallback_applied)
+
+
+class FullPolicy(Policy):
+    """The service: rules on the tail of every window, pipeline stages when over trigger."""
+
+    name = "full"
+
+    def __init__(self, setup: PolicySetup) -> None:
+        super().__init__(setup)
+        self.key = _conversation_key(setup.conversation_id)
+        self.log = MemoryMessageLog()
+        self.states = MemoryStateStore()
+        self.rules = _rule_fn(setup, self.key, MemoryOffloadStore())
+        self.coordinator = Coordinator(
+            self.states,
+            self.log,
+            setup.counter,
+            lambda _key: setup.model,
+            trigger_ratio=setup.trigger_ratio,
+            target_ratio=setup.target_ratio,
+            default_budget=setup.budget,
+            keep_recent_messages=setup.keep_recent_messages,
+            detector=setup.detector,
+        )
+
+    def append(self, messages: Sequence[AnyMessage]) -> None:
+        """Log the messages (as ``ContextService.append`` does after validation)."""
+        self.log.append(self.key, list(messages))
+
+    def compact(self) -> tuple[list[str], list[str]]:
+        """Run stages until the view is within target or no stage helps, as the workers do.
+
+        Returns the stages that changed the state and the failures (``kind: error``).
+        """
+        coord = self.coordinator
+        exhausted: list[str] = []
+        done: list[str] = []
+        failures: list[str] = []
+        for _ in range(MAX_STAGES):
+            stage = coord.plan(self.key, exhausted=exhausted)
+            if stage is None:
+                break
+            result = coord.run_stage(self.key, stage)
+            if result.outcome == "compressed":
+                done.append(stage.kind)
+            elif result.outcome == "conflict":
+                continue
+            else:
+                if result.outcome == "failed":
+                    failures.append(f"{stage.kind}: {result.error_kind}: {result.error}")
+                exhausted.append(stage.kind)
+        return done, failures
+
+    def window(self) -> PolicyWindow:
+        """Record the budget, compact synchronously when over trigger, then serve."""
+        s = self.setup
+        self.states.set_budget(self.key, s.budget)
+        view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in s.tools])
+        stages: list[str] = []
+        failures: list[str] = []
+        if view.tokens(s.counter) > int(s.budget * s.trigger_ratio):
+            stages, failures = self.compact()
+        state = self.states.load(self.key) or CompressionState()
+        pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]
+        result = assemble_window(
+            state,
+            self.log.read_after(self.key, state.covered_until),
+            s.budget,
+            list(s.system),
+            list(s.tools),
+            self.rules,
+            s.counter,
+            pinned=pinned,
+            detector=s.detector,
+        )
+        return PolicyWindow(result.messages, result.fallback_applied, stages, failures)
+
+
+class EnginePolicy(Policy):
+    """One embedded LLM compressor in a ``ContextEngine`` context (no rule chain)."""
+
+    processor: ClassVar[str] = ""
+
+    def __init__(self, setup: PolicySetup) -> None:
+        super().__init__(setup)
+        self.engine = ContextEngine(
+            ContextEngineConfig(
+                context_window_tokens=setup.budget,
+                internal_user_prefixes=tuple(setup.detector.extra_prefixes),
+            )
+        )
+        self.context = self.engine.create_context(
+            _conversation_key(setup.conversation_id).conversation_id,
+            processors=[(self.processor, self.processor_config())],
+            token_counter=setup.counter,
+        )
+
+    def processor_config(self) -> dict[str, Any]:
+        """The processor's config: the shared trigger and the counting model."""
+        return {"trigger_context_ratio": self.setup.trigger_ratio, "model_client": self.setup.model}
+
+    def append(self, messages: Sequence[AnyMessage]) -> None:
+        """``ModelContext.add_messages``."""
+        self.context.add_messages(list(messages))
+
+    def window(self) -> PolicyWindow:
+        """``ModelContext.get_context_window`` with the conversation's system messages and tools."""
+        s = self.setup
+        window = self.context.get_context_window(system_messages=list(s.system), tools=list(s.tools))
+        failures = [f"{f.processor}: {f.error!r}" for f in self.context.last_failures]
+        return PolicyWindow(window.get_messages(), failures=failures)
+
+
+class RoundLevelPolicy(EnginePolicy):
+    """``RoundLevelCompressor`` with the service's trigger, target and keep-recent."""
+
+    name = "round_level"
+    processor = "RoundLevelCompressor"
+
+    def processor_config(self) -> dict[str, Any]:
+        """Target 0.75 of the budget, keep the same recent messages as the service."""
+        return {
+            **super().processor_config(),
+            "target_total_tokens": max(int(self.setup.budget * self.setup.target_ratio), 1),
+            "keep_recent_messages": self.setup.keep_recent_messages,
+        }
+
+
+class CurrentRoundPolicy(EnginePolicy):
+    """``CurrentRoundCompressor``: the work since the latest request becomes a snapshot."""
+
+    name = "current_round"
+    processor = "CurrentRoundCompressor"
+
+
+class DialoguePolicy(EnginePolicy):
+    """``DialogueCompressor``: the history between the anchors becomes a snapshot."""
+
+    name = "dialogue"
+    processor = "DialogueCompressor"
+
+
+POLICIES: dict[str, Callable[[PolicySetup], Policy]] = {
+    p.name: p
+    for p in (TruncatePolicy, RulesPolicy, CurrentRoundPolicy, DialoguePolicy, RoundLevelPolicy, FullPolicy)
+}
+
+
+def make_policy(name: str, setup: PolicySetup) -> Policy:
+    """The policy called ``name`` (see ``POLICIES``)."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; expected one of {sorted(POLICIES)}") from None
+    return factory(setup)

@@ -1,0 +1,307 @@
+"""What a window is scored on: protocol, anchors, QA answers and tool-run needles.
+
+All functions are pure; every rate is in [0, 1].
+
+QA (LoCoMo-style ``qa``): the gold answer and the window text are normalised the same way
+(NFKC, case-folded, runs of anything but letters and digits become one space). The
+*substring hit* asks for the whole normalised answer between word boundaries; *answer
+recall* is the share of the answer's distinct content words (stopwords removed, all words
+when nothing else is left) found among the window's words. A question is *compacted* when
+none of its evidence messages is in the window verbatim (as a message of the same text):
+what it asks about was summarised, offloaded or dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ctxcore.eval.data import QAItem
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, message_text
+from ctxcore.turns import UserDetector, anchors
+from ctxcore.window import check_window
+
+__all__ = [
+    "NEEDLE_ERROR",
+    "Needles",
+    "QAScore",
+    "QATally",
+    "anchors_verbatim",
+    "content_words",
+    "find_needles",
+    "normalise",
+    "score_needles",
+    "score_qa",
+    "window_text",
+]
+
+_WORDS = re.compile(r"[^\W_]+")
+# Function words that carry no answer: "the", "in", "of" match any window.
+_STOPWORD_TEXT = "a an the of and or to in on at for with by from is was were are be been it its this that as"
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+NEEDLE_ERROR = re.compile(r"Error|Exception|FAILED|Traceback")
+_DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.MULTILINE)
+_LINE_SHARE = 0.9
+
+
+def normalise_words(text: str) -> list[str]:
+    """Case-folded words (letters and digits) of ``text``, NFKC-normalised."""
+    return _WORDS.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def normalise(text: str) -> str:
+    """The words of ``text`` joined by single spaces (see ``normalise_words``)."""
+    return " ".join(normalise_words(text))
+
+
+def content_words(answer: str) -> frozenset[str]:
+    """The answer's distinct content words; all its words when only stopwords are left."""
+    words = normalise_words(answer)
+    content = [w for w in words if w not in _STOPWORDS]
+    return frozenset(content or words)
+
+
+def window_text(messages: Sequence[AnyMessage]) -> str:
+    """Everything a model would read in a window: message texts and tool-call arguments."""
+    parts: list[str] = []
+    for message in messages:
+        parts.append(message_text(message))
+        if isinstance(message, AssistantMessage):
+            parts.extend(f"{call.name} {call.arguments}" for call in message.tool_calls)
+    return "\n".join(parts)
+
+
+def _same(a: AnyMessage, b: AnyMessage) -> bool:
+    return a.role == b.role and a.content == b.content
+
+
+def anchors_verbatim(
+    window: Sequence[AnyMessage], history: Sequence[AnyMessage], detector: UserDetector
+) -> bool:
+    """True when both anchors of ``history`` are messages of ``window``, unchanged."""
+    found = anchors(history, detector)
+    for index in found.indices():
+        anchor = history[index]
+        if not any(_same(anchor, m) for m in window):
+            return False
+    return True
+
+
+def violations(window: Sequence[AnyMessage]) -> int:
+    """Number of ``check_window`` violations of a window."""
+    return len(check_window(window))
+
+
+# --- QA -------------------------------------------------------------------------------------
+
+
+@dataclass
+class QATally:
+    """Sums over questions: hits and recall overall and for compacted questions."""
+
+    questions: int = 0
+    hits: int = 0
+    recall: float = 0.0
+    compacted: int = 0
+    compacted_hits: int = 0
+    compacted_recall: float = 0.0
+    # Per question category: [questions, hits, recall sum].
+    categories: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, other: QATally) -> None:
+        """Pool another tally into this one."""
+        self.questions += other.questions
+        self.hits += other.hits
+        self.recall += other.recall
+        self.compacted += other.compacted
+        self.compacted_hits += other.compacted_hits
+        self.compacted_recall += other.compacted_recall
+        for name, (n, hits, recall) in other.categories.items():
+            mine = self.categories.setdefault(name, [0, 0, 0.0])
+            mine[0] += n
+            mine[1] += hits
+            mine[2] += recall
+
+    def by_category(self) -> dict[str, dict[str, float | int | None]]:
+        """Hit rate and recall per question category."""
+        return {
+            name: {
+                "questions": int(n),
+                "substring_hit_rate": _ratio(hits, int(n)),
+                "answer_recall": _ratio(recall, int(n)),
+            }
+            for name, (n, hits, recall) in sorted(self.categories.items())
+        }
+
+    def rates(self) -> dict[str, float | int | None]:
+        """Hit rate and recall, overall and compacted (None where no question counts)."""
+        return {
+            "questions": self.questions,
+            "substring_hit_rate": _ratio(self.hits, self.questions),
+            "answer_recall": _ratio(self.recall, self.questions),
+            "compacted_questions": self.compacted,
+            "compacted_substring_hit_rate": _ratio(self.compacted_hits, self.compacted),
+            "compacted_answer_recall": _ratio(self.compacted_recall, self.compacted),
+        }
+
+
+def _ratio(num: float, den: int) -> float | None:
+    return round(num / den, 4) if den else None
+
+
+@dataclass(frozen=True)
+class QAScore:
+    """One question's result on one window."""
+
+    hit: bool
+    recall: float
+    compacted: bool
+
+
+class _WindowIndex:
+    """A window's normalised text and word set, built once for many questions."""
+
+    def __init__(self, messages: Sequence[AnyMessage]) -> None:
+        words = normalise_words(window_text(messages))
+        self.padded = f" {' '.join(words)} "
+        self.words = frozenset(words)
+        self.texts = frozenset(message_text(m) for m in messages)
+
+    def score(self, answer: str) -> tuple[bool, float]:
+        norm = normalise(answer)
+        wanted = content_words(answer)
+        if not norm or not wanted:
+            return False, 0.0
+        hit = f" {norm} " in self.padded
+        return hit, len(wanted & self.words) / len(wanted)
+
+
+def evidence_texts(history: Sequence[AnyMessage]) -> dict[str, str]:
+    """Source message id (``metadata["extra"]["msg_id"]``) -> message text."""
+    out: dict[str, str] = {}
+    for message in history:
+        extra = message.metadata.get("extra")
+        if isinstance(extra, Mapping) and isinstance(extra.get("msg_id"), str):
+            out[extra["msg_id"]] = message_text(message)
+    return out
+
+
+def score_qa(
+    window: Sequence[AnyMessage],
+    questions: Iterable[QAItem],
+    evidence: Mapping[str, str] | None = None,
+) -> QATally:
+    """Pooled QA figures of the answerable ``questions`` on ``window``.
+
+    ``evidence`` maps the conversation's source message ids to their texts; without it (a
+    control run against another conversation's answers) no question counts as compacted.
+    """
+    index = _WindowIndex(window)
+    tally = QATally()
+    for item in questions:
+        if not item.answerable:
+            continue
+        hit, recall = index.score(item.answer)
+        tally.questions += 1
+        tally.hits += int(hit)
+        tally.recall += recall
+        per = tally.categories.setdefault(item.category or "-", [0, 0, 0.0])
+        per[0] += 1
+        per[1] += int(hit)
+        per[2] += recall
+        if evidence is None:
+            continue
+        texts = [evidence[e] for e in item.evidence if e in evidence]
+        if texts and not any(t in index.texts for t in texts):
+            tally.compacted += 1
+            tally.compacted_hits += int(hit)
+            tally.compacted_recall += recall
+    return tally
+
+
+# --- needles of tool runs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Needles:
+    """What a resumed agent must still see at the end of a tool run."""
+
+    task: str | None
+    edited_paths: tuple[str, ...] = ()
+    last_error: str | None = None
+    final_result: str | None = None
+
+
+def find_needles(history: Sequence[AnyMessage], detector: UserDetector) -> Needles:
+    """The needles of a whole run (see ``score_needles``)."""
+    found = anchors(history, detector)
+    task = message_text(history[found.task]) if found.task is not None else None
+    tools = [m for m in history if isinstance(m, ToolMessage)]
+    paths: tuple[str, ...] = ()
+    for message in reversed(tools):
+        text = message_text(message)
+        if "diff --git" in text:
+            paths = tuple(dict.fromkeys(b for _, b in _DIFF.findall(text)))
+            break
+    last_error = None
+    for message in reversed(tools):
+        hits = [ln.strip() for ln in message_text(message).splitlines() if NEEDLE_ERROR.search(ln)]
+        if hits:
+            last_error = hits[-1]
+            break
+    final = None
+    for candidate in reversed(history):
+        if isinstance(candidate, AssistantMessage) and message_text(candidate).strip():
+            final = message_text(candidate)
+            break
+    if final is None and tools:
+        final = message_text(tools[-1])
+    return Needles(task=task, edited_paths=paths, last_error=last_error, final_result=final)
+
+
+def _lines_present(text: str, haystack: str, messages: frozenset[str]) -> bool:
+    """Verbatim as a message or as a substring, or at least 90% of its non-empty lines."""
+    if text in messages or text.strip() in haystack:
+        return True
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return False
+    present = sum(1 for ln in lines if ln in haystack)
+    return present >= _LINE_SHARE * len(lines)
+
+
+@dataclass
+class NeedleScore:
+    """One run's needle results; None where the run has no such needle."""
+
+    task_anchor: float | None = None
+    edited_paths: float | None = None
+    last_error: float | None = None
+    final_result: float | None = None
+    detail: dict[str, list[str]] = field(default_factory=dict)
+
+
+def score_needles(window: Sequence[AnyMessage], needles: Needles) -> NeedleScore:
+    """Which needles ``window`` keeps: the task anchor (verbatim or 90% of its lines), every
+    path of the last ``git diff``, the last error line, and the final result."""
+    haystack = window_text(window)
+    texts = frozenset(message_text(m) for m in window)
+    score = NeedleScore()
+    missing: dict[str, list[str]] = {}
+    if needles.task is not None:
+        score.task_anchor = float(_lines_present(needles.task, haystack, texts))
+    if needles.edited_paths:
+        lost = [p for p in needles.edited_paths if p not in haystack]
+        score.edited_paths = 1 - len(lost) / len(needles.edited_paths)
+        if lost:
+            missing["edited_paths"] = lost
+    if needles.last_error is not None:
+        score.last_error = float(needles.last_error in haystack)
+        if not score.last_error:
+            missing["last_error"] = [needles.last_error]
+    if needles.final_result is not None:
+        score.final_result = float(_lines_present(needles.final_result, haystack, texts))
+    score.detail = missing
+    return score

@@ -1,0 +1,64 @@
+"""CI-sized ``ctxcore eval`` on the shared data: the ``full`` policy on 3 conversations per file.
+
+Figures are the benchmarks' business (bench/retention.py); here only the guarantees and one
+comparison that must hold: ``full`` keeps more of LoCoMo conv-26's compacted answers than
+keep-newest truncation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.datasets import require_data
+from workers.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def run_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    out = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
+    assert main(["eval", *args, "--json", str(out)]) == 0
+    capsys.readouterr()
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+@pytest.mark.parametrize(
+    ("name", "budget"),
+    [
+        ("tau_bench.jsonl", ["--budget", "3000"]),
+        ("minisweagent_dev.jsonl", ["--budget", "16000"]),
+        ("locomo.jsonl", ["--budget-ratio", "0.25"]),
+    ],
+)
+def test_full_policy_on_three_conversations(
+    name: str, budget: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = require_data()
+    report = run_eval(tmp_path, capsys, str(data / name), "--policy", "full", "--limit", "3", *budget)
+    overall = report["overall"]
+    assert overall["conversations"] == 3
+    assert overall["violations"] == 0
+    assert overall["anchor_rate"] == 1.0
+    assert overall["budget_exceeded"] == 0 and overall["over_budget_windows"] == 0
+    assert overall["windows"] >= 3 * 5
+    if name == "minisweagent_dev.jsonl":
+        assert overall["needle_retention"]["task_anchor"] == 1.0
+
+
+def test_full_beats_truncation_on_compacted_answers_of_conv_26(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(require_data() / "locomo.jsonl")
+    recall = {}
+    for policy in ("truncate", "full"):
+        report = run_eval(
+            tmp_path, capsys, path, "--policy", policy, "--ids", "conv-26", "--budget-ratio", "0.25"
+        )
+        assert [c["id"] for c in report["conversations"]] == ["conv-26"]
+        recall[policy] = report["overall"]["compacted_answer_recall"]
+    assert recall["full"] > recall["truncate"]

@@ -1,0 +1,427 @@
+"""The evaluation harness: scoring definitions, replay points, policies and the report contract."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxcore.errors import ConfigError
+from ctxcore.eval import EvalConfig, evaluate_file
+from ctxcore.eval.data import QAItem, conversation, groups, window_points
+from ctxcore.eval.harness import evaluate_conversation
+from ctxcore.eval.policies import POLICIES, CountingModel, PolicySetup, make_policy
+from ctxcore.eval.scoring import (
+    anchors_verbatim,
+    content_words,
+    evidence_texts,
+    find_needles,
+    normalise,
+    score_needles,
+    score_qa,
+)
+from ctxcore.messages import (
+    AnyMessage,
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    from_openai,
+)
+from ctxcore.summarize.extractive import ExtractiveModel
+from ctxcore.tokens import TiktokenCounter
+from ctxcore.turns import DEFAULT_DETECTOR
+from ctxcore.window import check_window
+from workers.cli import EVAL_POLICIES, main
+
+COUNTER = TiktokenCounter()
+FACTS = [
+    "my sister Lena moved to Lisbon in March 2021",
+    "the dog is called Biscuit and he is a beagle",
+    "I started learning the cello last autumn",
+    "our wedding anniversary is on 14 June",
+    "I work night shifts at the Riverside hospital",
+    "the kids love building volcano models with baking soda",
+    "my favourite book is The Left Hand of Darkness",
+    "we drove the old blue Volvo to the coast",
+    "Grandpa Theo grew tomatoes on the balcony",
+    "I ran the Porto half marathon in 2 hours 5 minutes",
+]
+
+
+def chat_record(turns: int = 40) -> dict[str, Any]:
+    """A two-person chat: one fact per user turn for ten turns, small talk after, and questions
+    about the facts."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "[Session 1: 8 May 2023]"}]
+    for i in range(turns):
+        said = f"by the way, {FACTS[i]}" if i < len(FACTS) else "what a long day at work it was"
+        messages.append({"role": "user", "content": f"Ana: {said}. Turn {i}.", "msg_id": f"D1:{2 * i + 1}"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Ben: oh nice, tell me more about that, turn {i}!",
+                "msg_id": f"D1:{2 * i + 2}",
+            }
+        )
+    qa = [
+        {
+            "question": "Where did Lena move?",
+            "answer": "Lisbon",
+            "evidence": ["D1:1"],
+            "category": "single-hop",
+        },
+        {"question": "Dog's name?", "answer": "Biscuit", "evidence": ["D1:3"], "category": "single-hop"},
+        {
+            "question": "Marathon time?",
+            "answer": "2 hours 5 minutes",
+            "evidence": ["D1:19"],
+            "category": "single-hop",
+        },
+        {
+            "question": "Ana's cat?",
+            "answer": "Not mentioned in the conversation",
+            "evidence": [],
+            "category": "adversarial",
+        },
+    ]
+    return {"id": "chat-1", "messages": messages, "qa": qa, "meta": {"answers": "secret"}}
+
+
+def call(cid: str, command: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": f"THOUGHT: run {command}",
+        "tool_calls": [{"id": cid, "name": "bash", "arguments": json.dumps({"command": command})}],
+    }
+
+
+def tool_record(steps: int = 30) -> dict[str, Any]:
+    """A coding run: a task, many reads, an error, a diff and a final message."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {
+            "role": "user",
+            "content": "Fix the crash in src/app/core.py when the config file is empty.\nKeep the API.",
+        },
+    ]
+    for i in range(steps):
+        messages.append(call(f"c{i}", f"sed -n {i},{i + 40}p src/app/module_{i}.py"))
+        messages.append(
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i}: " + "x = compute(y) " * 60}
+        )
+    messages.append(call("e", "python -m pytest tests/test_core.py"))
+    messages.append(
+        {
+            "role": "tool",
+            "tool_call_id": "e",
+            "content": "Traceback (most recent call last):\n  File core.py\nValueError: empty config",
+        }
+    )
+    messages.append(call("d", "git diff"))
+    messages.append(
+        {
+            "role": "tool",
+            "tool_call_id": "d",
+            "content": "diff --git a/src/app/core.py b/src/app/core.py\n+    if not text: return {}\n"
+            "diff --git a/src/app/config.py b/src/app/config.py\n+DEFAULT = {}",
+        }
+    )
+    messages.append({"role": "assistant", "content": "Done: empty configs now load as {}."})
+    return {"id": "run-1", "messages": messages, "meta": {"resolved": True}}
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def setup_for(record: dict[str, Any], budget: int) -> tuple[PolicySetup, list[AnyMessage]]:
+    conv = conversation(record)
+    model = CountingModel(ExtractiveModel(COUNTER), COUNTER)
+    return PolicySetup(conv.id, budget, list(conv.system), [], COUNTER, model, DEFAULT_DETECTOR), list(
+        conv.messages
+    )
+
+
+# --- scoring ---------------------------------------------------------------------------------
+
+
+def test_normalisation_and_content_words() -> None:
+    assert normalise("The Sunday-before, 25 May 2023!") == "the sunday before 25 may 2023"
+    assert content_words("The week before 9 June") == {"week", "before", "9", "june"}
+    # An answer made only of function words still has words to look for.
+    assert content_words("It is") == {"it", "is"}
+
+
+def test_qa_hits_recall_and_compacted_questions() -> None:
+    history = from_openai(chat_record(12)["messages"])[1:]
+    evidence = evidence_texts(history)
+    questions = [
+        QAItem(q["question"], q["answer"], tuple(q["evidence"]), q["category"]) for q in chat_record()["qa"]
+    ]
+    # Full history: every answerable question hits, none is compacted; the adversarial one is skipped.
+    full = score_qa(history, questions[:2], evidence).rates()
+    assert full["questions"] == 2 and full["substring_hit_rate"] == 1.0 and full["answer_recall"] == 1.0
+    assert full["compacted_questions"] == 0
+    assert score_qa(history, questions, evidence).questions == 3
+    # The evidence summarised away: compacted; a summary that keeps the words still recalls them.
+    summary = [UserMessage(content="[memory] Lena lives in Lisbon now; a beagle."), *history[2:]]
+    rates = score_qa(summary, questions[:2], evidence).rates()
+    assert rates["compacted_questions"] == 1
+    assert rates["compacted_substring_hit_rate"] == 1.0
+    # "2 hours 5 minutes" with only "2 hours" left: half its words, no hit.
+    tally = score_qa([UserMessage(content="it took 2 hours")], [questions[2]], evidence)
+    assert tally.hits == 0 and tally.recall == pytest.approx(0.5)
+    assert tally.compacted == 1
+
+
+def test_substring_needs_word_boundaries() -> None:
+    window = [UserMessage(content="we went to a party")]
+    assert score_qa(window, [QAItem("q", "art")], {}).hits == 0
+    assert score_qa(window, [QAItem("q", "a party")], {}).hits == 1
+
+
+def test_anchors_verbatim() -> None:
+    history: list[AnyMessage] = [
+        UserMessage(content="task"),
+        AssistantMessage(content="ok"),
+        UserMessage(content="now this"),
+    ]
+    assert anchors_verbatim(history, history, DEFAULT_DETECTOR)
+    assert not anchors_verbatim(history[1:], history, DEFAULT_DETECTOR)
+    edited = [UserMessage(content="task (shortened)"), *history[1:]]
+    assert not anchors_verbatim(edited, history, DEFAULT_DETECTOR)
+
+
+def test_needles_of_a_tool_run() -> None:
+    history = from_openai(tool_record(3)["messages"])[1:]
+    needles = find_needles(history, DEFAULT_DETECTOR)
+    assert needles.task is not None and needles.task.startswith("Fix the crash")
+    assert needles.edited_paths == ("src/app/core.py", "src/app/config.py")
+    assert needles.last_error == "ValueError: empty config"
+    assert needles.final_result == "Done: empty configs now load as {}."
+    kept = score_needles(history, needles)
+    assert (kept.task_anchor, kept.edited_paths, kept.last_error, kept.final_result) == (1.0, 1.0, 1.0, 1.0)
+    # Only the task's first line and one path survive: 50% of the task lines, half the paths.
+    partial = [UserMessage(content="Fix the crash in src/app/core.py when the config file is empty.")]
+    lost = score_needles(partial, needles)
+    assert lost.task_anchor == 0.0 and lost.edited_paths == 0.5 and lost.last_error == 0.0
+    assert lost.detail["edited_paths"] == ["src/app/config.py"]
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+def test_groups_and_window_points() -> None:
+    run = from_openai(tool_record(25)["messages"])[1:]
+    units = groups(run)
+    assert all(len(u) == 2 for u in units[1:-1])  # an assistant step and its result
+    points = window_points(units, step_stride=10)
+    assert points[0] == 0 and points[-1] == len(units) - 1
+    assert len(points) == 2 + (len(units) - 2) // 10
+    assert window_points(units) == list(range(len(units)))
+    chat = from_openai(chat_record(5)["messages"])[1:]
+    assert window_points(groups(chat), step_stride=10) == [0, 2, 4, 6, 8, 9]
+
+
+def test_meta_is_never_read() -> None:
+    class Guarded(dict[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            assert key != "meta", "the harness read meta"
+            return super().__getitem__(key)
+
+        def get(self, key: str, default: Any = None) -> Any:
+            assert key != "meta", "the harness read meta"
+            return super().get(key, default)
+
+    conv = conversation(Guarded(chat_record(3)))
+    assert conv.id == "chat-1" and len(conv.system) == 1 and len(conv.qa) == 4
+
+
+def test_truncate_reports_its_own_violations_and_lost_anchors() -> None:
+    setup, messages = setup_for(tool_record(30), 1500)
+    policy = make_policy("truncate", setup)
+    worst = 0
+    lost = 0
+    for unit in groups(messages):
+        policy.append(unit)
+        window = policy.window().messages
+        assert COUNTER.count_messages(window) <= 1500
+        worst = max(worst, len(check_window(window)))
+    history = messages
+    lost += not anchors_verbatim(window, history, DEFAULT_DETECTOR)
+    # Keeping the newest messages drops the task and can start on an orphan tool result.
+    assert lost == 1
+    result = evaluate_conversation(
+        conversation(tool_record(30)), "truncate", 1500, model=ExtractiveModel(COUNTER), counter=COUNTER
+    )
+    assert result.violations > 0 and result.anchor_windows < result.windows
+    assert result.needles is not None and result.needles.task_anchor == 0.0
+
+
+@pytest.mark.parametrize("record", [chat_record(40), tool_record(30)], ids=["chat", "tool-run"])
+def test_full_serves_valid_windows_within_budget(record: dict[str, Any]) -> None:
+    budget = 900 if "qa" in record else 2500
+    result = evaluate_conversation(
+        conversation(record), "full", budget, model=ExtractiveModel(COUNTER), counter=COUNTER
+    )
+    assert result.windows > 10
+    assert result.violations == 0
+    assert result.anchor_windows == result.windows and result.budget_exceeded == 0
+    assert result.over_budget_windows == 0 and result.peak_tokens <= budget
+    # It compacted through the coordinator, and the summariser calls were counted.
+    assert result.stages.get("l0_to_l1", 0) >= 1
+    assert result.summariser_calls >= 1 and result.summariser_input_tokens > 0
+    assert result.compression_ratio > 1.5
+
+
+def test_full_keeps_more_of_the_old_facts_than_truncation() -> None:
+    record = chat_record(60)
+    conv = conversation(record)
+    scores = {}
+    for policy in ("truncate", "full"):
+        result = evaluate_conversation(conv, policy, 900, model=ExtractiveModel(COUNTER), counter=COUNTER)
+        assert result.qa is not None
+        scores[policy] = result.qa.rates()
+    assert scores["truncate"]["compacted_questions"] == 3
+    assert scores["full"]["compacted_answer_recall"] > scores["truncate"]["compacted_answer_recall"]
+
+
+@pytest.mark.parametrize("policy", ["rules", "current_round", "dialogue", "round_level"])
+def test_every_policy_replays_without_violations(policy: str) -> None:
+    result = evaluate_conversation(
+        conversation(tool_record(20)), policy, 3000, model=ExtractiveModel(COUNTER), counter=COUNTER
+    )
+    assert result.violations == 0
+    assert result.anchor_windows == result.windows
+    assert result.failures == []
+
+
+def test_policy_names_are_the_public_ones() -> None:
+    assert sorted(POLICIES) == sorted(
+        ["truncate", "rules", "current_round", "dialogue", "round_level", "full"]
+    )
+    assert sorted(POLICIES) == sorted(EVAL_POLICIES)  # the CLI's choices, kept without the import
+    setup, _ = setup_for(chat_record(1), 500)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("nope", setup)
+    with pytest.raises(ConfigError):
+        EvalConfig(policy="full")
+    with pytest.raises(ConfigError):
+        EvalConfig(policy="full", budget=100, budget_ratio=0.5)
+
+
+# --- the report and the command ----------------------------------------------------------------
+
+
+@pytest.fixture()
+def data_file(tmp_path: Path) -> Iterator[Path]:
+    second = chat_record(30)
+    second["id"] = "chat-2"
+    yield write_jsonl(tmp_path / "data.jsonl", [chat_record(40), tool_record(30), second])
+
+
+def test_report_has_the_public_fields(data_file: Path) -> None:
+    report = evaluate_file(data_file, EvalConfig(policy="full", budget_ratio=0.4))
+    overall = report["overall"]
+    for key in (
+        "violations",
+        "anchor_rate",
+        "compression_ratio",
+        "answer_recall",
+        "substring_hit_rate",
+        "needle_retention",
+    ):
+        assert key in overall
+    assert overall["conversations"] == 3 and overall["violations"] == 0 and overall["anchor_rate"] == 1.0
+    for key in ("answer_recall", "substring_hit_rate", "compacted_answer_recall", "anchor_rate"):
+        assert 0.0 <= overall[key] <= 1.0
+    # The control is the next conversation's questions (cyclically), with truncation's beside it.
+    control = overall["control"]
+    assert (
+        control["questions"] > 0
+        and "truncate_answer_recall" in control
+        and isinstance(control["flagged"], bool)
+    )
+    assert overall["needle_retention"]["runs"] == 1
+    budgets = {c["id"]: c["budget"] for c in report["conversations"]}
+    assert budgets["run-1"] < budgets["chat-1"] or budgets["run-1"] > 0
+    limited = evaluate_file(data_file, EvalConfig(policy="truncate", budget=800, limit=1))
+    assert [c["id"] for c in limited["conversations"]] == ["chat-1"]
+    picked = evaluate_file(data_file, EvalConfig(policy="truncate", budget=800, ids=["chat-2"]))
+    assert [c["id"] for c in picked["conversations"]] == ["chat-2"]
+
+
+def test_cli_writes_the_json_report(
+    data_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.json"
+    code = main(["eval", str(data_file), "--policy", "full", "--budget", "1200", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "OVERALL" in printed and "chat-1" in printed
+    report = json.loads(out.read_text())
+    assert report["policy"] == "full" and report["budget"] == 1200
+    assert report["overall"]["violations"] == 0
+    with pytest.raises(SystemExit):
+        main(["eval", str(data_file), "--policy", "full"])  # a budget is required
+    with pytest.raises(SystemExit):
+        main(["eval", str(data_file), "--policy", "full", "--budget", "10", "--budget-ratio", "0.5"])
+
+
+def test_system_messages_go_with_the_window_not_the_log() -> None:
+    conv = conversation(chat_record(2))
+    assert [m.content for m in conv.system] == ["[Session 1: 8 May 2023]"]
+    assert not any(isinstance(m, SystemMessage) for m in conv.messages)
+    assert all(isinstance(m, UserMessage | AssistantMessage | ToolMessage) for m in conv.messages)
+    assert isinstance(ToolCall(id="x", name="y"), ToolCall)
+
+
+# --- ExtractiveModel behaviour the QA and needle goals rely on --------------------------------
+
+
+def blocks(source: list[AnyMessage], target: int) -> str:
+    from ctxcore.summarize.model import ContractBlock, OutputContract
+
+    contract = OutputContract(
+        kind="blocks", blocks=[ContractBlock(block_id="b", target_tokens=target, source=source)]
+    )
+    text = (
+        ExtractiveModel(COUNTER)
+        .complete([UserMessage(content="x")], max_tokens=target * 2, contract=contract)
+        .text
+    )
+    return str(json.loads(text)["blocks"][0]["summary"])
+
+
+def test_a_dialogue_keeps_informative_sentences_with_their_speaker() -> None:
+    source: list[AnyMessage] = [UserMessage(content="Ana: Hi Ben! Long time no see.")]
+    for i, fact in enumerate(FACTS):
+        source.append(AssistantMessage(content=f"Ben: Wow, that is so cool! Thanks, Ana! Great {i}!"))
+        source.append(UserMessage(content=f"Ana: Yeah! {fact[0].upper()}{fact[1:]}. Cool, right?"))
+    source.append(UserMessage(content="Ana: Anyway, see you soon."))
+    summary = blocks(source, 150)
+    # Sentences, not whole turns: the facts come without their small talk, speaker kept.
+    kept = [f for f in FACTS if f"Ana: {f[0].upper()}{f[1:]}." in summary]
+    assert len(kept) >= 8, summary
+    assert "Thanks, Ana!" not in summary and "Cool, right?" not in summary
+
+
+def test_the_last_error_survives_a_merge_of_earlier_summaries() -> None:
+    from ctxcore.pipeline.view import block_message
+
+    lines = "\n".join(f'- bash(command="cat f{i}.py") -> step {i} output line' for i in range(60))
+    earlier = block_message(
+        f"{lines}\n- raise DatabaseError('ORDER BY term does not match')\n{lines}",
+        block_id="L1-a",
+        first_id="000000000001",
+        last_id="000000000100",
+        level=1,
+        scope="completed_react",
+    )
+    summary = blocks([earlier], 120)
+    assert "raise DatabaseError('ORDER BY term does not match')" in summary
