@@ -17,6 +17,7 @@ from typing import NoReturn
 import pytest
 import redis
 import sqlalchemy
+from hypothesis import settings as hypothesis_settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -36,6 +37,15 @@ from ctxcore.state import (
     SqlStateStore,
     StateStore,
 )
+
+# Property tests: 100 examples; in CI the examples are derandomized, so a landing is judged on
+# the same inputs every time (exploration with fresh seeds happens on developers' runs and in
+# the opt-in "long" profile).
+hypothesis_settings.register_profile(
+    "ci", max_examples=100, deadline=None, derandomize=os.environ.get("CI", "").strip().lower() == "true"
+)
+hypothesis_settings.register_profile("long", max_examples=10_000, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REDIS_URL = os.environ.get("CTXCORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get(

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from ctxcore.markers import MEMORY_BLOCK_ROUND, SYSTEM_REMINDER
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 
-settings.register_profile("ci", max_examples=100, deadline=None)
-settings.register_profile("long", max_examples=10_000, deadline=None)
-settings.load_profile("ci")
+# Profiles ("ci", "long") are registered and loaded in tests/conftest.py.
 
 _words = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=40)
 
