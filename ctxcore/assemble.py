@@ -74,8 +74,6 @@ def assemble_window(
     ``tail`` are the raw log messages after ``state.covered_until`` and ``pinned`` the log
     messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
     """
-    if tools:
-        counter = _RequestCounter(counter, tools)
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
     anchor_ids = view.anchor_id_set()
     by_id = view.messages_by_id()
@@ -131,42 +129,6 @@ def assemble_window(
         elided_ranges=elided,
         raw_tokens=raw_tokens,
     )
-
-
-class _RequestCounter:
-    """``counter`` with this request's tool definitions tokenised once.
-
-    Every re-count of a candidate window (and the statistics) would otherwise tokenise all
-    tool definitions again: with 14 tools (~2k tokens) that was 9 uncached tokenisations,
-    about half of a get_window call (bench/fast_path.py).
-    """
-
-    def __init__(self, counter: TokenCounter, tools: Sequence[Mapping[str, Any]]) -> None:
-        self._counter = counter
-        self._tools = list(tools)
-        self._tools_tokens = counter.count_tools(self._tools)
-
-    def __getattr__(self, name: str) -> Any:
-        # Optional extras of the wrapped counter (``count_message``, ``model``...) stay visible:
-        # callers look them up with getattr. Private names are not forwarded (no recursion
-        # before ``_counter`` is set).
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._counter, name)
-
-    def count_text(self, text: str) -> int:
-        """Tokens of a plain string."""
-        return self._counter.count_text(text)
-
-    def count_messages(self, messages: Sequence[AnyMessage]) -> int:
-        """Tokens of messages as one request."""
-        return self._counter.count_messages(messages)
-
-    def count_tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
-        """The request's tools from the first count; any other list counted as usual."""
-        if len(tools) == len(self._tools) and all(a is b for a, b in zip(tools, self._tools, strict=True)):
-            return self._tools_tokens
-        return self._counter.count_tools(tools)
 
 
 def _elide_oldest_steps(

@@ -116,9 +116,8 @@ class ContextService:
                 )
         state = self.state_store.load(key)
         tail = self.log.read_after(key, state.covered_until if state else None)
-        fresh = [
-            m for m in messages if not (m.message_id and any(t.message_id == m.message_id for t in tail))
-        ]
+        logged_ids = {t.message_id for t in tail if t.message_id}
+        fresh = [m for m in messages if not (m.message_id and m.message_id in logged_ids)]
         problems = check_window([*tail, *fresh])
         if problems:
             first = problems[0]
