@@ -161,7 +161,17 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # ``ctxcore.eval.POLICIES`` by name: importing the harness for every command would cost ~0.7 s.
-EVAL_POLICIES = ("truncate", "rules", "current_round", "dialogue", "round_level", "full")
+EVAL_POLICIES = (
+    "truncate",
+    "steps",
+    "mask",
+    "lossless",
+    "rules",
+    "current_round",
+    "dialogue",
+    "round_level",
+    "full",
+)
 
 
 def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
@@ -170,7 +180,9 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     from ctxcore.eval.report import format_report, plot_report
 
     config = EvalConfig(
-        policy=args.policy,
+        policies=[p.strip() for p in args.policy.split(",") if p.strip()],
+        baseline=None if args.baseline == "none" else args.baseline,
+        windows_out=args.windows_out,
         budget=args.budget,
         budget_ratio=args.budget_ratio,
         limit=args.limit,
@@ -180,7 +192,7 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     )
 
     def progress(result: Any) -> None:
-        print(f"{result.id}: {result.elapsed_seconds:.1f}s", file=sys.stderr, flush=True)
+        print(f"{result.id} {result.policy}: {result.elapsed_seconds:.1f}s", file=sys.stderr, flush=True)
 
     report = evaluate_file(args.file, config, progress=progress if args.progress else None)
     out.write(format_report(report, per_conversation=not args.quiet))
@@ -189,6 +201,8 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
             json.dump(report, fh, indent=1, ensure_ascii=False)
             fh.write("\n")
         out.write(f"wrote {args.json}\n")
+    if args.windows_out:
+        out.write(f"wrote {args.windows_out}\n")
     if args.plot:
         plot_report(report, args.plot)
         out.write(f"wrote {args.plot}\n")
@@ -273,7 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="replay conversations through a policy and score its windows")
     ev.add_argument("file", help="JSONL of {'id', 'messages': [...], 'qa'?: [...]}")
-    ev.add_argument("--policy", required=True, choices=EVAL_POLICIES)
+    ev.add_argument(
+        "--policy",
+        required=True,
+        help=f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
+    )
+    ev.add_argument(
+        "--baseline",
+        default="steps",
+        help="policy wins and losses are counted against, added when missing ('none': no baseline)",
+    )
+    ev.add_argument("--windows-out", help="write each conversation's final window per policy here (JSONL)")
     size = ev.add_mutually_exclusive_group(required=True)
     size.add_argument("--budget", type=int, help="token budget of every window")
     size.add_argument("--budget-ratio", type=float, help="budget as a share of each conversation's tokens")
