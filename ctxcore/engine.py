@@ -44,9 +44,9 @@ from ctxcore.window import (
     ContextWindow,
     apply_window_limits,
     compute_stats,
-    drop_leading_tool_messages,
     resolve_context_max,
 )
+from ctxcore.window_repair import served_context
 
 __all__ = ["AsyncModelContext", "CompressResult", "ContextEngine", "ContextEngineConfig", "ModelContext"]
 
@@ -337,10 +337,13 @@ class ModelContext:
         dialogue_round: int | None = None,
         **kwargs: Any,
     ) -> ContextWindow:
-        """The window to send: windowing, window hooks, leading-orphan fix, statistics.
+        """The window to send: windowing, window hooks, protocol repairs, statistics.
 
         ``window_size`` (counting system messages) and ``dialogue_round`` override the
-        config defaults; deviation from spec 2.4: neither ever drops an anchor.
+        config defaults; deviation from spec 2.4: neither ever drops an anchor. The repairs
+        touch the served window only: tool and assistant messages before the first user
+        message are dropped and interrupted tool calls answered (``served_context``); a
+        window still breaking the protocol raises ``InvalidWindowError``.
         """
         for name, value in (("window_size", window_size), ("dialogue_round", dialogue_round)):
             if value is not None and value <= 0:
@@ -361,7 +364,7 @@ class ModelContext:
             )
             for name, processor in self.processors:
                 window = self._run_window(name, processor, window, kwargs)
-            window.context_messages = drop_leading_tool_messages(window.context_messages)
+            window.context_messages = served_context(window.context_messages, self.key)
             if self.config.enable_reload and not any(
                 t.get("function", {}).get("name") == RELOAD_TOOL_NAME for t in window.tools
             ):

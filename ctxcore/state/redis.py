@@ -43,11 +43,13 @@ from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.base import (
     HISTORY_LIMIT,
+    append_conflict,
     check_budget,
     check_loggable,
     decode_log_messages,
     encode_log_message,
     encode_state,
+    expected_seq,
     format_log_id,
     parse_log_id,
     rollback_by_save,
@@ -80,12 +82,46 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 return 1
 """
 
-# KEYS: counter, stream, dedupe hash. ARGV: pairs of (message_id or '', message JSON).
-# Every lookup precedes the writes of its message and nothing after a write can fail, so a
-# batch is appended whole; the counter advances in the same script as the write.
+# KEYS: counter, stream, dedupe hash. ARGV: expected last seq ('' = no expectation), then
+# pairs of (message_id or '', message JSON). Every lookup precedes the writes of its message
+# and nothing after a write can fail, so a batch is appended whole; the counter advances in
+# the same script as the write, and the expectation is checked against it in that script.
+# A mismatch returns {'!conflict', last seq} unless the batch replays a call that succeeded
+# (the rule of ``ctxcore.state.base.replayed_ids``), which returns that call's ids.
 _APPEND_LUA = """
+local expected = tonumber(ARGV[1])
+if expected then
+  local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+  if current ~= expected then
+    local ids = {}
+    local following = expected + 1
+    local replay = true
+    for i = 2, #ARGV, 2 do
+      local known = false
+      if ARGV[i] ~= '' then
+        known = redis.call('HGET', KEYS[3], ARGV[i])
+      end
+      if not known then
+        replay = false
+        break
+      end
+      local seq = tonumber(known)
+      if seq == following then
+        following = following + 1
+      elseif seq > following then
+        replay = false
+        break
+      end
+      ids[#ids + 1] = known
+    end
+    if replay and following > expected + 1 then
+      return ids
+    end
+    return {'!conflict', tostring(current)}
+  end
+end
 local ids = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local message_id = ARGV[i]
   local known = false
   if message_id ~= '' then
@@ -246,12 +282,18 @@ class RedisMessageLog(_RedisBackend):
     def _index(self, tenant_id: str) -> str:
         return f"{self.prefix}:tenant:{{{tenant_id}}}:conversations"
 
-    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
-        """Append ``messages`` atomically; a known ``message_id`` gets its existing log id back."""
+    def append(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Append ``messages`` atomically; a known ``message_id`` gets its existing log id back.
+
+        ``expected_last_id`` is checked inside the append script (``ConflictError``).
+        """
         check_loggable(messages)
+        expected = expected_seq(expected_last_id)
         if not messages:
             return []
-        args: list[str] = []
+        args: list[str] = ["" if expected is None else str(expected)]
         for message in messages:
             args += [message.message_id or "", encode_log_message(message)]
         keys = list(self._keys(key))
@@ -270,7 +312,10 @@ class RedisMessageLog(_RedisBackend):
                     if isinstance(result, Exception):
                         raise result
                 break
-        return [_text(i) for i in ids]
+        out = [_text(i) for i in ids]
+        if out and out[0] == "!conflict":
+            raise append_conflict(key, expected_last_id, int(out[1]))
+        return out
 
     def _xrange(self, key: ConversationKey, start: str, end: str, count: int | None) -> list[AnyMessage]:
         with _translated(f"read {key}"):
