@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from ctxcore.counting import tolerant
 from ctxcore.errors import BudgetExceeded, InvalidWindowError
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, UserMessage, message_text
@@ -77,6 +78,7 @@ def assemble_window(
     ``tail`` are the raw log messages after ``state.covered_until`` and ``pinned`` the log
     messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
     """
+    counter = tolerant(counter)  # a counter that raises must not stop the window being served
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
     anchor_ids = view.anchor_id_set()
     by_id = view.messages_by_id()

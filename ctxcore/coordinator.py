@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ctxcore.counting import tolerant
 from ctxcore.errors import CtxcoreError, CursorNotFoundError, StoreError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
@@ -99,7 +100,7 @@ class Coordinator:
             )
         self.state_store = state_store
         self.log = log
-        self.counter = counter
+        self.counter = tolerant(counter)
         self.model_for = model_for
         self.summarizer = summarizer
         self.trigger = trigger

@@ -15,7 +15,6 @@ Deviations from the reference are listed in the docstrings of the methods concer
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -24,9 +23,11 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+from ctxcore.counting import tolerant
 from ctxcore.engine_config import ContextEngineConfig, validate_config
+from ctxcore.engine_state import ContextSnapshot, dump_snapshot, load_snapshot, offload_handles
 from ctxcore.errors import ConfigError, CtxcoreError, InvalidMessageError
-from ctxcore.messages import AnyMessage, SystemMessage, messages_from_json, messages_to_json
+from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
 from ctxcore.processors.events import CompressionStateEvent, ProcessorFailure, StateReporter, Subscriber
 from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME, reload_tool_definition
@@ -56,7 +57,6 @@ CompressResult = Literal["compressed", "noop", "busy"]
 ProcessorSpec = tuple[str, Any] | ContextProcessor[Any]
 
 LOCK_WARN_SECONDS = 120.0
-STATE_FORMAT = 1
 _ID_WIDTH = 12
 T = TypeVar("T")
 
@@ -79,10 +79,6 @@ def _check_messages(messages: Any, what: str = "messages") -> list[AnyMessage]:
             )
         out.append(message)
     return out
-
-
-def _dump(messages: Sequence[AnyMessage]) -> list[Any]:
-    return list(json.loads(messages_to_json(messages)))
 
 
 class ModelContext:
@@ -140,7 +136,7 @@ class ModelContext:
         self._data_lock = threading.RLock()
         self._processor_lock = threading.Lock()
         self._states = StateReporter(subscribers)
-        self._ops = OperationReporter(self._states, token_counter, self.context_max, context_id)
+        self._ops = OperationReporter(self._states, tolerant(token_counter), self.context_max, context_id)
 
     # --- ids and the log ---------------------------------------------------------------
 
@@ -483,41 +479,44 @@ class ModelContext:
     # --- persistence ---------------------------------------------------------------------
 
     def save_state(self) -> dict[str, Any]:
-        """A JSON-ready snapshot: log, view, derived ids, TTL clock, processor states."""
+        """A JSON-ready snapshot: log, view, derived ids, TTL clock, processor states, and the
+        originals the view's offload markers point to (so ``reload`` works after a restore)."""
         with self._data_lock:
-            return {
-                "format": STATE_FORMAT,
-                "context_id": self.context_id,
-                "session_id": self.session_id,
-                "raw": _dump(self._raw),
-                "view": _dump(self._view),
-                "derived": sorted(self._derived),
-                "derived_seq": self._derived_seq,
-                "last_window_access": self.last_window_access,
-                "processors": [{"type": name, "state": p.save_state()} for name, p in self.processors],
-            }
+            view = list(self._view)
+            snapshot = ContextSnapshot(
+                raw=list(self._raw),
+                view=view,
+                derived=sorted(self._derived),
+                derived_seq=self._derived_seq,
+                last_window_access=self.last_window_access,
+                processors=[{"type": name, "state": p.save_state()} for name, p in self.processors],
+            )
+        for handle in offload_handles(view):
+            found = self.offload_store.get(self.key, handle)
+            if found is not None:
+                snapshot.offloads[handle] = found
+        return dump_snapshot(snapshot, self.context_id, self.session_id)
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore what ``save_state`` returned (the processor chain must be the same).
 
+        Saved offloads are written to this context's offload store (an existing handle is
+        kept: handles are content hashes). Snapshots of format 1 (without offloads) load too.
+
         Raises:
             CtxcoreError: the snapshot is of another format or another processor chain.
         """
-        if state.get("format") != STATE_FORMAT:
-            raise CtxcoreError(f"unsupported context state format {state.get('format')!r}")
-        saved = state.get("processors", [])
-        if [s.get("type") for s in saved] != [name for name, _ in self.processors]:
-            raise CtxcoreError("the saved state was made with another processor chain")
-        raw = messages_from_json(json.dumps(state["raw"]))
-        view = messages_from_json(json.dumps(state["view"]))
+        snapshot = load_snapshot(state, [name for name, _ in self.processors])
+        for handle, messages in snapshot.offloads.items():
+            self.offload_store.put_if_absent(self.key, validate_handle(handle), messages)
         with self._data_lock:
-            self._raw = raw
-            self._by_id = {str(m.context_message_id): m for m in raw}
-            self._view = view
-            self._derived = set(state.get("derived", []))
-            self._derived_seq = int(state.get("derived_seq", 0))
-            self.last_window_access = state.get("last_window_access")
-        for (_, processor), entry in zip(self.processors, saved, strict=True):
+            self._raw = snapshot.raw
+            self._by_id = {str(m.context_message_id): m for m in snapshot.raw}
+            self._view = snapshot.view
+            self._derived = set(snapshot.derived)
+            self._derived_seq = snapshot.derived_seq
+            self.last_window_access = snapshot.last_window_access
+        for (_, processor), entry in zip(self.processors, snapshot.processors, strict=True):
             processor.load_state(entry.get("state", {}))
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ctxcore.counting import tolerant
 from ctxcore.messages import AnyMessage
 from ctxcore.protocol import (
     Violation,
@@ -99,8 +100,9 @@ def compute_stats(
     """Exact statistics of a window under ``counter``.
 
     ``total_tokens`` is what a request with these messages and tools costs: the figure
-    every budget comparison uses.
+    every budget comparison uses. A counter that raises is estimated (``tolerant``).
     """
+    counter = tolerant(counter)
     stats = ContextStats()
     for message in (*system_messages, *context_messages):
         tokens = _message_tokens(counter, message)
@@ -126,6 +128,7 @@ def window_tokens(
     messages: Sequence[AnyMessage], tools: Sequence[Mapping[str, Any]], counter: TokenCounter
 ) -> int:
     """Tokens of a request holding ``messages`` and ``tools``."""
+    counter = tolerant(counter)
     return counter.count_messages(messages) + counter.count_tools(tools)
 
 
