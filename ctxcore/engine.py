@@ -125,6 +125,9 @@ class ModelContext:
         )
         self.last_window_access: float | None = None
         self.last_failures: list[ProcessorFailure] = []
+        # The log id the view had reached when it was last rewritten: provider usage reported
+        # with replies up to it describes requests the view no longer makes.
+        self.usage_fresh_after: str | None = None
         self._raw: list[AnyMessage] = []
         self._by_id: dict[str, AnyMessage] = {}
         self._view: list[AnyMessage] = []
@@ -136,7 +139,9 @@ class ModelContext:
         self._data_lock = threading.RLock()
         self._processor_lock = threading.Lock()
         self._states = StateReporter(subscribers)
-        self._ops = OperationReporter(self._states, tolerant(token_counter), self.context_max, context_id)
+        self._ops = OperationReporter(
+            self._states, tolerant(token_counter), self.context_max, context_id, detector
+        )
 
     # --- ids and the log ---------------------------------------------------------------
 
@@ -236,6 +241,7 @@ class ModelContext:
         checked = _check_messages(messages, "set_messages")
         with self._data_lock:
             self._view = self._own_ids(checked)
+            self.usage_fresh_after = f"{len(self._raw):0{_ID_WIDTH}d}"
 
     def pop_messages(self, count: int = 1) -> list[AnyMessage]:
         """Remove and return the newest ``count`` messages of the view (the log keeps them)."""
@@ -244,6 +250,8 @@ class ModelContext:
         with self._data_lock:
             cut = max(len(self._view) - count, 0)
             popped, self._view = self._view[cut:], self._view[:cut]
+            if popped:
+                self.usage_fresh_after = f"{len(self._raw):0{_ID_WIDTH}d}"
             return popped
 
     @contextmanager
@@ -322,6 +330,7 @@ class ModelContext:
             [*self.get_messages(), *batch],
             partial(processor.on_add_messages, self, batch, **kwargs),
             after,
+            model=processor.model_name(),
         )
         return outcome[1] if outcome is not None else batch
 
@@ -397,6 +406,7 @@ class ModelContext:
             window.get_messages(),
             partial(processor.on_get_context_window, self, window, **kwargs),
             ContextWindow.get_messages,
+            model=processor.model_name(),
         )
         return outcome[1] if outcome is not None else window
 
@@ -459,6 +469,7 @@ class ModelContext:
                 view,
                 partial(processor.on_compress, self, view, **kwargs),
                 list,
+                model=processor.model_name(),
             )
             if outcome is not None and outcome[0] is not None:
                 self.set_messages(outcome[1])
@@ -490,6 +501,7 @@ class ModelContext:
                 derived_seq=self._derived_seq,
                 last_window_access=self.last_window_access,
                 processors=[{"type": name, "state": p.save_state()} for name, p in self.processors],
+                usage_fresh_after=self.usage_fresh_after,
             )
         for handle in offload_handles(view):
             found = self.offload_store.get(self.key, handle)
@@ -516,6 +528,7 @@ class ModelContext:
             self._derived = set(snapshot.derived)
             self._derived_seq = snapshot.derived_seq
             self.last_window_access = snapshot.last_window_access
+            self.usage_fresh_after = snapshot.usage_fresh_after
         for (_, processor), entry in zip(self.processors, snapshot.processors, strict=True):
             processor.load_state(entry.get("state", {}))
 
@@ -689,6 +702,7 @@ class ContextEngine:
             )
             if history_messages:
                 context.set_messages(context._append_to_log(_check_messages(history_messages, "history")))
+                context.usage_fresh_after = None  # the history as given: its usage still holds
             self._contexts[pool_key] = context
             return context
 

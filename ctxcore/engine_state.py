@@ -33,6 +33,7 @@ class ContextSnapshot:
     last_window_access: float | None = None
     processors: list[dict[str, Any]] = field(default_factory=list)
     offloads: dict[str, list[AnyMessage]] = field(default_factory=dict)
+    usage_fresh_after: str | None = None
 
 
 def _dump(messages: Sequence[AnyMessage]) -> list[Any]:
@@ -67,6 +68,7 @@ def dump_snapshot(
         "last_window_access": snapshot.last_window_access,
         "processors": snapshot.processors,
         "offloads": {handle: _dump(messages) for handle, messages in snapshot.offloads.items()},
+        "usage_fresh_after": snapshot.usage_fresh_after,
     }
 
 
@@ -95,4 +97,5 @@ def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> C
         last_window_access=state.get("last_window_access"),
         processors=saved,
         offloads={str(handle): _load(messages) for handle, messages in offloads.items()},
+        usage_fresh_after=state.get("usage_fresh_after"),
     )
