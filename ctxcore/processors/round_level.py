@@ -25,7 +25,7 @@ from ctxcore.pipeline import PipelineConfig, View, compress_until_target
 from ctxcore.processors.base import ContextProcessor, ProcessorConfig, register_processor
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
-from ctxcore.processors.usage_trigger import trigger_tokens
+from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.window import ContextWindow
 
@@ -106,13 +106,7 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
 
     def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Over the trigger as served (usage-aware when ``usage_aware_trigger``)."""
-        total = trigger_tokens(
-            window.get_messages(),
-            window.tools,
-            ctx.token_counter,
-            usage_aware=self.config.usage_aware_trigger,
-            fresh_after=ctx.usage_fresh_after,
-        )
+        total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
         return total >= self._threshold(ctx)
 
     def on_get_context_window(

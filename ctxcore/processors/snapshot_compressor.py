@@ -21,7 +21,7 @@ from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ModelClientSpec, client_name, resolve_client, usage_dict
 from ctxcore.processors.reinjection import build_recovered_context
-from ctxcore.processors.usage_trigger import trigger_tokens
+from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.summarize.dump import CompressionDump
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
@@ -107,13 +107,7 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
 
     def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Over ``trigger_context_ratio`` of the window, with a span worth summarising."""
-        total = trigger_tokens(
-            window.get_messages(),
-            window.tools,
-            ctx.token_counter,
-            usage_aware=self.config.usage_aware_trigger,
-            fresh_after=ctx.usage_fresh_after,
-        )
+        total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
         if total < max(int(ctx.context_max * self.config.trigger_context_ratio), 1):
             return False
         return self._worth_it(ctx, window.context_messages)

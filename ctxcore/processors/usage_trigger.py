@@ -10,12 +10,16 @@ and statistics stay exact counts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxcore.messages import AnyMessage, AssistantMessage, message_text
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["trigger_tokens", "usage_baseline"]
+if TYPE_CHECKING:
+    from ctxcore.engine import ModelContext
+    from ctxcore.window import ContextWindow
+
+__all__ = ["trigger_tokens", "usage_baseline", "window_trigger_tokens"]
 
 
 def usage_baseline(messages: Sequence[AnyMessage], fresh_after: str | None) -> tuple[int, int] | None:
@@ -60,3 +64,14 @@ def trigger_tokens(
             index, total = found
             return total + sum(len(message_text(m)) // 4 for m in messages[index + 1 :])
     return counter.count_messages(list(messages)) + counter.count_tools(list(tools))
+
+
+def window_trigger_tokens(ctx: ModelContext, window: ContextWindow, *, usage_aware: bool) -> int:
+    """``trigger_tokens`` of a served window of ``ctx`` (its counter and usage freshness)."""
+    return trigger_tokens(
+        window.get_messages(),
+        window.tools,
+        ctx.token_counter,
+        usage_aware=usage_aware,
+        fresh_after=ctx.usage_fresh_after,
+    )

@@ -57,6 +57,7 @@ from ctxcore.state.base import (
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_LUA
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
 
@@ -69,91 +70,6 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-
-# KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
-_SAVE_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-return 1
-"""
-
-# KEYS: counter, stream, dedupe hash. ARGV: expected last seq ('' = no expectation), then
-# pairs of (message_id or '', message JSON). Every lookup precedes the writes of its message
-# and nothing after a write can fail, so a batch is appended whole; the counter advances in
-# the same script as the write, and the expectation is checked against it in that script.
-# A mismatch returns {'!conflict', last seq} unless the batch replays a call that succeeded
-# (the rule of ``ctxcore.state.base.replayed_ids``), which returns that call's ids.
-_APPEND_LUA = """
-local expected = tonumber(ARGV[1])
-if expected then
-  local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-  if current ~= expected then
-    local ids = {}
-    local following = expected + 1
-    local replay = true
-    for i = 2, #ARGV, 2 do
-      local known = false
-      if ARGV[i] ~= '' then
-        known = redis.call('HGET', KEYS[3], ARGV[i])
-      end
-      if not known then
-        replay = false
-        break
-      end
-      local seq = tonumber(known)
-      if seq == following then
-        following = following + 1
-      elseif seq > following then
-        replay = false
-        break
-      end
-      ids[#ids + 1] = known
-    end
-    if replay and following > expected + 1 then
-      return ids
-    end
-    return {'!conflict', tostring(current)}
-  end
-end
-local ids = {}
-for i = 2, #ARGV, 2 do
-  local message_id = ARGV[i]
-  local known = false
-  if message_id ~= '' then
-    known = redis.call('HGET', KEYS[3], message_id)
-  end
-  if known then
-    ids[#ids + 1] = known
-  else
-    local seq = redis.call('INCR', KEYS[1])
-    local log_id = string.format('%012d', seq)
-    redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
-    if message_id ~= '' then
-      redis.call('HSET', KEYS[3], message_id, log_id)
-    end
-    ids[#ids + 1] = log_id
-  end
-end
-return ids
-"""
-
-# KEYS: offload hash. ARGV: handle, messages JSON, ttl in milliseconds (0 = none).
-_PUT_LUA = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return 0
-end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return 1
-"""
-
 
 @contextmanager
 def _translated(what: str) -> Iterator[None]:
@@ -207,7 +123,7 @@ class RedisStateStore(_RedisBackend):
 
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         super().__init__(client, prefix)
-        self._save = client.register_script(_SAVE_LUA)
+        self._save = client.register_script(SAVE_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisStateStore:
@@ -269,7 +185,7 @@ class RedisMessageLog(_RedisBackend):
 
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         super().__init__(client, prefix)
-        self._append = client.register_script(_APPEND_LUA)
+        self._append = client.register_script(APPEND_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
@@ -306,7 +222,7 @@ class RedisMessageLog(_RedisBackend):
                 pipe.evalsha(self._append.sha, len(keys), *keys, *args)
                 listed, ids = pipe.execute(raise_on_error=False)
                 if isinstance(ids, NoScriptError) and attempt == 0:
-                    self._client.script_load(_APPEND_LUA)  # e.g. after a server restart
+                    self._client.script_load(APPEND_LUA)  # e.g. after a server restart
                     continue
                 for result in (listed, ids):
                     if isinstance(result, Exception):
@@ -392,7 +308,7 @@ class RedisOffloadStore(_RedisBackend):
         if ttl_seconds is not None and ttl_seconds <= 0:
             raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
-        self._put = client.register_script(_PUT_LUA)
+        self._put = client.register_script(PUT_LUA)
 
     @classmethod
     def from_url(

@@ -55,6 +55,25 @@ def test_current_round_folds_internal_user_messages_with_no_assistant_after_them
     assert len(ctx.get_raw_messages()) == 6  # the log keeps them
 
 
+def test_current_round_default_span_takes_tool_results_and_the_trailing_reminder() -> None:
+    # Spec 8.1 #8: prefix = [user], compress = the rest incl. tool results and the reminder
+    from ctxcore.processors.current_round import CurrentRoundCompressor
+
+    ctx = ContextEngine().create_context("c")
+    messages: list[AnyMessage] = [
+        UserMessage(content="fix it"),
+        AssistantMessage(content="", tool_calls=[ToolCall(id="c1", name="read")]),
+        ToolMessage(content="file", tool_call_id="c1"),
+        UserMessage(content=f"{SYSTEM_REMINDER} tests must pass"),
+    ]
+    span = CurrentRoundCompressor().span(ctx, messages)
+    assert (span.prefix, span.target, span.tail) == (messages[:1], messages[1:], [])
+    # An unfinished call after the reminder stays in the tail
+    open_call = AssistantMessage(content="", tool_calls=[ToolCall(id="c2", name="run")])
+    span = CurrentRoundCompressor().span(ctx, [*messages, open_call])
+    assert span.target == messages[1:] and span.tail == [open_call]
+
+
 def test_overflow_recovery_finds_the_internal_messages() -> None:
     engine = ContextEngine({"context_window_tokens": 4000})
     ctx = engine.create_context(
