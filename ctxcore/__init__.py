@@ -12,6 +12,7 @@ from ctxcore.errors import (
     CursorNotFoundError,
     InvalidKeyError,
     InvalidMessageError,
+    InvalidWindowError,
     ModelError,
     StoreError,
     StoreUnavailable,
@@ -26,7 +27,7 @@ from ctxcore.messages import (
     to_openai,
 )
 from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
-from ctxcore.window import ContextStats, ContextWindow, Violation, check_window
+from ctxcore.window import ContextStats, ContextWindow, Violation, check_window, close_interrupted_tool_calls
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "EstimateCounter",
     "InvalidKeyError",
     "InvalidMessageError",
+    "InvalidWindowError",
     "ModelError",
     "StoreError",
     "StoreUnavailable",
@@ -53,6 +55,7 @@ __all__ = [
     "UserMessage",
     "Violation",
     "check_window",
+    "close_interrupted_tool_calls",
     "from_openai",
     "to_openai",
 ]

@@ -3,7 +3,9 @@
 A pure function (no I/O but what the rule callable does, no model call), shared by the
 distributed fast path and the evaluation harness so both measure exactly the same thing.
 
-Guarantees, in precedence order: the window passes ``check_window``; both anchors are in it
+Guarantees, in precedence order: the window passes ``check_window`` (calls interrupted by a
+later message are answered first, see ``close_interrupted_tool_calls``; anything else is
+``InvalidWindowError``, never served); both anchors are in it
 verbatim (or ``BudgetExceeded`` when system + tools + anchors alone are over budget); it is
 within the budget. When the blocks plus the rule-processed tail are over budget (workers
 behind), a deterministic fallback shapes the served window only, never the saved state:
@@ -18,16 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ctxcore.errors import BudgetExceeded
+from ctxcore.counting import tolerant
+from ctxcore.errors import BudgetExceeded, InvalidWindowError
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View
 from ctxcore.pipeline.render import head_tail
 from ctxcore.pipeline.stages import truncate_blocks
+from ctxcore.protocol import check_window, close_interrupted_tool_calls
 from ctxcore.state.models import CompressionState
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import UserDetector, steps
-from ctxcore.window import ContextStats, check_window, compute_stats
+from ctxcore.window import ContextStats, compute_stats
 
 __all__ = ["RuleFn", "WindowResult", "assemble_window", "elided_marker"]
 
@@ -74,6 +78,7 @@ def assemble_window(
     ``tail`` are the raw log messages after ``state.covered_until`` and ``pinned`` the log
     messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
     """
+    counter = tolerant(counter)  # a counter that raises must not stop the window being served
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
     anchor_ids = view.anchor_id_set()
     by_id = view.messages_by_id()
@@ -85,7 +90,10 @@ def assemble_window(
         raise BudgetExceeded(budget_tokens, system_tokens, tools_tokens, anchor_tokens)
 
     raw_tokens = view.tokens(counter)
-    ruled_tail = list(rules(list(tail))) if rules is not None else list(tail)
+    # Answer interrupted calls before the rules and the budget see the tail: the added
+    # results are part of what is served and counted.
+    closed_tail = close_interrupted_tool_calls(tail)
+    ruled_tail = list(rules(closed_tail)) if rules is not None else closed_tail
     current = replace(view, tail=tuple(ruled_tail))
     fallback = False
     elided: list[tuple[str, str]] = []
@@ -117,8 +125,8 @@ def assemble_window(
 
     messages = current.messages()
     problems = check_window(messages)
-    if problems:  # a rule or the fallback broke the protocol: never serve that
-        raise AssertionError(f"assembled window violates the protocol: {problems[:3]}")
+    if problems:  # e.g. a state saved by an older version: never serve that
+        raise InvalidWindowError(problems, state.version)
     context = current.context_messages()
     stats = compute_stats(list(system_messages), context, list(tools), counter, detector)
     return WindowResult(

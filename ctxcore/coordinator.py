@@ -2,8 +2,10 @@
 
 Each call loads the state, reads only the log after its cursor, runs one pure pipeline
 stage and saves with compare-and-swap. A lost race is ``outcome="conflict"`` (re-plan), a
-model failure ``"failed"`` with the previous state untouched; a cursor missing from the
-log raises ``CursorNotFoundError`` instead of silently starting over.
+model failure ``"failed"`` with the previous state untouched, a result whose view breaks
+the chat protocol ``"rejected"`` (``error_kind="invalid_summary"``, state untouched: it is
+deterministic, so retrying cannot help); a cursor missing from the log raises
+``CursorNotFoundError`` instead of silently starting over.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ctxcore.counting import tolerant
 from ctxcore.errors import CtxcoreError, CursorNotFoundError, StoreError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
+from ctxcore.pipeline.checks import rejected_view_error, view_violations
 from ctxcore.pipeline.stages import Summarizer
 from ctxcore.pipeline.targets import build_targets, eligible_raw, message_tokens
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore
@@ -24,11 +28,13 @@ from ctxcore.summarize.strategies import model as model_strategy
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, turns
 
-__all__ = ["Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
+__all__ = ["INVALID_SUMMARY", "Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["compressed", "skipped", "failed", "conflict"]
+Outcome = Literal["compressed", "skipped", "failed", "conflict", "rejected"]
+INVALID_SUMMARY = "invalid_summary"
+"""``error_kind`` of a ``rejected`` result: the stage's output would break the chat protocol."""
 DEFAULT_BUDGET = 128_000
 
 
@@ -94,7 +100,7 @@ class Coordinator:
             )
         self.state_store = state_store
         self.log = log
-        self.counter = counter
+        self.counter = tolerant(counter)
         self.model_for = model_for
         self.summarizer = summarizer
         self.trigger = trigger
@@ -272,6 +278,13 @@ class Coordinator:
         )
         if not result.changed:
             return out
+        new_view = view.with_blocks(result.blocks, result.covered_until, version=state.version + 1)
+        violations = view_violations(new_view)
+        if violations:
+            error = rejected_view_error(view, stage.kind, key, violations)
+            out.outcome, out.error, out.error_kind = "rejected", str(error), INVALID_SUMMARY
+            out.detail = f"{len(violations)} protocol violation(s); first: {violations[0].rule}"
+            return out
         new_state = CompressionState(
             blocks=result.blocks, covered_until=result.covered_until, pinned=result.pinned
         )
@@ -279,7 +292,7 @@ class Coordinator:
             out.outcome, out.state, out.detail = "conflict", self.load(key), "another writer saved first"
             return out
         saved = new_state.model_copy(update={"version": state.version + 1})
-        out.view = view.with_blocks(saved.blocks, saved.covered_until, version=saved.version)
+        out.view = new_view
         out.state, out.outcome, out.tokens_after = saved, "compressed", result.tokens_after
         return out
 

@@ -15,7 +15,6 @@ Deviations from the reference are listed in the docstrings of the methods concer
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -24,9 +23,11 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+from ctxcore.counting import tolerant
 from ctxcore.engine_config import ContextEngineConfig, validate_config
+from ctxcore.engine_state import ContextSnapshot, dump_snapshot, load_snapshot, offload_handles
 from ctxcore.errors import ConfigError, CtxcoreError, InvalidMessageError
-from ctxcore.messages import AnyMessage, SystemMessage, messages_from_json, messages_to_json
+from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
 from ctxcore.processors.events import CompressionStateEvent, ProcessorFailure, StateReporter, Subscriber
 from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME, reload_tool_definition
@@ -44,9 +45,9 @@ from ctxcore.window import (
     ContextWindow,
     apply_window_limits,
     compute_stats,
-    drop_leading_tool_messages,
     resolve_context_max,
 )
+from ctxcore.window_repair import served_context
 
 __all__ = ["AsyncModelContext", "CompressResult", "ContextEngine", "ContextEngineConfig", "ModelContext"]
 
@@ -56,7 +57,6 @@ CompressResult = Literal["compressed", "noop", "busy"]
 ProcessorSpec = tuple[str, Any] | ContextProcessor[Any]
 
 LOCK_WARN_SECONDS = 120.0
-STATE_FORMAT = 1
 _ID_WIDTH = 12
 T = TypeVar("T")
 
@@ -79,10 +79,6 @@ def _check_messages(messages: Any, what: str = "messages") -> list[AnyMessage]:
             )
         out.append(message)
     return out
-
-
-def _dump(messages: Sequence[AnyMessage]) -> list[Any]:
-    return list(json.loads(messages_to_json(messages)))
 
 
 class ModelContext:
@@ -129,6 +125,9 @@ class ModelContext:
         )
         self.last_window_access: float | None = None
         self.last_failures: list[ProcessorFailure] = []
+        # The log id the view had reached when it was last rewritten: provider usage reported
+        # with replies up to it describes requests the view no longer makes.
+        self.usage_fresh_after: str | None = None
         self._raw: list[AnyMessage] = []
         self._by_id: dict[str, AnyMessage] = {}
         self._view: list[AnyMessage] = []
@@ -140,7 +139,9 @@ class ModelContext:
         self._data_lock = threading.RLock()
         self._processor_lock = threading.Lock()
         self._states = StateReporter(subscribers)
-        self._ops = OperationReporter(self._states, token_counter, self.context_max, context_id)
+        self._ops = OperationReporter(
+            self._states, tolerant(token_counter), self.context_max, context_id, detector
+        )
 
     # --- ids and the log ---------------------------------------------------------------
 
@@ -240,6 +241,7 @@ class ModelContext:
         checked = _check_messages(messages, "set_messages")
         with self._data_lock:
             self._view = self._own_ids(checked)
+            self.usage_fresh_after = f"{len(self._raw):0{_ID_WIDTH}d}"
 
     def pop_messages(self, count: int = 1) -> list[AnyMessage]:
         """Remove and return the newest ``count`` messages of the view (the log keeps them)."""
@@ -248,6 +250,8 @@ class ModelContext:
         with self._data_lock:
             cut = max(len(self._view) - count, 0)
             popped, self._view = self._view[cut:], self._view[:cut]
+            if popped:
+                self.usage_fresh_after = f"{len(self._raw):0{_ID_WIDTH}d}"
             return popped
 
     @contextmanager
@@ -326,6 +330,7 @@ class ModelContext:
             [*self.get_messages(), *batch],
             partial(processor.on_add_messages, self, batch, **kwargs),
             after,
+            model=processor.model_name(),
         )
         return outcome[1] if outcome is not None else batch
 
@@ -337,10 +342,13 @@ class ModelContext:
         dialogue_round: int | None = None,
         **kwargs: Any,
     ) -> ContextWindow:
-        """The window to send: windowing, window hooks, leading-orphan fix, statistics.
+        """The window to send: windowing, window hooks, protocol repairs, statistics.
 
         ``window_size`` (counting system messages) and ``dialogue_round`` override the
-        config defaults; deviation from spec 2.4: neither ever drops an anchor.
+        config defaults; deviation from spec 2.4: neither ever drops an anchor. The repairs
+        touch the served window only: tool and assistant messages before the first user
+        message are dropped and interrupted tool calls answered (``served_context``); a
+        window still breaking the protocol raises ``InvalidWindowError``.
         """
         for name, value in (("window_size", window_size), ("dialogue_round", dialogue_round)):
             if value is not None and value <= 0:
@@ -361,7 +369,7 @@ class ModelContext:
             )
             for name, processor in self.processors:
                 window = self._run_window(name, processor, window, kwargs)
-            window.context_messages = drop_leading_tool_messages(window.context_messages)
+            window.context_messages = served_context(window.context_messages, self.key)
             if self.config.enable_reload and not any(
                 t.get("function", {}).get("name") == RELOAD_TOOL_NAME for t in window.tools
             ):
@@ -398,6 +406,7 @@ class ModelContext:
             window.get_messages(),
             partial(processor.on_get_context_window, self, window, **kwargs),
             ContextWindow.get_messages,
+            model=processor.model_name(),
         )
         return outcome[1] if outcome is not None else window
 
@@ -460,6 +469,7 @@ class ModelContext:
                 view,
                 partial(processor.on_compress, self, view, **kwargs),
                 list,
+                model=processor.model_name(),
             )
             if outcome is not None and outcome[0] is not None:
                 self.set_messages(outcome[1])
@@ -480,41 +490,46 @@ class ModelContext:
     # --- persistence ---------------------------------------------------------------------
 
     def save_state(self) -> dict[str, Any]:
-        """A JSON-ready snapshot: log, view, derived ids, TTL clock, processor states."""
+        """A JSON-ready snapshot: log, view, derived ids, TTL clock, processor states, and the
+        originals the view's offload markers point to (so ``reload`` works after a restore)."""
         with self._data_lock:
-            return {
-                "format": STATE_FORMAT,
-                "context_id": self.context_id,
-                "session_id": self.session_id,
-                "raw": _dump(self._raw),
-                "view": _dump(self._view),
-                "derived": sorted(self._derived),
-                "derived_seq": self._derived_seq,
-                "last_window_access": self.last_window_access,
-                "processors": [{"type": name, "state": p.save_state()} for name, p in self.processors],
-            }
+            view = list(self._view)
+            snapshot = ContextSnapshot(
+                raw=list(self._raw),
+                view=view,
+                derived=sorted(self._derived),
+                derived_seq=self._derived_seq,
+                last_window_access=self.last_window_access,
+                processors=[{"type": name, "state": p.save_state()} for name, p in self.processors],
+                usage_fresh_after=self.usage_fresh_after,
+            )
+        for handle in offload_handles(view):
+            found = self.offload_store.get(self.key, handle)
+            if found is not None:
+                snapshot.offloads[handle] = found
+        return dump_snapshot(snapshot, self.context_id, self.session_id)
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore what ``save_state`` returned (the processor chain must be the same).
 
+        Saved offloads are written to this context's offload store (an existing handle is
+        kept: handles are content hashes). Snapshots of format 1 (without offloads) load too.
+
         Raises:
             CtxcoreError: the snapshot is of another format or another processor chain.
         """
-        if state.get("format") != STATE_FORMAT:
-            raise CtxcoreError(f"unsupported context state format {state.get('format')!r}")
-        saved = state.get("processors", [])
-        if [s.get("type") for s in saved] != [name for name, _ in self.processors]:
-            raise CtxcoreError("the saved state was made with another processor chain")
-        raw = messages_from_json(json.dumps(state["raw"]))
-        view = messages_from_json(json.dumps(state["view"]))
+        snapshot = load_snapshot(state, [name for name, _ in self.processors])
+        for handle, messages in snapshot.offloads.items():
+            self.offload_store.put_if_absent(self.key, validate_handle(handle), messages)
         with self._data_lock:
-            self._raw = raw
-            self._by_id = {str(m.context_message_id): m for m in raw}
-            self._view = view
-            self._derived = set(state.get("derived", []))
-            self._derived_seq = int(state.get("derived_seq", 0))
-            self.last_window_access = state.get("last_window_access")
-        for (_, processor), entry in zip(self.processors, saved, strict=True):
+            self._raw = snapshot.raw
+            self._by_id = {str(m.context_message_id): m for m in snapshot.raw}
+            self._view = snapshot.view
+            self._derived = set(snapshot.derived)
+            self._derived_seq = snapshot.derived_seq
+            self.last_window_access = snapshot.last_window_access
+            self.usage_fresh_after = snapshot.usage_fresh_after
+        for (_, processor), entry in zip(self.processors, snapshot.processors, strict=True):
             processor.load_state(entry.get("state", {}))
 
 
@@ -687,6 +702,7 @@ class ContextEngine:
             )
             if history_messages:
                 context.set_messages(context._append_to_log(_check_messages(history_messages, "history")))
+                context.usage_fresh_after = None  # the history as given: its usage still holds
             self._contexts[pool_key] = context
             return context
 

@@ -5,6 +5,12 @@ Every message says what was wrong and what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ctxcore.protocol import Violation
+
 
 class CtxcoreError(Exception):
     """Base class of every error ctxcore raises on purpose."""
@@ -62,7 +68,18 @@ class StoreUnavailable(StoreError):
 
 
 class ConflictError(CtxcoreError):
-    """An optimistic-concurrency expectation did not hold (e.g. ``expected_last_id``)."""
+    """An optimistic-concurrency expectation did not hold (e.g. ``expected_last_id``).
+
+    ``last_id`` is the log's actual last id when the expectation was about the log (None
+    for an empty log or another kind of conflict): a client can retry against it.
+    """
+
+    def __init__(
+        self, message: str, *, last_id: str | None = None, expected_last_id: str | None = None
+    ) -> None:
+        self.last_id = last_id
+        self.expected_last_id = expected_last_id
+        super().__init__(message)
 
 
 class CursorNotFoundError(StoreError):
@@ -78,3 +95,27 @@ class ModelError(CtxcoreError):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(f"{kind}: {message}")
+
+
+class InvalidWindowError(CtxcoreError):
+    """A window about to be served breaks the chat protocol (``check_window`` violations).
+
+    Never served: the model would reject it. Usually the saved compaction state is at
+    fault (e.g. written by an older version); roll the conversation back to an earlier
+    version (``ctxcore rollback``) or delete it.
+    """
+
+    def __init__(
+        self,
+        violations: Sequence[Violation],
+        state_version: int,
+        *,
+        where: str | None = None,
+        remedy: str = "roll the conversation back to an earlier state version or delete it",
+    ) -> None:
+        self.violations = list(violations)
+        self.state_version = state_version
+        shown = "; ".join(f"{v.rule} at {v.index}: {v.detail}" for v in self.violations[:3])
+        more = f" (+{len(self.violations) - 3} more)" if len(self.violations) > 3 else ""
+        where = where or f"window of state version {state_version}"
+        super().__init__(f"the {where} breaks the chat protocol: {shown}{more}; {remedy}")

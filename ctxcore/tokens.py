@@ -176,18 +176,55 @@ def image_tokens_for_size(width: int, height: int, detail: str = "auto") -> int:
     return max(85 + 170 * tiles, patches)
 
 
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float) and value > 0 and float(value).is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return None
+
+
+def stamped_size(*sources: Any) -> tuple[int, int] | None:
+    """A ``width``/``height`` pair or ``dimensions: "WxH"`` stamped on the first source that has one."""
+    for source in sources:
+        if not isinstance(source, Mapping):
+            continue
+        width, height = _positive_int(source.get("width")), _positive_int(source.get("height"))
+        if width and height:
+            return width, height
+        dims = source.get("dimensions")
+        if isinstance(dims, str):
+            w, sep, h = dims.lower().replace("×", "x").partition("x")
+            width, height = _positive_int(w), _positive_int(h)
+            if sep and width and height:
+                return width, height
+    return None
+
+
 def image_part_tokens(part: Mapping[str, Any]) -> int:
-    """Tokens of one image content part: priced by its dimensions when they can be read."""
+    """Tokens of one image content part, priced by its dimensions when they are known.
+
+    A size stamped on the part or its ``image_url`` (``width``/``height``, or
+    ``dimensions: "WxH"``) is used first, before the payload's header is parsed (a remote
+    URL has no payload to parse): 100x100 costs 255.
+    """
     override = os.environ.get("CTXCORE_IMAGE_PLACEHOLDER_TOKENS")
     if override and override.isdigit():
         return int(override)
     detail = "auto"
     payload: bytes | None = None
+    image = part.get("image_url")
+    if isinstance(image, Mapping):
+        detail = str(image.get("detail") or part.get("detail") or "auto")
+    if detail == "low":
+        return LOW_DETAIL_IMAGE_TOKENS
+    stamped = stamped_size(part, image, part.get("source"))
+    if stamped is not None:
+        return image_tokens_for_size(stamped[0], stamped[1], detail)
     if part.get("type") == "image_url":
-        image = part.get("image_url")
         url = image.get("url") if isinstance(image, Mapping) else image
-        if isinstance(image, Mapping):
-            detail = str(image.get("detail") or "auto")
         if isinstance(url, str) and url.startswith("data:") and "," in url:
             payload = _decode_head(url.split(",", 1)[1])
     elif part.get("type") == "image":

@@ -142,12 +142,17 @@ def tool_callers(messages: Sequence[AnyMessage]) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Step:
-    """Messages ``[start, end)`` forming one API round; ``complete`` when closed."""
+    """Messages ``[start, end)`` forming one API round; ``complete`` when closed.
+
+    ``interrupted``: a user message came while calls were unanswered (the user stopped the
+    tool), so no result will come; the step is complete and cancelled.
+    """
 
     start: int
     end: int
     assistant: int | None
     complete: bool
+    interrupted: bool = False
 
 
 def steps(messages: Sequence[AnyMessage]) -> list[Step]:
@@ -155,7 +160,11 @@ def steps(messages: Sequence[AnyMessage]) -> list[Step]:
 
     A round closes at an assistant message without tool calls, or when every call of an
     assistant message has its result. Trailing messages that close nothing form a final
-    incomplete step, as does an assistant whose calls never all got results.
+    incomplete step, as does an assistant whose calls never all got results before the next
+    assistant message. A user message arriving while calls are unanswered closes the step
+    as complete and ``interrupted``: a deliberate exception to "a step with a missing tool
+    result is never summarised", since once the user speaks no result will come (served
+    windows answer such calls with ``close_interrupted_tool_calls``).
     """
     out: list[Step] = []
     start = 0
@@ -176,6 +185,9 @@ def steps(messages: Sequence[AnyMessage]) -> list[Step]:
             if not pending:
                 out.append(Step(start, i + 1, assistant, True))
                 start, assistant = i + 1, None
+        elif isinstance(message, UserMessage) and pending and assistant is not None:
+            out.append(Step(start, i, assistant, True, interrupted=True))
+            start, assistant, pending = i, None, set()
     if start < len(messages):
         out.append(Step(start, len(messages), assistant, False))
     return out
@@ -234,6 +246,8 @@ def _make_turn(messages: Sequence[AnyMessage], start: int, end: int) -> Turn:
     if last_assistant is not None and not _has_calls(messages[last_assistant]):
         final = last_assistant
     complete = final is not None and all(s.complete for s in steps(messages[start : final + 1]))
+    # The next turn's user message is what interrupts a call left open at this turn's end.
+    cancelled = cancelled or any(s.interrupted for s in steps(messages[start : end + 1]))
     return Turn(start, end, final, complete, failed, cancelled)
 
 

@@ -1,4 +1,8 @@
-"""Context windows: the served message list, its statistics, windowing and validation."""
+"""Context windows: the served message list, its statistics and windowing.
+
+The protocol rules (``check_window``, ``close_interrupted_tool_calls``, the leading-orphan
+fixes) live in ``ctxcore.protocol`` and are re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage
+from ctxcore.counting import tolerant
+from ctxcore.messages import AnyMessage
+from ctxcore.protocol import (
+    Violation,
+    check_window,
+    close_interrupted_tool_calls,
+    drop_leading_orphans,
+    drop_leading_tool_messages,
+)
 from ctxcore.tokens import TokenCounter
-from ctxcore.turns import UserDetector, anchors, tool_callers, turns
+from ctxcore.turns import UserDetector, anchors, turns
 
 __all__ = [
     "DEFAULT_CONTEXT_MAX_TOKENS",
@@ -19,7 +31,9 @@ __all__ = [
     "Violation",
     "apply_window_limits",
     "check_window",
+    "close_interrupted_tool_calls",
     "compute_stats",
+    "drop_leading_orphans",
     "drop_leading_tool_messages",
     "resolve_context_max",
     "resolve_ratio_token_threshold",
@@ -86,8 +100,9 @@ def compute_stats(
     """Exact statistics of a window under ``counter``.
 
     ``total_tokens`` is what a request with these messages and tools costs: the figure
-    every budget comparison uses.
+    every budget comparison uses. A counter that raises is estimated (``tolerant``).
     """
+    counter = tolerant(counter)
     stats = ContextStats()
     for message in (*system_messages, *context_messages):
         tokens = _message_tokens(counter, message)
@@ -113,18 +128,11 @@ def window_tokens(
     messages: Sequence[AnyMessage], tools: Sequence[Mapping[str, Any]], counter: TokenCounter
 ) -> int:
     """Tokens of a request holding ``messages`` and ``tools``."""
+    counter = tolerant(counter)
     return counter.count_messages(messages) + counter.count_tools(tools)
 
 
 # --- windowing (spec 2.4 step 3, anchors kept) --------------------------------------------
-
-
-def drop_leading_tool_messages(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
-    """Spec 2.4 step 5: tool results at the head have lost their call; drop them."""
-    start = 0
-    while start < len(messages) and isinstance(messages[start], ToolMessage):
-        start += 1
-    return list(messages[start:])
 
 
 def apply_window_limits(
@@ -234,76 +242,3 @@ def resolve_context_max(
 def resolve_ratio_token_threshold(context_max: int, ratio: float) -> int:
     """``max(int(context_max * ratio), 1)``."""
     return max(int(context_max * ratio), 1)
-
-
-# --- validation -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One protocol rule a message list breaks, at ``index``."""
-
-    index: int
-    rule: str
-    detail: str
-
-
-def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
-    """Every protocol violation in a message list as sent to a chat model.
-
-    Rules: ``system_after_non_system``; ``orphan_tool_result`` (a tool message that does
-    not answer a call of the nearest preceding assistant message, with only tool messages
-    in between); ``duplicate_tool_result`` (two results for one call of one assistant
-    message); ``missing_tool_result`` (a call without its result, unless its assistant
-    message and results are the in-flight tail of the list).
-    """
-    violations: list[Violation] = []
-    seen_other = False
-    for i, message in enumerate(messages):
-        if isinstance(message, SystemMessage):
-            if seen_other:
-                violations.append(
-                    Violation(i, "system_after_non_system", "system messages must all come before the others")
-                )
-        else:
-            seen_other = True
-
-    callers = tool_callers(messages)
-    answered: dict[int, set[str]] = {}
-    for i, message in enumerate(messages):
-        if not isinstance(message, ToolMessage):
-            continue
-        caller = callers.get(i)
-        if caller is None:
-            violations.append(
-                Violation(
-                    i,
-                    "orphan_tool_result",
-                    f"tool result for call {message.tool_call_id!r} does not answer a call of the "
-                    "assistant message directly before it",
-                )
-            )
-            continue
-        got = answered.setdefault(caller, set())
-        if message.tool_call_id in got:
-            violations.append(
-                Violation(i, "duplicate_tool_result", f"second result for call {message.tool_call_id!r}")
-            )
-        got.add(message.tool_call_id)
-
-    for i, message in enumerate(messages):
-        if not isinstance(message, AssistantMessage) or not message.tool_calls:
-            continue
-        missing = [c.id for c in message.tool_calls if c.id not in answered.get(i, set())]
-        if not missing:
-            continue
-        j = i + 1
-        while j < len(messages) and isinstance(messages[j], ToolMessage):
-            j += 1
-        if j == len(messages):
-            continue  # the in-flight tail: results are still to come
-        violations.append(
-            Violation(i, "missing_tool_result", f"tool calls without a result: {', '.join(missing)}")
-        )
-    violations.sort(key=lambda v: v.index)
-    return violations

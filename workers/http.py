@@ -24,7 +24,9 @@ Status codes: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``); 403 
 unknown conversation, **an invalid conversation id** and another tenant's conversation
 alike (the body is byte-identical, so a caller learns nothing about ids it does not own;
 an invalid id cannot name an existing conversation, so 404 is also simply true); 409
-(``If-Match`` mismatch, or a compaction holding the conversation's lock during DELETE);
+(``If-Match`` mismatch, with the log's ``last_id`` and ``ETag``; ``invalid_window`` when the saved
+state cannot be served without breaking the chat protocol, naming the violations: roll back;
+or a compaction holding the conversation's lock during DELETE);
 413 (body over ``http.max_body_bytes``, checked before any parsing); 422 (invalid message,
 naming its index and field; ``BudgetExceeded`` with its three sizes; malformed request);
 429 (per-tenant token bucket, with ``Retry-After``); 503 (store outage, ``Retry-After: 1``).
@@ -55,6 +57,7 @@ from ctxcore.errors import (
     ConflictError,
     InvalidKeyError,
     InvalidMessageError,
+    InvalidWindowError,
     StoreUnavailable,
 )
 from ctxcore.messages import from_openai, message_text, to_openai
@@ -257,6 +260,10 @@ class ErrorBody(BaseModel):
     tools_tokens: int | None = None
     anchor_tokens: int | None = None
     last_id: str | None = Field(default=None, description="conflict: the log's actual last id")
+    state_version: int | None = Field(default=None, description="invalid_window: the state served")
+    violations: list[dict[str, Any]] | None = Field(
+        default=None, description="invalid_window: the protocol violations (index, rule, detail)"
+    )
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -265,7 +272,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or unknown bearer token",
         403: "The tenant's conversation limit is reached",
         404: "No such conversation (or not this tenant's)",
-        409: "If-Match does not match the log, or the conversation is busy",
+        409: "If-Match does not match the log, the conversation is busy, or its state cannot be served",
         413: "Request body too large",
         422: "Invalid message, budget exceeded or malformed body",
         429: "Rate limited (see Retry-After)",
@@ -346,6 +353,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def conflict(_: Request, exc: Exception) -> JSONResponse:
         return ApiError(409, "conflict", str(exc)).response()
 
+    async def invalid_window(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InvalidWindowError)
+        log.warning("not serving an invalid window: %s", exc)
+        violations = [{"index": v.index, "rule": v.rule, "detail": v.detail} for v in exc.violations]
+        return ApiError(
+            409, "invalid_window", str(exc), state_version=exc.state_version, violations=violations
+        ).response()
+
     async def invalid_key(_: Request, exc: Exception) -> JSONResponse:
         return _not_found().response()
 
@@ -376,6 +391,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidMessageError, invalid_message)
     app.add_exception_handler(BudgetExceeded, budget_exceeded)
     app.add_exception_handler(ConflictError, conflict)
+    app.add_exception_handler(InvalidWindowError, invalid_window)
     app.add_exception_handler(InvalidKeyError, invalid_key)
     app.add_exception_handler(RequestValidationError, invalid_request)
     for kind in (
@@ -610,7 +626,8 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         try:
             ids = api.service.append(key, messages, expected_last_id=expected)
         except ConflictError as exc:
-            last = runtime.log.last_id(key)
+            # The last id the atomic check saw: no second read that could see a later one.
+            last = exc.last_id
             raise ApiError(
                 409,
                 "conflict",
@@ -630,14 +647,16 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     @app.post(
         f"{conv}/window",
         response_model=WindowResponse,
-        responses=_errors(401, 404, 413, 422, 429, 503),
+        responses=_errors(401, 404, 409, 413, 422, 429, 503),
         tags=["conversations"],
     )
     def get_window(conversation_id: ConversationId, body: WindowRequest, tenant: Tenant) -> WindowResponse:
         """The window to send to the model: system messages first, within ``budget_tokens``.
 
         Never calls a model; asks for background compaction when the conversation is over
-        its trigger. 422 ``budget_exceeded`` when system + tools + anchors alone do not fit.
+        its trigger. 422 ``budget_exceeded`` when system + tools + anchors alone do not fit;
+        409 ``invalid_window`` (with the violations) when the saved state cannot be served
+        without breaking the chat protocol: roll the conversation back.
         """
         key = api.require(tenant, conversation_id)
         try:

@@ -78,7 +78,7 @@ class Runtime:
     def log(self) -> MessageLog:
         """The raw message log."""
         if self.settings.database.url:
-            from ctxcore.state.sql import SqlMessageLog
+            from ctxcore.state.sql_log import SqlMessageLog
 
             log = SqlMessageLog(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
             log.setup()

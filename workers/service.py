@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
-from ctxcore.errors import ConflictError, InvalidMessageError
+from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, message_text
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.protocol import drop_leading_tool_messages, interrupted_by_user
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
+from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
@@ -94,7 +96,9 @@ class ContextService:
 
         Raises ``InvalidMessageError`` naming the index of the first bad message (system
         messages are rejected: they come with each window request) and ``ConflictError``
-        when ``expected_last_id`` is not the log's last id.
+        (with the log's ``last_id``) when ``expected_last_id`` is not where the log ends,
+        checked atomically inside the append; a replay of a call that succeeded returns its
+        ids instead (every message needs a ``message_id`` for that).
         """
         limits = self.settings.service
         if len(messages) > limits.max_messages_per_append:
@@ -108,24 +112,45 @@ class ContextService:
                 )
             if len(message_text(message)) > limits.max_message_chars:
                 raise InvalidMessageError(i, "content", f"longer than {limits.max_message_chars} characters")
-        if expected_last_id is not None:
-            last = self.log.last_id(key)
-            if last != expected_last_id:
-                raise ConflictError(
-                    f"{key}: expected last log id {expected_last_id!r}, the log ends at {last!r}"
-                )
         state = self.state_store.load(key)
-        tail = self.log.read_after(key, state.covered_until if state else None)
+        tail = self._validation_tail(key, state.covered_until if state else None, expected_last_id)
         logged_ids = {t.message_id for t in tail if t.message_id}
-        fresh = [m for m in messages if not (m.message_id and m.message_id in logged_ids)]
-        problems = check_window([*tail, *fresh])
+        fresh = [(i, m) for i, m in enumerate(messages) if not (m.message_id and m.message_id in logged_ids)]
+        checked = [*tail, *(m for _, m in fresh)]
+        # An unanswered call followed by a user message is an interrupted step: accepted, and
+        # closed in every served window (``close_interrupted_tool_calls``).
+        problems = [
+            p
+            for p in check_window(checked)
+            if not (p.rule == "missing_tool_result" and interrupted_by_user(checked, p.index))
+        ]
         if problems:
             first = problems[0]
-            index = first.index - len(tail)
             # A problem located in the log tail is caused by the new messages (e.g. a missing
             # tool result now followed by something else): blame the first new message.
-            raise InvalidMessageError(max(index, 0), first.rule, first.detail)
-        return self.log.append(key, list(messages))
+            at = first.index - len(tail)
+            index = fresh[at][0] if at >= 0 else (fresh[0][0] if fresh else 0)
+            raise InvalidMessageError(index, first.rule, first.detail)
+        return self.log.append(key, list(messages), expected_last_id=expected_last_id)
+
+    def _validation_tail(
+        self, key: ConversationKey, cursor: str | None, expected_last_id: str | None
+    ) -> list[AnyMessage]:
+        """The log the new messages must follow: after the cursor, up to ``expected_last_id``.
+
+        Under ``If-Match`` validation sees the log the conditional append will see (the
+        append itself re-checks atomically); a replay is validated as its first call was.
+        """
+        expected = expected_seq(expected_last_id)
+        if expected is None or expected < 1:
+            return self.log.read_after(key, cursor)
+        after = parse_log_id(cursor) if cursor is not None else 0
+        if after < expected:
+            return self.log.read_range(key, format_log_id(after + 1), format_log_id(expected))
+        # The state already covers the expected id (compaction ran since): the context a
+        # batch needs is the end of the last step before it, which starts after tool results.
+        before = self.log.read_range(key, format_log_id(max(expected - 63, 1)), format_log_id(expected))
+        return drop_leading_tool_messages(before)
 
     # --- windows ----------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import Task
 
+from ctxcore.coordinator import INVALID_SUMMARY
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
 from ctxcore.summarize.errors import TRANSIENT_KINDS
@@ -133,6 +134,12 @@ def _run_stage(
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
         summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
+    elif result.outcome == "rejected":
+        # Deterministic (the same view gives the same invalid summary): no retry; the
+        # stage is exhausted and planning moves on to the next kind.
+        rt.metrics.inc("ctxcore_failures_total", kind=INVALID_SUMMARY)
+        summary["error_kind"] = result.error_kind
+        summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
     else:
         kind = result.error_kind or "unknown"
         rt.metrics.inc("ctxcore_failures_total", kind=kind if kind in _KNOWN_KINDS else "other")
@@ -160,6 +167,7 @@ _KNOWN_KINDS = frozenset(
         "unknown",
         "summarizer_empty",
         "circuit_open",
+        INVALID_SUMMARY,
     }
 )
 

@@ -145,7 +145,7 @@ class FullPolicy(Policy):
             elif result.outcome == "conflict":
                 continue
             else:
-                if result.outcome == "failed":
+                if result.outcome in ("failed", "rejected"):
                     failures.append(f"{stage.kind}: {result.error_kind}: {result.error}")
                 exhausted.append(stage.kind)
         return done, failures

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ctxcore.errors import ModelError
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
+from ctxcore.pipeline.checks import rejected_view_error, view_violations
 from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageResult
 from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.targets import Target, build_targets, message_tokens, targets_for_stage
@@ -644,8 +645,10 @@ def compress_until_target(
 ) -> PipelineRun:
     """Run stages until ``view`` fits ``config.target_tokens`` or no stage can help.
 
-    A stage whose model call fails or that does not make the view smaller is marked
-    exhausted and the next kind is tried, ending with the deterministic hard truncate.
+    A stage whose model call fails, that does not make the view smaller or whose result
+    breaks the chat protocol (a custom summariser's orphan tool result, say: skipped, with
+    an ``InvalidWindowError`` in ``errors``) is marked exhausted and the next kind is tried,
+    ending with the deterministic hard truncate.
     """
     run = PipelineRun(view=view)
     exhausted: set[str] = set()
@@ -663,5 +666,11 @@ def compress_until_target(
         if not result.changed:
             exhausted.add(stage.kind)
             continue
-        run.view = run.view.with_blocks(result.blocks, result.covered_until, version=run.view.version + 1)
+        adopted = run.view.with_blocks(result.blocks, result.covered_until, version=run.view.version + 1)
+        violations = view_violations(adopted)
+        if violations:
+            run.errors.append((stage.kind, rejected_view_error(run.view, stage.kind, "view", violations)))
+            exhausted.add(stage.kind)
+            continue
+        run.view = adopted
     return run

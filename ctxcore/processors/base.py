@@ -71,6 +71,10 @@ class ContextProcessor(Generic[C]):
         name = cls.__dict__.get("_processor_type")
         return name if isinstance(name, str) else cls.__name__
 
+    def model_name(self) -> str:
+        """The summarisation model this processor calls, for state events ("" when none)."""
+        return ""
+
     # --- add ---------------------------------------------------------------------------
 
     def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:

@@ -3,7 +3,8 @@
 Spec 4.3: the span starts right after the intent anchor (the last real user message) and
 ends before the last ``keep_recent_messages`` (widened so no kept tool result loses its
 call) and before any unfinished tool step. Internal user messages after the anchor (older
-snapshots, re-injected state, reminders) are summarised too.
+snapshots, re-injected state, reminders) are summarised too, into one new
+``<memory_block_current>`` right after the anchor, also when no assistant message follows them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import Field
 
 from ctxcore.markers import MEMORY_BLOCK_CURRENT
-from ctxcore.messages import AnyMessage
+from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.processors.base import ProcessorConfig, register_processor
 from ctxcore.processors.snapshot_compressor import (
     SnapshotCompressor,
@@ -59,4 +60,9 @@ class CurrentRoundCompressor(SnapshotCompressor):
         keep = adjust_keep_recent_for_tool_boundaries(messages, self.config.keep_recent_messages)  # type: ignore[attr-defined]
         split = max(len(messages) - keep, start)
         end = start + complete_prefix(messages[start:split])
+        # Internal user messages after the finished work (older snapshots, re-injected
+        # state, reminders) are folded too, even with no assistant message after them: they
+        # are no step of their own, and overflow recovery must find them (spec 4.3).
+        while end < split and isinstance(messages[end], UserMessage):
+            end += 1
         return Span(list(messages[:start]), list(messages[start:end]), list(messages[end:]))

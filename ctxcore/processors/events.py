@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from ctxcore.window import ContextStats
+
 __all__ = [
     "HISTORY_LIMIT",
     "CompressionStateEvent",
@@ -70,11 +72,13 @@ class ContextEvent:
 
 @dataclass(frozen=True)
 class Sizes:
-    """The view's size at one moment: messages, tokens, share of the context window."""
+    """The view's size at one moment: messages, tokens, share of the context window, and
+    when it was measured (ISO-8601 UTC with milliseconds, spec 3.6)."""
 
     messages: int
     tokens: int
     context_percent: int
+    time: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,11 @@ class ProcessorFailure:
 
 @dataclass(frozen=True)
 class CompressionStateEvent:
-    """The engine's report on one processor run (type ``context.compression_state``)."""
+    """The engine's report on one processor run (type ``context.compression_state``).
+
+    ``model`` is the compressor's summarisation model ("" for rule processors) and
+    ``statistic`` the ``ContextStats`` of ``after``, else of ``before`` (spec 3.6).
+    """
 
     operation_id: str
     status: Status
@@ -99,6 +107,8 @@ class CompressionStateEvent:
     summary: str
     before: Sizes | None = None
     after: Sizes | None = None
+    model: str = ""
+    statistic: ContextStats | None = None
     saved_messages: int = 0
     saved_tokens: int = 0
     saved_percent: float = 0.0

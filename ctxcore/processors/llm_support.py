@@ -12,7 +12,7 @@ from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract, Usage
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["ExecutorClient", "ModelClientSpec", "resolve_client", "usage_dict"]
+__all__ = ["ExecutorClient", "ModelClientSpec", "client_name", "resolve_client", "usage_dict"]
 
 _MODEL_KEYS = {"base_url", "name", "api_key_env", "timeout", "max_tokens", "temperature"}
 
@@ -36,6 +36,13 @@ ModelClientSpec = Annotated[
     BeforeValidator(_check_client),
     PlainSerializer(lambda v: v.model_dump() if hasattr(v, "model_dump") else getattr(v, "name", None)),
 ]
+
+
+def client_name(spec: Any) -> str:
+    """The model name a ``model_client`` spec stands for (``extractive`` when none is set)."""
+    if spec is None:
+        return "extractive"
+    return str(getattr(spec, "name", "") or "")
 
 
 def resolve_client(spec: Any, counter: TokenCounter) -> ModelClient:

@@ -24,7 +24,8 @@ from ctxcore.messages import AnyMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View, compress_until_target
 from ctxcore.processors.base import ContextProcessor, ProcessorConfig, register_processor
 from ctxcore.processors.events import ContextEvent, IdRange
-from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, resolve_client
+from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
+from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.window import ContextWindow
 
@@ -51,6 +52,9 @@ class RoundLevelCompressorConfig(ProcessorConfig):
     truncate_head_ratio: float = Field(default=0.2, gt=0, lt=1)
     truncated_marker: str = TRUNCATED
     compression_marker: str = ROUND_LEVEL_MEMORY_BLOCK
+    # Trigger on the provider's reported usage plus an estimate of what came after it
+    # (spec 2.5 ``usage_aware``); targets and statistics stay exact counts.
+    usage_aware_trigger: bool = False
 
     @model_validator(mode="after")
     def _order(self) -> Self:
@@ -89,23 +93,21 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
     config_model: ClassVar[type[ProcessorConfig]] = RoundLevelCompressorConfig
     kind = "compressor"
 
+    def model_name(self) -> str:
+        """The configured summarisation model's name."""
+        return client_name(self.config.model_client)
+
     def _threshold(self, ctx: ModelContext) -> int:
         if self.config.trigger_total_tokens is not None:
             return self.config.trigger_total_tokens
         return max(int(ctx.context_max * self.config.trigger_context_ratio), 1)
 
-    def _tokens(
-        self, ctx: ModelContext, messages: list[AnyMessage], system: list[AnyMessage], tools: list[Any]
-    ) -> int:
-        return ctx.token_counter.count_messages([*system, *messages]) + ctx.token_counter.count_tools(tools)
-
     # --- hooks -------------------------------------------------------------------------
 
     def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
-        """Over the trigger as served."""
-        return self._tokens(
-            ctx, window.context_messages, window.system_messages, window.tools
-        ) >= self._threshold(ctx)
+        """Over the trigger as served (usage-aware when ``usage_aware_trigger``)."""
+        total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
+        return total >= self._threshold(ctx)
 
     def on_get_context_window(
         self, ctx: ModelContext, window: ContextWindow, **kwargs: Any

@@ -13,6 +13,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from ctxcore.messages import AnyMessage
@@ -28,6 +30,8 @@ from ctxcore.processors.events import (
     summarise,
 )
 from ctxcore.tokens import TokenCounter
+from ctxcore.turns import UserDetector
+from ctxcore.window import ContextStats, compute_stats
 
 __all__ = ["OperationReporter"]
 
@@ -37,21 +41,39 @@ T = TypeVar("T")
 CANCELLATION = (KeyboardInterrupt, asyncio.CancelledError)
 
 
+def _now() -> str:
+    """ISO-8601 UTC time with milliseconds, as state events carry it."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
 class OperationReporter:
     """Runs hooks of one context and reports on them; collects the failures of an operation."""
 
-    def __init__(self, reporter: StateReporter, counter: TokenCounter, context_max: int, label: str) -> None:
+    def __init__(
+        self,
+        reporter: StateReporter,
+        counter: TokenCounter,
+        context_max: int,
+        label: str,
+        detector: UserDetector | None = None,
+    ) -> None:
         self.reporter = reporter
         self.counter = counter
+        self.detector = detector
         self.context_max = context_max
         self.failures: list[ProcessorFailure] = []
         self._ids = itertools.count(1)
         self._label = label
 
     def sizes(self, messages: Sequence[AnyMessage]) -> Sizes:
-        """Messages, tokens and window share of ``messages``."""
-        tokens = self.counter.count_messages(messages)
-        return Sizes(len(messages), tokens, percent_of(tokens, self.context_max))
+        """Messages, tokens and window share of ``messages``, measured now."""
+        return self.measure(messages)[0]
+
+    def measure(self, messages: Sequence[AnyMessage]) -> tuple[Sizes, ContextStats]:
+        """``sizes`` and the full statistics of ``messages`` (one count)."""
+        stats = compute_stats([], messages, [], self.counter, self.detector)
+        tokens = stats.total_tokens
+        return Sizes(len(messages), tokens, percent_of(tokens, self.context_max), _now()), stats
 
     def emit(
         self,
@@ -67,6 +89,8 @@ class OperationReporter:
         reason: str = "",
         error: str = "",
         duration_ms: float = 0.0,
+        model: str = "",
+        statistic: ContextStats | None = None,
     ) -> None:
         """Build and deliver one state event."""
         saved_tokens = before.tokens - after.tokens if before and after else 0
@@ -87,6 +111,8 @@ class OperationReporter:
                 ),
                 before=before,
                 after=after,
+                model=model,
+                statistic=statistic,
                 saved_messages=before.messages - after.messages if before and after else 0,
                 saved_tokens=saved_tokens,
                 saved_percent=round(saved_tokens / before.tokens * 100, 1)
@@ -113,15 +139,26 @@ class OperationReporter:
         before: Sequence[AnyMessage],
         hook: Callable[[], tuple[ContextEvent | None, T]],
         after: Callable[[T], Sequence[AnyMessage]],
+        *,
+        model: str = "",
     ) -> tuple[ContextEvent | None, T] | None:
         """Call ``hook`` with reporting; returns its (event, output), or None if it failed.
 
         ``before`` is what the processor starts from; ``after`` maps the hook's output to
-        the messages it leaves, for the size report.
+        the messages it leaves, for the size report; ``model`` names the processor's model.
         """
         operation_id = self.next_operation_id()
-        before_sizes = self.sizes(before)
-        self.emit("started", phase, processor, trigger, operation_id=operation_id, before=before_sizes)
+        before_sizes, before_stats = self.measure(before)
+        self.emit(
+            "started",
+            phase,
+            processor,
+            trigger,
+            operation_id=operation_id,
+            model=model,
+            before=before_sizes,
+            statistic=before_stats,
+        )
         started = time.perf_counter()
         try:
             event, output = hook()
@@ -131,10 +168,12 @@ class OperationReporter:
                 phase,
                 processor,
                 trigger,
-                operation_id=operation_id,
                 before=before_sizes,
+                statistic=before_stats,
                 reason="processor_cancelled",
                 error="cancelled",
+                operation_id=operation_id,
+                model=model,
             )
             raise
         except Exception as exc:
@@ -147,23 +186,30 @@ class OperationReporter:
                 phase,
                 processor,
                 trigger,
-                operation_id=operation_id,
                 before=before_sizes,
+                statistic=before_stats,
                 reason="processor_error",
                 error=f"{type(exc).__name__}: {exc}",
+                operation_id=operation_id,
+                model=model,
             )
             return None
         duration = (time.perf_counter() - started) * 1000
-        after_sizes = self.sizes(after(output)) if event is not None else before_sizes
+        if event is not None:
+            after_sizes, after_stats = self.measure(after(output))
+        else:
+            after_sizes, after_stats = replace(before_sizes, time=_now()), before_stats
         self.emit(
             "completed" if event is not None else "noop",
             phase,
             processor,
             trigger,
-            operation_id=operation_id,
             before=before_sizes,
             after=after_sizes,
+            statistic=after_stats,
             event=event,
             duration_ms=duration,
+            operation_id=operation_id,
+            model=model,
         )
         return event, output

@@ -19,8 +19,9 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.pipeline.view import BLOCK_META
 from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
-from ctxcore.processors.llm_support import ModelClientSpec, resolve_client, usage_dict
+from ctxcore.processors.llm_support import ModelClientSpec, client_name, resolve_client, usage_dict
 from ctxcore.processors.reinjection import build_recovered_context
+from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.summarize.dump import CompressionDump
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
@@ -51,6 +52,9 @@ class SnapshotCompressorConfig(ProcessorConfig):
     workspace_dir: str | None = None
     # Cut secrets from the text sent to the summarisation model (off only for a trusted model).
     redact_secrets: bool = True
+    # Trigger on the provider's reported usage plus an estimate of what came after it
+    # (spec 2.5 ``usage_aware``); the span's size and the benefit check stay exact counts.
+    usage_aware_trigger: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,12 +99,15 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
         """Which messages to summarise (no anchors, whole steps only)."""
         raise NotImplementedError
 
+    def model_name(self) -> str:
+        """The configured summarisation model's name."""
+        return client_name(self.config.model_client)
+
     # --- hooks -------------------------------------------------------------------------
 
     def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Over ``trigger_context_ratio`` of the window, with a span worth summarising."""
-        counter = ctx.token_counter
-        total = counter.count_messages(window.get_messages()) + counter.count_tools(window.tools)
+        total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
         if total < max(int(ctx.context_max * self.config.trigger_context_ratio), 1):
             return False
         return self._worth_it(ctx, window.context_messages)

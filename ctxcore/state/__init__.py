@@ -17,7 +17,8 @@ from ctxcore.state.models import CompressionState, SummaryBlock
 
 if TYPE_CHECKING:
     from ctxcore.state.redis import RedisMessageLog, RedisOffloadStore, RedisStateStore
-    from ctxcore.state.sql import SqlMessageLog, SqlOffloadStore, SqlStateStore
+    from ctxcore.state.sql import SqlOffloadStore, SqlStateStore
+    from ctxcore.state.sql_log import SqlMessageLog
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -44,7 +45,7 @@ _LAZY = {
     "RedisMessageLog": "ctxcore.state.redis",
     "RedisOffloadStore": "ctxcore.state.redis",
     "RedisStateStore": "ctxcore.state.redis",
-    "SqlMessageLog": "ctxcore.state.sql",
+    "SqlMessageLog": "ctxcore.state.sql_log",
     "SqlOffloadStore": "ctxcore.state.sql",
     "SqlStateStore": "ctxcore.state.sql",
 }

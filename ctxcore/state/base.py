@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ctxcore.errors import InvalidKeyError, InvalidMessageError, StoreError
+from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError
 from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
@@ -16,13 +16,16 @@ __all__ = [
     "MessageLog",
     "OffloadStore",
     "StateStore",
+    "append_conflict",
     "check_budget",
     "check_loggable",
     "decode_log_messages",
     "encode_log_message",
     "encode_state",
+    "expected_seq",
     "format_log_id",
     "parse_log_id",
+    "replayed_ids",
     "rollback_by_save",
 ]
 
@@ -74,10 +77,19 @@ class MessageLog(Protocol):
     Log ids are fixed-width strings whose string order is append order.
     """
 
-    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
-        """Append messages, returning their log ids. A message whose ``message_id`` is
-        already in the log is not appended again and gets its existing id back. System
-        messages are rejected (they come with each window request)."""
+    def append(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Append messages atomically, returning their log ids.
+
+        A message whose ``message_id`` is already in the log is not appended again and gets
+        its existing id back. System messages are rejected (they come with each window
+        request). With ``expected_last_id`` the batch is appended only if the log ends at
+        that id, checked in the same atomic step as the write; otherwise ``ConflictError``
+        carrying the log's ``last_id``. A replay of a call that succeeded is recognised and
+        returns its ids: every message has a logged ``message_id`` and the ids above
+        ``expected_last_id`` run consecutively right after it (see ``replayed_ids``).
+        """
         ...
 
     def read_after(
@@ -145,6 +157,54 @@ def parse_log_id(log_id: str) -> int:
     ):
         raise InvalidKeyError(f"invalid log id {log_id!r}: expected {LOG_ID_WIDTH} ASCII digits")
     return int(log_id)
+
+
+def expected_seq(expected_last_id: str | None) -> int | None:
+    """The counter value an ``expected_last_id`` names; None for no expectation.
+
+    An id that is not a log id (or names the empty log) gives -1, which no log ends at, so
+    the append reports a conflict naming the real last id instead of failing differently.
+    """
+    if expected_last_id is None:
+        return None
+    try:
+        seq = parse_log_id(expected_last_id)
+    except InvalidKeyError:
+        return -1
+    return seq if seq >= 1 else -1
+
+
+def replayed_ids(known: Sequence[int | None], expected: int) -> list[str] | None:
+    """The ids to return when a batch under ``expected_last_id`` replays a call that succeeded.
+
+    ``known[i]`` is the logged position of message i's ``message_id`` (None: no id, or not
+    logged). A replay has every message logged, and the distinct positions above
+    ``expected`` are ``expected+1, expected+2, ...`` in batch order, at least one of them
+    (positions at or below it are duplicates of older messages, as in the first call).
+    Without ``message_id`` a replay cannot be told from a stale writer: that is a conflict.
+    """
+    following = expected + 1
+    for seq in known:
+        if seq is None:
+            return None
+        if seq == following:
+            following += 1
+        elif seq > following:
+            return None
+    if following == expected + 1:
+        return None
+    return [format_log_id(seq) for seq in known if seq is not None]
+
+
+def append_conflict(key: ConversationKey, expected_last_id: str | None, last_seq: int) -> ConflictError:
+    """The ``ConflictError`` of an append whose ``expected_last_id`` is not where the log ends."""
+    last = format_log_id(last_seq) if last_seq > 0 else None
+    return ConflictError(
+        f"{key}: expected the log to end at {expected_last_id!r}, it ends at {last!r}; read the log "
+        "(or take the returned last id) and retry",
+        last_id=last,
+        expected_last_id=expected_last_id,
+    )
 
 
 def check_loggable(messages: Sequence[AnyMessage]) -> None:

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import (
     HISTORY_LIMIT,
+    append_conflict,
     check_budget,
     check_loggable,
     decode_log_messages,
     encode_log_message,
     encode_state,
+    expected_seq,
     format_log_id,
     parse_log_id,
+    replayed_ids,
     rollback_by_save,
 )
 from ctxcore.state.filesystem import validate_handle
@@ -102,13 +105,27 @@ class MemoryMessageLog:
         self._logs: dict[ConversationKey, _Log] = {}
         self._lock = threading.Lock()
 
-    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
-        """Append ``messages``; a known ``message_id`` gets its existing log id back."""
+    def append(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Append ``messages``; a known ``message_id`` gets its existing log id back.
+
+        ``expected_last_id`` is checked under the same lock as the write (``ConflictError``).
+        """
         check_loggable(messages)
+        if not messages:
+            return []
         encoded = [encode_log_message(m) for m in messages]
+        expected = expected_seq(expected_last_id)
         ids: list[str] = []
         with self._lock:
             log = self._logs.get(key) or _Log()
+            if expected is not None and expected != len(log.entries):
+                logged = [log.by_message_id.get(m.message_id) if m.message_id else None for m in messages]
+                replay = replayed_ids([parse_log_id(i) if i else None for i in logged], expected)
+                if replay is not None:
+                    return replay
+                raise append_conflict(key, expected_last_id, len(log.entries))
             for message, data in zip(messages, encoded, strict=True):
                 known = log.by_message_id.get(message.message_id) if message.message_id else None
                 if known is not None:

@@ -43,11 +43,13 @@ from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.base import (
     HISTORY_LIMIT,
+    append_conflict,
     check_budget,
     check_loggable,
     decode_log_messages,
     encode_log_message,
     encode_state,
+    expected_seq,
     format_log_id,
     parse_log_id,
     rollback_by_save,
@@ -55,6 +57,7 @@ from ctxcore.state.base import (
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_LUA
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
 
@@ -67,57 +70,6 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-
-# KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
-_SAVE_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-return 1
-"""
-
-# KEYS: counter, stream, dedupe hash. ARGV: pairs of (message_id or '', message JSON).
-# Every lookup precedes the writes of its message and nothing after a write can fail, so a
-# batch is appended whole; the counter advances in the same script as the write.
-_APPEND_LUA = """
-local ids = {}
-for i = 1, #ARGV, 2 do
-  local message_id = ARGV[i]
-  local known = false
-  if message_id ~= '' then
-    known = redis.call('HGET', KEYS[3], message_id)
-  end
-  if known then
-    ids[#ids + 1] = known
-  else
-    local seq = redis.call('INCR', KEYS[1])
-    local log_id = string.format('%012d', seq)
-    redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
-    if message_id ~= '' then
-      redis.call('HSET', KEYS[3], message_id, log_id)
-    end
-    ids[#ids + 1] = log_id
-  end
-end
-return ids
-"""
-
-# KEYS: offload hash. ARGV: handle, messages JSON, ttl in milliseconds (0 = none).
-_PUT_LUA = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return 0
-end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return 1
-"""
-
 
 @contextmanager
 def _translated(what: str) -> Iterator[None]:
@@ -171,7 +123,7 @@ class RedisStateStore(_RedisBackend):
 
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         super().__init__(client, prefix)
-        self._save = client.register_script(_SAVE_LUA)
+        self._save = client.register_script(SAVE_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisStateStore:
@@ -233,7 +185,7 @@ class RedisMessageLog(_RedisBackend):
 
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         super().__init__(client, prefix)
-        self._append = client.register_script(_APPEND_LUA)
+        self._append = client.register_script(APPEND_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
@@ -246,12 +198,18 @@ class RedisMessageLog(_RedisBackend):
     def _index(self, tenant_id: str) -> str:
         return f"{self.prefix}:tenant:{{{tenant_id}}}:conversations"
 
-    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
-        """Append ``messages`` atomically; a known ``message_id`` gets its existing log id back."""
+    def append(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Append ``messages`` atomically; a known ``message_id`` gets its existing log id back.
+
+        ``expected_last_id`` is checked inside the append script (``ConflictError``).
+        """
         check_loggable(messages)
+        expected = expected_seq(expected_last_id)
         if not messages:
             return []
-        args: list[str] = []
+        args: list[str] = ["" if expected is None else str(expected)]
         for message in messages:
             args += [message.message_id or "", encode_log_message(message)]
         keys = list(self._keys(key))
@@ -264,13 +222,16 @@ class RedisMessageLog(_RedisBackend):
                 pipe.evalsha(self._append.sha, len(keys), *keys, *args)
                 listed, ids = pipe.execute(raise_on_error=False)
                 if isinstance(ids, NoScriptError) and attempt == 0:
-                    self._client.script_load(_APPEND_LUA)  # e.g. after a server restart
+                    self._client.script_load(APPEND_LUA)  # e.g. after a server restart
                     continue
                 for result in (listed, ids):
                     if isinstance(result, Exception):
                         raise result
                 break
-        return [_text(i) for i in ids]
+        out = [_text(i) for i in ids]
+        if out and out[0] == "!conflict":
+            raise append_conflict(key, expected_last_id, int(out[1]))
+        return out
 
     def _xrange(self, key: ConversationKey, start: str, end: str, count: int | None) -> list[AnyMessage]:
         with _translated(f"read {key}"):
@@ -347,7 +308,7 @@ class RedisOffloadStore(_RedisBackend):
         if ttl_seconds is not None and ttl_seconds <= 0:
             raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
-        self._put = client.register_script(_PUT_LUA)
+        self._put = client.register_script(PUT_LUA)
 
     @classmethod
     def from_url(

@@ -12,6 +12,7 @@ counter advances in the same transaction as the rows. On SQLite every write tran
 ``BEGIN IMMEDIATE`` and ``busy_timeout`` is 10 s, so contending writers wait for the lock
 instead of failing or deadlocking on a lock upgrade.
 
+The message log is ``ctxcore.state.sql_log.SqlMessageLog``, on the same schema and helpers.
 The classes of one database should share an engine: ``SqlMessageLog(engine=state.engine)``.
 """
 
@@ -70,19 +71,14 @@ from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.base import (
     HISTORY_LIMIT,
     check_budget,
-    check_loggable,
-    decode_log_messages,
-    encode_log_message,
     encode_state,
-    format_log_id,
-    parse_log_id,
     rollback_by_save,
 )
 from ctxcore.state.filesystem import validate_handle
-from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 
-__all__ = ["SqlMessageLog", "SqlOffloadStore", "SqlStateStore", "create_store_engine"]
+__all__ = ["SqlOffloadStore", "SqlStateStore", "create_store_engine"]
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 """How long a SQLite writer waits for another's lock before giving up (StoreUnavailable)."""
@@ -455,121 +451,6 @@ class SqlStateStore(_SqlBackend):
                     set_={"budget_tokens": budget_tokens},
                 )
             )
-
-
-def _message_key(message_id: str) -> str:
-    # A fixed-size digest keeps the unique index small whatever the client's ids look like.
-    return hashlib.sha256(message_id.encode()).hexdigest()
-
-
-class SqlMessageLog(_SqlBackend):
-    """Append-only logs in SQL: rows keyed by (tenant, conversation, seq), ids from a counter row.
-
-    ``SqlMessageLog("sqlite:///ctx.db")`` or ``SqlMessageLog(engine=engine)``; call ``setup()`` once.
-    """
-
-    def append(self, key: ConversationKey, messages: Sequence[AnyMessage]) -> list[str]:
-        """Append ``messages`` in one transaction; a known ``message_id`` gets its existing log id back."""
-        check_loggable(messages)
-        if not messages:
-            return []
-        encoded = [
-            (_message_key(m.message_id) if m.message_id else None, encode_log_message(m)) for m in messages
-        ]
-        counter, log = self._t.log_counter, self._t.log
-        ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
-        with self._write(f"append to {key}") as conn:
-            # Create the counter row if needed and lock it: appends to one conversation queue here.
-            conn.execute(
-                self._insert(conn, counter)
-                .values(**ids, last_seq=0)
-                .on_conflict_do_nothing(index_elements=[counter.c.tenant_id, counter.c.conversation_id])
-            )
-            last = conn.execute(
-                select(counter.c.last_seq).where(self._where(counter, key)).with_for_update()
-            ).scalar_one()
-            wanted = {k for k, _ in encoded if k is not None}
-            known: dict[str, int] = {}
-            if wanted:
-                found = conn.execute(
-                    select(log.c.message_key, log.c.seq).where(
-                        self._where(log, key), log.c.message_key.in_(sorted(wanted))
-                    )
-                )
-                known = {row.message_key: row.seq for row in found}
-            log_ids: list[str] = []
-            rows: list[dict[str, Any]] = []
-            for message_key, data in encoded:
-                seq = known.get(message_key) if message_key is not None else None
-                if seq is None:
-                    last += 1
-                    seq = last
-                    rows.append({**ids, "seq": seq, "message_key": message_key, "data": data})
-                    if message_key is not None:
-                        known[message_key] = seq  # a duplicate later in the same batch
-                log_ids.append(format_log_id(seq))
-            if rows:
-                conn.execute(insert(log), rows)
-                conn.execute(update(counter).where(self._where(counter, key)).values(last_seq=last))
-        return log_ids
-
-    def _select(
-        self, key: ConversationKey, *conditions: ColumnElement[bool], limit: int | None
-    ) -> list[AnyMessage]:
-        log = self._t.log
-        query = select(log.c.seq, log.c.data).where(self._where(log, key), *conditions).order_by(log.c.seq)
-        if limit is not None:
-            query = query.limit(limit)
-        with self._read(f"read {key}") as conn:
-            rows = conn.execute(query).all()
-        return decode_log_messages([(format_log_id(row.seq), row.data) for row in rows])
-
-    def read_after(
-        self, key: ConversationKey, cursor: str | None, limit: int | None = None
-    ) -> list[AnyMessage]:
-        """Messages after ``cursor`` (from the start when None), oldest first."""
-        after = parse_log_id(cursor) if cursor is not None else 0
-        if limit is not None and limit < 1:
-            return []
-        return self._select(key, self._t.log.c.seq > after, limit=limit)
-
-    def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
-        """Messages with ``first <= log id <= last``."""
-        seq = self._t.log.c.seq
-        return self._select(key, seq >= parse_log_id(first), seq <= parse_log_id(last), limit=None)
-
-    def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
-        """One message, or None."""
-        found = self._select(key, self._t.log.c.seq == parse_log_id(log_id), limit=1)
-        return found[0] if found else None
-
-    def last_id(self, key: ConversationKey) -> str | None:
-        """The newest log id, or None."""
-        counter = self._t.log_counter
-        with self._read(f"last_id {key}") as conn:
-            last = conn.execute(select(counter.c.last_seq).where(self._where(counter, key))).scalar()
-        return format_log_id(last) if last else None
-
-    def delete(self, key: ConversationKey) -> None:
-        """Remove the log and its counter (ids of a later append start again from 1)."""
-        with self._write(f"delete {key}") as conn:
-            for table in (self._t.log_counter, self._t.log):
-                conn.execute(delete(table).where(self._where(table, key)))
-
-    def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
-        """A page of the tenant's conversation ids, in id order."""
-        validate_id(tenant_id, "tenant_id")
-        if after is not None:
-            validate_id(after, "conversation_id")
-        if limit < 1:
-            return []
-        counter = self._t.log_counter
-        query = select(counter.c.conversation_id).where(counter.c.tenant_id == tenant_id)
-        if after is not None:
-            query = query.where(counter.c.conversation_id > after)
-        query = query.order_by(counter.c.conversation_id).limit(limit)
-        with self._read(f"list conversations of {tenant_id}") as conn:
-            return list(conn.execute(query).scalars().all())
 
 
 class SqlOffloadStore(_SqlBackend):

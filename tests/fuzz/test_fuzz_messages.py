@@ -33,7 +33,7 @@ from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryOffloadStore,
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, anchors
-from ctxcore.window import check_window
+from ctxcore.window import check_window, close_interrupted_tool_calls
 from tests.chaos.helpers import LONG
 from workers.service import ContextService, InlineQueue
 
@@ -108,8 +108,9 @@ def _content(draw: st.DrawFn) -> Any:
 @st.composite
 def valid_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
     """Protocol-valid raw messages: turns with parallel tool calls (results in any order,
-    ids reused across steps), internal user messages, an optional in-flight tail whose
-    results may be missing."""
+    ids reused across steps), calls the user interrupted (a user message instead of the
+    remaining results), internal user messages, an optional in-flight tail whose results
+    may be missing."""
     out: list[dict[str, Any]] = []
     for t in range(draw(st.integers(1, 5))):
         content = draw(_content())
@@ -133,7 +134,11 @@ def valid_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
                 for k in range(width)
             ]
             out.append({"role": "assistant", "content": draw(_content()), "tool_calls": calls})
-            for k in draw(st.permutations(range(width))):
+            order = draw(st.permutations(range(width)))
+            interrupted = draw(st.integers(0, 6)) == 0
+            if interrupted:
+                order = order[: draw(st.integers(0, width - 1))]
+            for k in order:
                 result: dict[str, Any] = {
                     "role": "tool",
                     "tool_call_id": f"call_{k}",
@@ -142,6 +147,8 @@ def valid_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
                 if draw(st.integers(0, 5)) == 0:
                     result["metadata"] = {"is_error": True}
                 out.append(result)
+            if interrupted:
+                out.append({"role": "user", "content": "stop, do something else"})
         out.append({"role": "assistant", "content": draw(_content())})
     if draw(st.booleans()):
         out.append({"role": "user", "content": draw(_text()) or "latest"})
@@ -172,10 +179,11 @@ def _mutate(messages: list[dict[str, Any]], mutation: str, at: int) -> list[dict
     at = at % (len(out) + 1)
     if mutation == "drop_middle_result":
         tools = [i for i, m in enumerate(out) if m["role"] == "tool"]
-        # A result missing in the middle: something other than its step follows it.
+        # A result missing in the middle: an assistant message follows its step (a user
+        # message there would make it an interrupted call, which is valid).
         for i in tools:
-            rest = out[i + 1 :]
-            if any(m["role"] != "tool" for m in rest):
+            after = next((m for m in out[i + 1 :] if m["role"] != "tool"), None)
+            if after is not None and after["role"] == "assistant":
                 return out[:i] + out[i + 1 :]
         return None
     if mutation == "orphan_result":
@@ -255,7 +263,7 @@ def test_valid_sequences_are_accepted_and_every_window_is_sound(
     raw: list[dict[str, Any]], cuts: list[int], budget: int
 ) -> None:
     messages = from_openai(raw)
-    assert check_window(messages) == []
+    assert check_window(close_interrupted_tool_calls(messages)) == []  # interrupted calls: valid
     service = _service()
     bounds = sorted({0, len(messages), *(c % (len(messages) + 1) for c in cuts)})
     for start, end in itertools.pairwise(bounds):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -207,6 +208,91 @@ def test_if_match_mismatch_is_409(api: Api) -> None:
     # If-Match on a conversation that does not exist cannot hold.
     assert api.append("new", [_user("x")], headers={**AUTH_A, "If-Match": "000000000001"}).status_code == 409
     assert api.append("new", [_user("x")], headers={**AUTH_A, "If-Match": "*"}).status_code == 409
+
+
+def test_16_concurrent_appends_with_one_if_match_one_wins(api: Api) -> None:
+    first = api.append("c1", [_user("task")]).json()["last_id"]
+    clients = [TestClient(api.client.app) for _ in range(16)]
+    barrier = threading.Barrier(len(clients))
+    responses: dict[int, Any] = {}
+
+    def post(index: int) -> None:
+        barrier.wait()
+        responses[index] = clients[index].post(
+            f"{CONV}/c1/messages",
+            json={"messages": [_assistant(f"writer {index}", message_id=f"w{index}")]},
+            headers={**AUTH_A, "If-Match": f'"{first}"'},
+        )
+
+    pool = [threading.Thread(target=post, args=(i,)) for i in range(len(clients))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    codes = sorted(r.status_code for r in responses.values())
+    assert codes == [201] + [409] * 15
+    winner = next(i for i, r in responses.items() if r.status_code == 201)
+    for r in responses.values():
+        if r.status_code == 409:
+            assert r.json()["error"] == "conflict" and r.json()["last_id"] == "000000000002"
+            assert r.headers["ETag"] == '"000000000002"'
+    # The winner's retry after a lost response: 200, the same ids, nothing written twice
+    retry = clients[winner].post(
+        f"{CONV}/c1/messages",
+        json={"messages": [_assistant(f"writer {winner}", message_id=f"w{winner}")]},
+        headers={**AUTH_A, "If-Match": f'"{first}"'},
+    )
+    assert retry.status_code == 200 and retry.json() == responses[winner].json()
+    assert retry.headers["ETag"] == '"000000000002"'
+    assert len(api.runtime.log.read_after(ConversationKey("tenant-a", "c1"), None)) == 2
+    for client in clients:
+        client.close()
+
+
+def test_interrupted_call_is_accepted_and_closed_but_a_late_result_is_422(api: Api) -> None:
+    call = {"id": "cancel-1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    shape = [_user("run it"), _assistant("", tool_calls=[call]), _user("never mind"), _assistant("ok")]
+    assert api.append("c1", shape).status_code == 201
+    window = api.client.post(f"{CONV}/c1/window", json={"budget_tokens": 2000}, headers=AUTH_A).json()
+    roles = [m["role"] for m in window["messages"]]
+    assert roles == ["user", "assistant", "tool", "user", "assistant"]
+    closed = window["messages"][2]
+    assert closed["tool_call_id"] == "cancel-1" and closed["content"] == "[Tool execution interrupted]"
+    assert check_window(from_openai(window["messages"])) == []
+    # The log keeps the raw shape; a late result for the interrupted call is rejected
+    assert len(api.runtime.log.read_after(ConversationKey("tenant-a", "c1"), None)) == 4
+    late = api.append("c1", [{"role": "tool", "tool_call_id": "cancel-1", "content": "done"}])
+    assert late.status_code == 422 and late.json()["field"] == "orphan_tool_result"
+    # A call followed by another assistant message (no user in between) stays a 422
+    other = api.append("c2", [_user("go"), _assistant("", tool_calls=[call]), _assistant("moving on")])
+    assert other.status_code == 422 and other.json()["field"] == "missing_tool_result"
+    # An interrupted call followed by a user message is accepted in a later batch too
+    assert api.append("c3", [_user("go"), _assistant("", tool_calls=[call])]).status_code == 201
+    assert api.append("c3", [_user("stop")]).status_code == 201
+
+
+def test_unservable_state_is_409_invalid_window(api: Api) -> None:
+    api.append("c1", [_user("task"), _assistant("a"), _user("intent"), _assistant("b")])
+    key = ConversationKey("tenant-a", "c1")
+    # A state written by a buggy summariser: its block carries an orphan tool result
+    bad = CompressionState(
+        blocks=[
+            SummaryBlock(
+                block_id="b1",
+                first_id="000000000002",
+                last_id="000000000002",
+                messages=from_openai([{"role": "tool", "tool_call_id": "other", "content": "x"}]),
+            )
+        ],
+        covered_until="000000000002",
+        pinned=["000000000001"],
+    )
+    assert api.runtime.state_store.save(key, bad, expected_version=0)
+    r = api.client.post(f"{CONV}/c1/window", json={"budget_tokens": 2000}, headers=AUTH_A)
+    assert r.status_code == 409
+    body = r.json()
+    assert body["error"] == "invalid_window" and body["state_version"] == 1
+    assert body["violations"][0]["rule"] == "orphan_tool_result" and "roll" in body["detail"]
 
 
 def test_idempotent_append_by_message_id(api: Api) -> None:

@@ -11,7 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ctxcore.errors import InvalidKeyError, InvalidMessageError, StoreUnavailable
+from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreUnavailable
 from ctxcore.messages import (
     AnyMessage,
     AssistantMessage,
@@ -215,6 +215,108 @@ def test_concurrent_appends_get_unique_gap_free_ids(backend: Backend, conv_key: 
         assert shared_ids == [
             next(m.context_message_id for m in stored if m.text == f"shared {b}") for b in range(batches)
         ]
+
+
+def test_one_expected_last_id_lets_exactly_one_of_16_writers_in(
+    backend: Backend, conv_key: ConversationKey
+) -> None:
+    # Given a log ending at its first message and 16 writers (each its own client or
+    # engine: like 16 processes) that all read that last id
+    first = backend.log.append(conv_key, users("task"))[0]
+    writers = 16
+    logs = [backend.independent_log() for _ in range(writers)]
+    barrier = threading.Barrier(writers)
+    won: dict[int, list[str]] = {}
+    lost: dict[int, ConflictError] = {}
+    errors: list[BaseException] = []
+
+    def batch(index: int) -> list[AnyMessage]:
+        return [
+            AssistantMessage(content=None, tool_calls=[ToolCall(id="c", name="f")], message_id=f"w{index}-a"),
+            ToolMessage(content=f"result {index}", tool_call_id="c", message_id=f"w{index}-t"),
+        ]
+
+    def writer(index: int) -> None:
+        try:
+            barrier.wait()
+            won[index] = logs[index].append(conv_key, batch(index), expected_last_id=first)
+        except ConflictError as exc:
+            lost[index] = exc
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors[0]
+    # Then exactly one appended, the 15 others got a conflict naming where the log ends
+    assert len(won) == 1 and len(lost) == writers - 1
+    (winner, ids), = won.items()
+    assert ids == ["000000000002", "000000000003"]
+    assert {exc.last_id for exc in lost.values()} == {"000000000003"}
+    assert all(exc.expected_last_id == first for exc in lost.values())
+    stored = backend.log.read_after(conv_key, None)
+    assert [m.text for m in stored] == ["task", "", f"result {winner}"]
+    # And the winner's retry (its response was lost) gets the same ids, writing nothing
+    assert logs[winner].append(conv_key, batch(winner), expected_last_id=first) == ids
+    assert backend.log.last_id(conv_key) == "000000000003"
+    # While a loser retrying the same way still conflicts: its messages are not logged
+    loser = next(iter(lost))
+    with pytest.raises(ConflictError):
+        logs[loser].append(conv_key, batch(loser), expected_last_id=first)
+
+
+def test_expected_last_id_edge_cases(log: MessageLog, conv_key: ConversationKey) -> None:
+    # An empty log ends nowhere: any expectation is a conflict with last_id None
+    with pytest.raises(ConflictError) as info:
+        log.append(conv_key, users("x"), expected_last_id="000000000001")
+    assert info.value.last_id is None
+    assert log.last_id(conv_key) is None
+    ids = log.append(conv_key, [UserMessage(content="a", message_id="a"), UserMessage(content="b")])
+    # The current last id lets the batch in
+    assert log.append(conv_key, users("c"), expected_last_id=ids[-1]) == ["000000000003"]
+    # An older id, a future id and ids that are no log ids at all: conflicts naming the end
+    for stale in (ids[-1], "000000000099", "000000000000", "3", "not-an-id", ""):
+        with pytest.raises(ConflictError) as info:
+            log.append(conv_key, users("late"), expected_last_id=stale)
+        assert info.value.last_id == "000000000003", stale
+    # A replay needs every message's message_id: "c" had none, so it cannot be recognised
+    with pytest.raises(ConflictError):
+        log.append(conv_key, users("c"), expected_last_id=ids[-1])
+    # Known ids that do not follow the expected id are no replay either
+    with pytest.raises(ConflictError):
+        log.append(conv_key, [UserMessage(content="a", message_id="a")], expected_last_id=ids[-1])
+    # A replay whose batch held a duplicate and an older message is recognised
+    d = log.append(
+        conv_key,
+        [
+            UserMessage(content="d", message_id="d"),
+            UserMessage(content="d again", message_id="d"),
+            UserMessage(content="a", message_id="a"),
+            UserMessage(content="e", message_id="e"),
+        ],
+        expected_last_id="000000000003",
+    )
+    assert d == ["000000000004", "000000000004", "000000000001", "000000000005"]
+    log.append(conv_key, users("someone else"))
+    replay = [
+        UserMessage(content="d", message_id="d"),
+        UserMessage(content="d again", message_id="d"),
+        UserMessage(content="a", message_id="a"),
+        UserMessage(content="e", message_id="e"),
+    ]
+    assert log.append(conv_key, replay, expected_last_id="000000000003") == d
+    # Half a replay (one message new) conflicts and writes nothing
+    with pytest.raises(ConflictError):
+        log.append(
+            conv_key,
+            [UserMessage(content="d", message_id="d"), UserMessage(content="f", message_id="f")],
+            expected_last_id="000000000003",
+        )
+    stored = log.read_after(conv_key, None)
+    assert [m.text for m in stored] == ["a", "b", "c", "d", "e", "someone else"]
 
 
 def test_sqlite_writer_waits_for_a_held_lock(tmp_path: Path) -> None:

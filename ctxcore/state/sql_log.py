@@ -1,0 +1,158 @@
+"""The SQL message log (SQLAlchemy 2 Core), on the schema and helpers of ``ctxcore.state.sql``.
+
+Rows are keyed by (tenant, conversation, seq); ids come from the conversation's counter
+row, which every append locks (``SELECT ... FOR UPDATE``; on SQLite the write transaction
+itself is the lock), so ids are gap-free, the counter advances in the same transaction as
+the rows, and ``expected_last_id`` is checked against the locked counter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, insert, select, update
+
+from ctxcore.messages import AnyMessage
+from ctxcore.state.base import (
+    append_conflict,
+    check_loggable,
+    decode_log_messages,
+    encode_log_message,
+    expected_seq,
+    format_log_id,
+    parse_log_id,
+    replayed_ids,
+)
+from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.sql import _SqlBackend
+
+__all__ = ["SqlMessageLog"]
+
+
+def _message_key(message_id: str) -> str:
+    # A fixed-size digest keeps the unique index small whatever the client's ids look like.
+    return hashlib.sha256(message_id.encode()).hexdigest()
+
+
+class SqlMessageLog(_SqlBackend):
+    """Append-only logs in SQL: rows keyed by (tenant, conversation, seq), ids from a counter row.
+
+    ``SqlMessageLog("sqlite:///ctx.db")`` or ``SqlMessageLog(engine=engine)``; call ``setup()`` once.
+    """
+
+    def append(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Append ``messages`` in one transaction; a known ``message_id`` gets its existing log id back.
+
+        ``expected_last_id`` is checked against the locked counter row (``ConflictError``).
+        """
+        check_loggable(messages)
+        if not messages:
+            return []
+        expected = expected_seq(expected_last_id)
+        encoded = [
+            (_message_key(m.message_id) if m.message_id else None, encode_log_message(m)) for m in messages
+        ]
+        counter, log = self._t.log_counter, self._t.log
+        ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
+        with self._write(f"append to {key}") as conn:
+            # Create the counter row if needed and lock it: appends to one conversation queue here.
+            conn.execute(
+                self._insert(conn, counter)
+                .values(**ids, last_seq=0)
+                .on_conflict_do_nothing(index_elements=[counter.c.tenant_id, counter.c.conversation_id])
+            )
+            last = conn.execute(
+                select(counter.c.last_seq).where(self._where(counter, key)).with_for_update()
+            ).scalar_one()
+            wanted = {k for k, _ in encoded if k is not None}
+            known: dict[str, int] = {}
+            if wanted:
+                found = conn.execute(
+                    select(log.c.message_key, log.c.seq).where(
+                        self._where(log, key), log.c.message_key.in_(sorted(wanted))
+                    )
+                )
+                known = {row.message_key: row.seq for row in found}
+            if expected is not None and expected != last:
+                # Raising rolls back the transaction, the counter row it may have created too.
+                replay = replayed_ids([known.get(k) if k else None for k, _ in encoded], expected)
+                if replay is not None:
+                    return replay
+                raise append_conflict(key, expected_last_id, last)
+            log_ids: list[str] = []
+            rows: list[dict[str, Any]] = []
+            for message_key, data in encoded:
+                seq = known.get(message_key) if message_key is not None else None
+                if seq is None:
+                    last += 1
+                    seq = last
+                    rows.append({**ids, "seq": seq, "message_key": message_key, "data": data})
+                    if message_key is not None:
+                        known[message_key] = seq  # a duplicate later in the same batch
+                log_ids.append(format_log_id(seq))
+            if rows:
+                conn.execute(insert(log), rows)
+                conn.execute(update(counter).where(self._where(counter, key)).values(last_seq=last))
+        return log_ids
+
+    def _select(
+        self, key: ConversationKey, *conditions: ColumnElement[bool], limit: int | None
+    ) -> list[AnyMessage]:
+        log = self._t.log
+        query = select(log.c.seq, log.c.data).where(self._where(log, key), *conditions).order_by(log.c.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read(f"read {key}") as conn:
+            rows = conn.execute(query).all()
+        return decode_log_messages([(format_log_id(row.seq), row.data) for row in rows])
+
+    def read_after(
+        self, key: ConversationKey, cursor: str | None, limit: int | None = None
+    ) -> list[AnyMessage]:
+        """Messages after ``cursor`` (from the start when None), oldest first."""
+        after = parse_log_id(cursor) if cursor is not None else 0
+        if limit is not None and limit < 1:
+            return []
+        return self._select(key, self._t.log.c.seq > after, limit=limit)
+
+    def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
+        """Messages with ``first <= log id <= last``."""
+        seq = self._t.log.c.seq
+        return self._select(key, seq >= parse_log_id(first), seq <= parse_log_id(last), limit=None)
+
+    def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
+        """One message, or None."""
+        found = self._select(key, self._t.log.c.seq == parse_log_id(log_id), limit=1)
+        return found[0] if found else None
+
+    def last_id(self, key: ConversationKey) -> str | None:
+        """The newest log id, or None."""
+        counter = self._t.log_counter
+        with self._read(f"last_id {key}") as conn:
+            last = conn.execute(select(counter.c.last_seq).where(self._where(counter, key))).scalar()
+        return format_log_id(last) if last else None
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove the log and its counter (ids of a later append start again from 1)."""
+        with self._write(f"delete {key}") as conn:
+            for table in (self._t.log_counter, self._t.log):
+                conn.execute(delete(table).where(self._where(table, key)))
+
+    def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
+        """A page of the tenant's conversation ids, in id order."""
+        validate_id(tenant_id, "tenant_id")
+        if after is not None:
+            validate_id(after, "conversation_id")
+        if limit < 1:
+            return []
+        counter = self._t.log_counter
+        query = select(counter.c.conversation_id).where(counter.c.tenant_id == tenant_id)
+        if after is not None:
+            query = query.where(counter.c.conversation_id > after)
+        query = query.order_by(counter.c.conversation_id).limit(limit)
+        with self._read(f"list conversations of {tenant_id}") as conn:
+            return list(conn.execute(query).scalars().all())
