@@ -57,7 +57,7 @@ def test_count_bad_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
 def test_compact_offline_batch(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     with src.open("w") as fh:
-        for conv in list(conversations("minisweagent_dev.jsonl"))[:2]:
+        for conv in list(conversations("minisweagent.jsonl"))[:2]:
             fh.write(json.dumps({"id": conv["id"], "messages": conv["messages"]}) + "\n")
     dst = tmp_path / "out.jsonl"
     code, out = run_cli("compact", str(src), "--out", str(dst), "--budget", "8000")

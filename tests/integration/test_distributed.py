@@ -72,7 +72,7 @@ def test_end_to_end_swe_run_turn_by_turn(worker: Runtime) -> None:
 
     rt = worker
     service = build_service(rt, CeleryQueue())
-    conv = max(conversations("minisweagent_dev.jsonl"), key=lambda c: len(c["messages"]))
+    conv = max(conversations("minisweagent.jsonl"), key=lambda c: len(c["messages"]))
     msgs = from_openai(conv["messages"])
     system = [m for m in msgs if isinstance(m, SystemMessage)]
     rest: list[AnyMessage] = [m for m in msgs if not isinstance(m, SystemMessage)]
