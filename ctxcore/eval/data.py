@@ -1,6 +1,6 @@
 """Conversations to replay: JSONL records, message groups and the points where windows are taken.
 
-A record is ``{"id", "messages": [...], "qa"?: [...]}`` (``../shared/data`` format). Its
+A record is ``{"id", "messages": [...], "qa"?: [...]}`` (the format of ``tests/data``). Its
 ``meta`` is never read: it may hold the answers (rewards, gold actions).
 """
 
