@@ -1,18 +1,21 @@
-"""Benchmark: what each context policy keeps, side by side, across budgets (``ctxcore eval``).
+"""Benchmark: what every context policy keeps, side by side in one run per file and budget.
 
-For LoCoMo (budgets as a ratio of each conversation's tokens) and the mini-swe-agent runs
-(absolute budgets), every policy of ``ctxcore.eval`` (truncate, rules, current_round,
-dialogue, round_level, full) is replayed turn by turn with ``ExtractiveModel`` as the
-summariser, exactly as ``ctxcore eval FILE --policy P ...`` does. Per file and budget, one
-table row per policy: violations, anchor rate, peak window / budget, compression, LoCoMo QA
-(substring hit rate first, answer recall, the same for compacted questions, the control
-against the next conversation's answers and its flag) or tool-run needles (task anchor,
-edited paths, last error, final result), summariser calls and seconds. ``--plot`` draws
-retention vs budget per policy (needs matplotlib). Asserts nothing.
+Each (file, budget) is one ``ctxcore eval`` run of all nine policies (truncate, steps, mask,
+lossless, rules, current_round, dialogue, round_level, full) with ``steps`` as the baseline
+and ``ExtractiveModel`` as the summariser, exactly as
 
-    .venv/bin/python bench/retention.py                 # quick: 3 LoCoMo x {0.25, 0.5}, 5 SWE x {8k, 16k}
-    .venv/bin/python bench/retention.py --long          # all conversations, five budgets each
-    .venv/bin/python bench/retention.py --locomo-ratios 0.25 --swe-budgets 16000 --all
+    ctxcore eval FILE --policy truncate,steps,mask,lossless,rules,current_round,dialogue,round_level,full \\
+        (--budget N | --budget-ratio R)
+
+does. The mini-swe-agent runs are measured at 8k, 16k and 32k tokens (probes of the raw run,
+final / mean over windows), LoCoMo at 0.25 of each conversation's tokens (QA on the fixed
+compacted set). It prints one table per run and asserts nothing.
+
+    .venv/bin/python bench/retention.py                       # every conversation (about 10 min)
+    .venv/bin/python bench/retention.py --quick               # 5 SWE runs, 3 LoCoMo conversations
+    .venv/bin/python bench/retention.py --swe-budgets 16000 --locomo-ratios --json out.json
+
+Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """
 
 from __future__ import annotations
@@ -26,38 +29,37 @@ from pathlib import Path
 from typing import Any
 
 from ctxcore.eval import POLICIES, EvalConfig, evaluate_file
-from ctxcore.eval.report import format_row, summary_columns
+from ctxcore.eval.report import format_report
 
 DEFAULT_DATA = Path(
     os.environ.get("CTXCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
 )
-ORDER = ["truncate", "rules", "current_round", "dialogue", "round_level", "full"]
+ORDER = ["truncate", "steps", "mask", "lossless", "rules", "current_round", "dialogue", "round_level", "full"]
 
 
 def run(
-    path: Path, policies: list[str], budgets: list[float], limit: int | None, ratio: bool
-) -> list[dict[str, Any]]:
-    reports = []
-    for budget in budgets:
-        rows = []
-        for policy in policies:
-            config = EvalConfig(
-                policy=policy,
-                budget=None if ratio else int(budget),
-                budget_ratio=budget if ratio else None,
-                limit=limit,
-            )
-            report = evaluate_file(path, config)
-            report.pop("conversations", None)
-            reports.append(report)
-            rows.append({"policy": policy, **summary_columns(report["overall"])})
-            print(
-                f"  {path.name} {budget} {policy}: {report['elapsed_seconds']} s", file=sys.stderr, flush=True
-            )
-        label = f"x{budget} of each conversation" if ratio else f"{int(budget)} tokens"
-        print(f"\n{path.name}, budget {label}, {reports[-1]['overall']['conversations']} conversations\n")
-        print(format_row(rows))
-    return reports
+    path: Path, policies: list[str], budget: float, limit: int | None, ratio: bool, windows_out: Path | None
+) -> dict[str, Any]:
+    config = EvalConfig(
+        policies=policies,
+        budget=None if ratio else int(budget),
+        budget_ratio=budget if ratio else None,
+        limit=limit,
+        windows_out=windows_out,
+    )
+    started = time.perf_counter()
+    report = evaluate_file(
+        path,
+        config,
+        progress=lambda r: print(
+            f"  {r.id} {r.policy}: {r.elapsed_seconds:.1f} s", file=sys.stderr, flush=True
+        ),
+    )
+    print(format_report(report, per_conversation=False))
+    print(f"({time.perf_counter() - started:.0f} s)\n", flush=True)
+    for rep in report.get("reports", [report]):
+        rep.pop("conversations", None)
+    return report
 
 
 def plot(reports: list[dict[str, Any]], path: str) -> str:
@@ -67,40 +69,26 @@ def plot(reports: list[dict[str, Any]], path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "plot skipped: matplotlib is not installed (pip install matplotlib)"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+        return "plot skipped: matplotlib is not installed (pip install 'ctxcore[plot]')"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy in ORDER:
-        qa = sorted(
-            (r["budget_ratio"], r["overall"].get("compacted_answer_recall"))
-            for r in reports
-            if r["policy"] == policy and r["budget_ratio"] is not None
-        )
-        qa = [(x, y) for x, y in qa if y is not None]
-        if qa:
-            left.plot([x for x, _ in qa], [y for _, y in qa], marker="o", label=policy)
-        swe = []
-        for r in reports:
-            needles = r["overall"].get("needle_retention")
-            if r["policy"] == policy and r["budget"] is not None and needles:
-                values = [
-                    needles[k]
-                    for k in ("task_anchor", "edited_paths", "last_error", "final_result")
-                    if needles.get(k) is not None
-                ]
-                swe.append((r["budget"], sum(values) / len(values)))
-        if swe:
-            swe.sort()
-            right.plot([x for x, _ in swe], [y for _, y in swe], marker="o", label=policy)
-    left.set_xlabel("budget (share of each LoCoMo conversation's tokens)")
-    left.set_ylabel("answer recall, compacted questions")
-    left.set_ylim(0, 1)
-    left.set_title("LoCoMo: retention vs budget")
-    left.legend(fontsize=8)
-    right.set_xlabel("budget (tokens)")
-    right.set_ylabel("mean needle retention")
-    right.set_ylim(0, 1.05)
-    right.set_title("mini-swe-agent runs: retention vs budget")
-    right.legend(fontsize=8)
+        points = []
+        for report in reports:
+            if report.get("budget") is None:
+                continue
+            for rep in report.get("reports", [report]):
+                probes = rep["overall"].get("probes")
+                if rep["policy"] == policy and probes:
+                    values = [p["final"] for p in probes.values()]
+                    points.append((report["budget"], sum(values) / len(values)))
+        if points:
+            points.sort()
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=policy)
+    ax.set_xlabel("budget (tokens)")
+    ax.set_ylabel("mean probe retention, final windows")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("mini-swe-agent runs: retention vs budget")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -109,40 +97,44 @@ def plot(reports: list[dict[str, Any]], path: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--long", action="store_true", help="all conversations, five budgets per file")
-    parser.add_argument("--all", action="store_true", help="all conversations (with the given budgets)")
-    parser.add_argument("--locomo-ratios", type=float, nargs="*", help="LoCoMo budget ratios")
-    parser.add_argument("--swe-budgets", type=int, nargs="*", help="SWE budgets in tokens")
+    parser.add_argument("--quick", action="store_true", help="5 SWE runs and 3 LoCoMo conversations")
+    parser.add_argument("--locomo-ratios", type=float, nargs="*", default=[0.25], help="LoCoMo budget ratios")
+    parser.add_argument(
+        "--swe-budgets", type=int, nargs="*", default=[8000, 16000, 32000], help="SWE budgets"
+    )
     parser.add_argument("--policies", default=",".join(ORDER))
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--json", help="write every overall object here")
-    parser.add_argument("--plot", help="write retention vs budget here (PNG, needs matplotlib)")
+    parser.add_argument("--json", help="write every report (without per-conversation rows) here")
+    parser.add_argument("--windows-out", type=Path, help="a folder for each run's final windows (JSONL)")
+    parser.add_argument("--plot", help="write SWE retention vs budget here (PNG, needs matplotlib)")
     args = parser.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     for p in policies:
         if p not in POLICIES:
-            raise SystemExit(f"unknown policy {p!r}")
-    ratios = (
-        args.locomo_ratios
-        if args.locomo_ratios is not None
-        else ([0.1, 0.15, 0.25, 0.35, 0.5] if args.long else [0.25, 0.5])
-    )
-    budgets = (
-        args.swe_budgets
-        if args.swe_budgets is not None
-        else ([8000, 12000, 16000, 24000, 32000] if args.long else [8000, 16000])
-    )
-    every = args.long or args.all
+            raise SystemExit(f"unknown policy {p!r}; choices: {', '.join(POLICIES)}")
+    locomo, swe = args.data / "locomo.jsonl", args.data / "minisweagent_dev.jsonl"
+    if not swe.exists() or (args.locomo_ratios and not locomo.exists()):
+        raise SystemExit(f"no data in {args.data} (set CTXCORE_DATA_DIR)")
     started = time.perf_counter()
     reports: list[dict[str, Any]] = []
-    locomo, swe = args.data / "locomo.jsonl", args.data / "minisweagent_dev.jsonl"
-    if not locomo.exists() or not swe.exists():
-        raise SystemExit(f"no data in {args.data} (set CTXCORE_DATA_DIR)")
-    if ratios:
-        reports += run(locomo, policies, ratios, None if every else 3, ratio=True)
-    if budgets:
-        reports += run(swe, policies, [float(b) for b in budgets], None if every else 5, ratio=False)
-    print(f"\n{time.perf_counter() - started:.0f} s in total")
+
+    def out_file(label: str) -> Path | None:
+        if args.windows_out is None:
+            return None
+        args.windows_out.mkdir(parents=True, exist_ok=True)
+        return args.windows_out / f"{label}.jsonl"
+
+    for budget in args.swe_budgets:
+        print(f"## {swe.name}, budget {budget} tokens\n", flush=True)
+        reports.append(
+            run(swe, policies, budget, 5 if args.quick else None, False, out_file(f"swe-{budget}"))
+        )
+    for ratio in args.locomo_ratios:
+        print(f"## {locomo.name}, budget {ratio} of each conversation\n", flush=True)
+        reports.append(
+            run(locomo, policies, ratio, 3 if args.quick else None, True, out_file(f"locomo-{ratio}"))
+        )
+    print(f"{time.perf_counter() - started:.0f} s in total")
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=1))
     if args.plot:

@@ -46,7 +46,7 @@ if [[ $LONG -eq 1 ]]; then
     run soak bench/soak.py --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py --long
     run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
-    run retention bench/retention.py --long --plot "$OUT/retention.png" --json "$OUT/retention.json"
+    run retention bench/retention.py --plot "$OUT/retention.png" --json "$OUT/retention.json"
 else
     run rule_processors bench/rule_processors.py
     run store_latency bench/store_latency.py
@@ -56,7 +56,7 @@ else
     run soak bench/soak.py --duration 20 --conversations 20 --drain 20 --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py
     run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"
-    run retention bench/retention.py --plot "$OUT/retention.png" --json "$OUT/retention.json"
+    run retention bench/retention.py --quick --plot "$OUT/retention.png" --json "$OUT/retention.json"
 fi
 
 if [[ -n "$STARTED_REDIS" ]]; then

@@ -55,7 +55,7 @@ from typing import Any
 
 from ctxcore.eval.data import Conversation, QAItem, load_conversations
 from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy
-from ctxcore.eval.scoring import QATally, evidence_texts, score_qa
+from ctxcore.eval.scoring import QATally, compacted_questions, evidence_texts, score_qa
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, UserMessage, message_text
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -300,7 +300,8 @@ def _replay(
     result.final_tokens = counter.count_messages(messages)
     result.seconds = time.perf_counter() - started
     for questions, evidence in script.questions:
-        result.qa.add(score_qa(messages, questions, evidence))
+        # Compacted by this system's own final window (the bench compares systems, not a run).
+        result.qa.add(score_qa(messages, questions, compacted_questions(messages, questions, evidence)))
 
 
 def run_background(

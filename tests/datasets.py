@@ -45,3 +45,11 @@ def conversations(name: str | None = None, every: int = 1) -> Iterator[dict[str,
     """Raw conversation records of one file (or of all), every ``every``-th one."""
     for file in [name] if name else list(FILES):
         yield from _load(file)[::every]
+
+
+def swe_runs() -> Iterator[dict[str, Any]]:
+    """Every mini-swe-agent run: the three bundled with the package, then the slice."""
+    for record in _load("agent_runs.jsonl"):
+        if str(record.get("source", "")).startswith("mini-swe-agent"):
+            yield record
+    yield from _load("minisweagent.jsonl")

@@ -29,7 +29,17 @@ __all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
 
 
 # ``ctxcore.eval.POLICIES`` by name: importing the harness for every command would cost ~0.7 s.
-EVAL_POLICIES = ("truncate", "rules", "current_round", "dialogue", "round_level", "full")
+EVAL_POLICIES = (
+    "truncate",
+    "steps",
+    "mask",
+    "lossless",
+    "rules",
+    "current_round",
+    "dialogue",
+    "round_level",
+    "full",
+)
 
 
 def _check_eval_inputs(args: argparse.Namespace) -> int:
@@ -60,7 +70,7 @@ def _check_eval_inputs(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
-    """Replay conversations through a context policy and score every window (``ctxcore.eval``)."""
+    """Replay conversations through context policies and score every window (``ctxcore.eval``)."""
     total = _check_eval_inputs(args)
     from tqdm import tqdm
 
@@ -71,7 +81,9 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     settings = settings_for(args)
     counter = counter_for(args, settings)
     config = EvalConfig(
-        policy=args.policy,
+        policies=[p.strip() for p in args.policy.split(",") if p.strip()],
+        baseline=None if args.baseline == "none" else args.baseline,
+        windows_out=args.windows_out,
         budget=args.budget,
         budget_ratio=args.budget_ratio,
         limit=args.limit,
@@ -83,11 +95,13 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         model=build_model(settings.model, counter),
         counter=counter,
     )
-    with tqdm(total=total, unit="conv", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
+    # One step per (conversation, policy) replay, the unit of ``progress``.
+    runs = total * len(config.run_policies)
+    with tqdm(total=runs, unit="run", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
 
         def progress(result: Any) -> None:
             if args.progress:
-                bar.write(f"{result.id}: {result.elapsed_seconds:.1f}s", file=sys.stderr)
+                bar.write(f"{result.id} {result.policy}: {result.elapsed_seconds:.1f}s", file=sys.stderr)
             bar.update(1)
 
         report = evaluate_file(args.file, config, progress=progress)
@@ -97,6 +111,8 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
             json.dump(report, fh, indent=1, ensure_ascii=False)
             fh.write("\n")
         out.write(f"wrote {args.json}\n")
+    if args.windows_out:
+        out.write(f"wrote {args.windows_out}\n")
     if args.plot:
         plot_report(report, args.plot)
         out.write(f"wrote {args.plot}\n")
@@ -160,7 +176,9 @@ def environment_epilog() -> str:
     names = environment_variables()
     width = max(len(name) for name, _ in names)
     lines += [f"  {name:<{width}}  {default}" for name, default in names]
-    lines.append("<ID> is a tenant id; a tenant's null values and missing MODEL__* keys mean the global ones.")
+    lines.append(
+        "<ID> is a tenant id; a tenant's null values and missing MODEL__* keys mean the global ones."
+    )
     return "\n".join(lines)
 
 
@@ -248,9 +266,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="name each conversation that fails on stderr, write the others, exit 1",
     )
 
-    ev = command("eval", "replay conversations through a policy and score its windows", cmd_eval)
+    ev = command("eval", "replay conversations through policies and score their windows", cmd_eval)
     ev.add_argument("file", help="JSONL of {'id', 'messages': [...], 'qa'?: [...]}")
-    ev.add_argument("--policy", required=True, choices=EVAL_POLICIES, help="the context policy to replay")
+    ev.add_argument(
+        "--policy",
+        required=True,
+        metavar="NAME,...",
+        help=f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
+    )
+    ev.add_argument(
+        "--baseline",
+        default="steps",
+        help="policy wins and losses are counted against, added when missing ('none': no baseline)",
+    )
+    ev.add_argument(
+        "--windows-out",
+        metavar="FILE",
+        help="write each conversation's final window per policy here, JSONL (default: not written)",
+    )
     size = ev.add_mutually_exclusive_group(required=True)
     size.add_argument(
         "--budget",

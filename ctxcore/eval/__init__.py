@@ -1,8 +1,17 @@
-"""The evaluation harness behind ``ctxcore eval``: replay conversations through a policy and
-score every window it serves (protocol, anchors, budget) and the final one (QA answers,
-tool-run needles, compression). Pure library: no I/O beyond reading the data file."""
+"""The evaluation harness behind ``ctxcore eval``: replay conversations through context policies
+side by side with simple baselines, and score every window they serve (protocol, anchors,
+budget, probes of the raw run) and the final one (QA answers, probes, compression). Pure
+library: no I/O beyond reading the data file and the optional windows file."""
 
-from ctxcore.eval.harness import ConversationResult, EvalConfig, evaluate_conversation, evaluate_file
+from ctxcore.eval.harness import ConversationResult, evaluate_conversation
 from ctxcore.eval.policies import POLICIES
+from ctxcore.eval.runner import DEFAULT_BASELINE, EvalConfig, evaluate_file
 
-__all__ = ["POLICIES", "ConversationResult", "EvalConfig", "evaluate_conversation", "evaluate_file"]
+__all__ = [
+    "DEFAULT_BASELINE",
+    "POLICIES",
+    "ConversationResult",
+    "EvalConfig",
+    "evaluate_conversation",
+    "evaluate_file",
+]

@@ -1,7 +1,7 @@
 """Context policies the harness replays a conversation through, one instance per conversation.
 
-* ``truncate``: keep the newest messages that fit (the naive baseline; it does not protect
-  tool-call pairs or anchors, and its violations and anchor rate are reported as they are).
+The baselines (``truncate``, ``steps``, ``mask``, ``lossless``) live in ``baselines``. Here:
+
 * ``rules``: the default rule chain on the whole log, served by ``assemble_window`` (whose
   deterministic fallback leaves out the oldest steps when the rules are not enough).
 * ``full``: what the distributed service runs. Every window comes from ``assemble_window``
@@ -15,22 +15,28 @@
 
 from __future__ import annotations
 
-import re
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ctxcore.assemble import RuleFn, assemble_window
 from ctxcore.coordinator import Coordinator
 from ctxcore.engine import ContextEngine, ContextEngineConfig
-from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.errors import ConfigError
+from ctxcore.eval.baselines import LosslessPolicy, MaskPolicy, StepsPolicy, TruncatePolicy
+from ctxcore.eval.policy_base import (
+    CountingModel,
+    Policy,
+    PolicySetup,
+    PolicyWindow,
+    conversation_key,
+)
+from ctxcore.messages import AnyMessage
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.processors.current_round import CurrentRoundCompressor
+from ctxcore.processors.dialogue import DialogueCompressor
+from ctxcore.processors.round_level import RoundLevelCompressor
 from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
-from ctxcore.summarize.model import Completion, ModelClient, OutputContract
-from ctxcore.tokens import TokenCounter
-from ctxcore.turns import UserDetector
 
 __all__ = [
     "POLICIES",
@@ -41,84 +47,7 @@ __all__ = [
     "make_policy",
 ]
 
-TRIGGER_RATIO = 0.9
-TARGET_RATIO = 0.75
-KEEP_RECENT_MESSAGES = 4
 MAX_STAGES = 32
-
-
-class CountingModel:
-    """A ``ModelClient`` wrapper that counts summariser calls and the tokens sent to it."""
-
-    def __init__(self, inner: ModelClient, counter: TokenCounter) -> None:
-        self.inner = inner
-        self.counter = counter
-        self.calls = 0
-        self.input_tokens = 0
-        self.output_tokens = 0
-
-    @property
-    def name(self) -> str:
-        """The wrapped client's name."""
-        return self.inner.name
-
-    def complete(
-        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
-    ) -> Completion:
-        """Count the request (with this counter, whatever the model reports), then forward it."""
-        self.calls += 1
-        self.input_tokens += self.counter.count_messages(list(messages))
-        completion = self.inner.complete(messages, max_tokens=max_tokens, contract=contract)
-        self.output_tokens += completion.usage.output_tokens
-        return completion
-
-
-@dataclass
-class PolicySetup:
-    """What every policy of one conversation shares."""
-
-    conversation_id: str
-    budget: int
-    system: Sequence[AnyMessage]
-    tools: Sequence[Mapping[str, Any]]
-    counter: TokenCounter
-    model: CountingModel
-    detector: UserDetector
-    keep_recent_messages: int = KEEP_RECENT_MESSAGES
-    trigger_ratio: float = TRIGGER_RATIO
-    target_ratio: float = TARGET_RATIO
-
-
-@dataclass
-class PolicyWindow:
-    """A served window (system messages first) and how it was made."""
-
-    messages: list[AnyMessage]
-    fallback: bool = False
-    stages: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-
-class Policy(ABC):
-    """Receives appended message groups and serves windows."""
-
-    name: ClassVar[str] = ""
-
-    def __init__(self, setup: PolicySetup) -> None:
-        self.setup = setup
-
-    @abstractmethod
-    def append(self, messages: Sequence[AnyMessage]) -> None:
-        """Append one group (a user message, or an assistant step with its tool results)."""
-
-    @abstractmethod
-    def window(self) -> PolicyWindow:
-        """The window the model would be sent now (may raise ``BudgetExceeded``)."""
-
-
-def _conversation_key(conversation_id: str) -> ConversationKey:
-    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", conversation_id)[:120].lstrip(".") or "conversation"
-    return ConversationKey("eval", safe)
 
 
 def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadStore) -> RuleFn:
@@ -139,49 +68,6 @@ def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadSt
     return rules
 
 
-class TruncatePolicy(Policy):
-    """Keep the longest suffix of the conversation that fits the budget (naive baseline)."""
-
-    name = "truncate"
-
-    def __init__(self, setup: PolicySetup) -> None:
-        super().__init__(setup)
-        self.messages: list[AnyMessage] = []
-
-    def append(self, messages: Sequence[AnyMessage]) -> None:
-        """Remember the messages."""
-        self.messages.extend(messages)
-
-    def window(self) -> PolicyWindow:
-        """System messages plus the newest messages that fit."""
-        return PolicyWindow(truncate_window(self.setup, self.messages))
-
-
-def _priming(counter: TokenCounter) -> int:
-    """Tokens a request costs beyond its messages (the reply priming)."""
-    probe = UserMessage(content="x")
-    one = counter.count_messages([probe])
-    return 2 * one - counter.count_messages([probe, probe])
-
-
-def truncate_window(setup: PolicySetup, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
-    """The keep-newest window of ``messages`` within ``setup.budget``."""
-    counter = setup.counter
-    priming = _priming(counter)
-    system = list(setup.system)
-    used = counter.count_messages(system) + counter.count_tools(list(setup.tools))
-    if not system:
-        used += priming
-    start = len(messages)
-    for i in range(len(messages) - 1, -1, -1):
-        cost = counter.count_messages([messages[i]]) - priming
-        if used + cost > setup.budget:
-            break
-        used += cost
-        start = i
-    return [*system, *messages[start:]]
-
-
 class RulesPolicy(Policy):
     """The default rule chain over the whole log, served by ``assemble_window``."""
 
@@ -189,7 +75,7 @@ class RulesPolicy(Policy):
 
     def __init__(self, setup: PolicySetup) -> None:
         super().__init__(setup)
-        self.key = _conversation_key(setup.conversation_id)
+        self.key = conversation_key(setup.conversation_id)
         self.log = MemoryMessageLog()
         self.rules = _rule_fn(setup, self.key, MemoryOffloadStore())
 
@@ -210,7 +96,7 @@ class RulesPolicy(Policy):
             s.counter,
             detector=s.detector,
         )
-        return PolicyWindow(result.messages, fallback=result.fallback_applied)
+        return PolicyWindow(result.messages, list(s.tools), fallback=result.fallback_applied)
 
 
 class FullPolicy(Policy):
@@ -220,7 +106,7 @@ class FullPolicy(Policy):
 
     def __init__(self, setup: PolicySetup) -> None:
         super().__init__(setup)
-        self.key = _conversation_key(setup.conversation_id)
+        self.key = conversation_key(setup.conversation_id)
         self.log = MemoryMessageLog()
         self.states = MemoryStateStore()
         self.rules = _rule_fn(setup, self.key, MemoryOffloadStore())
@@ -286,7 +172,7 @@ class FullPolicy(Policy):
             pinned=pinned,
             detector=s.detector,
         )
-        return PolicyWindow(result.messages, result.fallback_applied, stages, failures)
+        return PolicyWindow(result.messages, list(s.tools), result.fallback_applied, stages, failures)
 
 
 class EnginePolicy(Policy):
@@ -303,7 +189,7 @@ class EnginePolicy(Policy):
             )
         )
         self.context = self.engine.create_context(
-            _conversation_key(setup.conversation_id).conversation_id,
+            conversation_key(setup.conversation_id).conversation_id,
             processors=[(self.processor, self.processor_config())],
             token_counter=setup.counter,
         )
@@ -321,14 +207,14 @@ class EnginePolicy(Policy):
         s = self.setup
         window = self.context.get_context_window(system_messages=list(s.system), tools=list(s.tools))
         failures = [f"{f.processor}: {f.error!r}" for f in self.context.last_failures]
-        return PolicyWindow(window.get_messages(), failures=failures)
+        return PolicyWindow(window.get_messages(), list(window.get_tools()), failures=failures)
 
 
 class RoundLevelPolicy(EnginePolicy):
     """``RoundLevelCompressor`` with the service's trigger, target and keep-recent."""
 
     name = "round_level"
-    processor = "RoundLevelCompressor"
+    processor = RoundLevelCompressor.__name__
 
     def processor_config(self) -> dict[str, Any]:
         """Target 0.75 of the budget, keep the same recent messages as the service."""
@@ -343,19 +229,29 @@ class CurrentRoundPolicy(EnginePolicy):
     """``CurrentRoundCompressor``: the work since the latest request becomes a snapshot."""
 
     name = "current_round"
-    processor = "CurrentRoundCompressor"
+    processor = CurrentRoundCompressor.__name__
 
 
 class DialoguePolicy(EnginePolicy):
     """``DialogueCompressor``: the history between the anchors becomes a snapshot."""
 
     name = "dialogue"
-    processor = "DialogueCompressor"
+    processor = DialogueCompressor.__name__
 
 
-POLICIES: dict[str, Callable[[PolicySetup], Policy]] = {
+POLICIES: dict[str, type[Policy]] = {
     p.name: p
-    for p in (TruncatePolicy, RulesPolicy, CurrentRoundPolicy, DialoguePolicy, RoundLevelPolicy, FullPolicy)
+    for p in (
+        TruncatePolicy,
+        StepsPolicy,
+        MaskPolicy,
+        LosslessPolicy,
+        RulesPolicy,
+        CurrentRoundPolicy,
+        DialoguePolicy,
+        RoundLevelPolicy,
+        FullPolicy,
+    )
 }
 
 
@@ -364,5 +260,5 @@ def make_policy(name: str, setup: PolicySetup) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; expected one of {sorted(POLICIES)}") from None
+        raise ConfigError(f"unknown policy {name!r}; choices: {', '.join(POLICIES)}") from None
     return factory(setup)

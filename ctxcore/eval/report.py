@@ -1,6 +1,7 @@
-"""Human-readable output of an evaluation report: a text table and an optional PNG plot.
+"""Human-readable output of an evaluation report: text tables and an optional PNG plot.
 
-matplotlib is a bench-only dependency, imported only when a plot is asked for.
+matplotlib is an optional dependency (the ``plot`` extra), imported only when a plot is
+asked for.
 """
 
 from __future__ import annotations
@@ -10,8 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from ctxcore.errors import CtxcoreError
+from ctxcore.eval.probes import PROBES
 
-__all__ = ["format_report", "format_row", "plot_report", "summary_columns"]
+__all__ = ["format_report", "format_row", "plot_report", "policy_reports", "summary_columns"]
+
+PROBE_COLUMNS = {
+    "edited_files": "edited",
+    "viewed_files": "viewed",
+    "first_exception": "first_exc",
+    "last_exception": "last_exc",
+    "last_failing_test": "fail_test",
+    "newest_head": "newest",
+    "last_commands": "commands",
+}
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -24,51 +36,90 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def policy_reports(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The per-policy reports of a report (one policy or several)."""
+    return list(report["reports"]) if "reports" in report else [report]
+
+
+def _qa_columns(overall: Mapping[str, Any]) -> dict[str, str]:
+    control = overall.get("control") or {}
+    cols = {
+        "hit": _fmt(overall.get("substring_hit_rate")),
+        "recall": _fmt(overall.get("answer_recall")),
+        "compacted_q": _fmt(overall.get("compacted_questions")),
+        "c_hit": _fmt(overall.get("compacted_substring_hit_rate")),
+        "c_recall": _fmt(overall.get("compacted_answer_recall")),
+    }
+    if control:
+        cols["ctrl_hit"] = _fmt(control.get("substring_hit_rate"))
+        cols["ctrl_recall"] = _fmt(control.get("answer_recall"))
+        cols["ctrl_flag"] = "FLAGGED" if control.get("flagged") else "ok"
+    return cols
+
+
+def _probe_columns(probes: Mapping[str, Any], *, windows: bool) -> dict[str, str]:
+    cols: dict[str, str] = {}
+    for name in PROBES:
+        figures = probes.get(name)
+        if figures is None:
+            cols[PROBE_COLUMNS[name]] = "-"
+        elif windows:
+            cols[PROBE_COLUMNS[name]] = f"{_fmt(figures.get('final'), 2)}/{_fmt(figures.get('windows'), 2)}"
+        else:
+            cols[PROBE_COLUMNS[name]] = _fmt(figures.get("final"), 2)
+    return cols
+
+
 def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
-    """The headline figures of an ``overall`` object as column -> text."""
+    """The headline figures of an ``overall`` object as column -> text (probes as final/windows)."""
+    use = overall.get("budget_use") or {}
     cols = {
         "windows": _fmt(overall.get("windows")),
+        "failed": _fmt(overall.get("failed")),
         "violations": _fmt(overall.get("violations")),
         "anchor_rate": _fmt(overall.get("anchor_rate")),
         "over_budget": _fmt(overall.get("over_budget_windows")),
-        "peak/budget": _fmt(overall.get("peak_budget_ratio")),
+        "use_mean": _fmt(use.get("mean"), 2),
+        "use_median": _fmt(use.get("median_over_budget"), 2),
         "compression": _fmt(overall.get("compression_ratio"), 2),
     }
     if "questions" in overall:
-        control = overall.get("control") or {}
-        cols.update(
-            {
-                "hit": _fmt(overall.get("substring_hit_rate")),
-                "recall": _fmt(overall.get("answer_recall")),
-                "compacted_q": _fmt(overall.get("compacted_questions")),
-                "c_hit": _fmt(overall.get("compacted_substring_hit_rate")),
-                "c_recall": _fmt(overall.get("compacted_answer_recall")),
-                "ctrl_hit": _fmt(control.get("substring_hit_rate")),
-                "ctrl_recall": _fmt(control.get("answer_recall")),
-                "ctrl_flag": "FLAGGED" if control.get("flagged") else "ok",
-            }
-        )
-    needles = overall.get("needle_retention")
-    if needles:
-        cols.update(
-            {
-                "task": _fmt(needles.get("task_anchor")),
-                "paths": _fmt(needles.get("edited_paths")),
-                "error": _fmt(needles.get("last_error")),
-                "final": _fmt(needles.get("final_result")),
-            }
-        )
+        cols.update(_qa_columns(overall))
+    if overall.get("probes"):
+        cols.update(_probe_columns(overall["probes"], windows=True))
+    wl = overall.get("vs_baseline")
+    cols["W/L/T"] = f"{wl['win']}/{wl['loss']}/{wl['tie']}" if wl else "-"
     cols["calls"] = _fmt(overall.get("summariser_calls"))
-    cols["sent_tokens"] = _fmt(overall.get("summariser_input_tokens"))
+    cols["sent/raw"] = _fmt(overall.get("summariser_input_ratio"), 2)
     cols["seconds"] = _fmt(overall.get("elapsed_seconds"), 1)
     return cols
 
 
+def _conversation_columns(conv: Mapping[str, Any]) -> dict[str, str]:
+    cols = {
+        "conversation": str(conv["id"]),
+        "budget": str(conv["budget"]),
+        "windows": _fmt(conv.get("windows")),
+        "failed": _fmt(conv.get("failed")),
+        "violations": _fmt(conv.get("violations")),
+        "anchor_rate": _fmt(conv.get("anchor_rate")),
+        "over_budget": _fmt(conv.get("over_budget_windows")),
+        "use": _fmt(conv.get("budget_use"), 2),
+        "compression": _fmt(conv.get("compression_ratio"), 2),
+    }
+    if "qa" in conv:
+        cols.update(_qa_columns(conv["qa"]))
+    if conv.get("probes"):
+        cols.update(_probe_columns(conv["probes"], windows=False))
+    cols["calls"] = _fmt(conv.get("summariser_calls"))
+    return cols
+
+
 def format_row(rows: Sequence[Mapping[str, str]]) -> str:
-    """A markdown table of rows sharing the same columns (the first row's)."""
+    """A markdown table of rows, with the union of their columns in first-seen order."""
     if not rows:
         return ""
-    columns = list(rows[0])
+    columns = list(dict.fromkeys(c for r in rows for c in r))
     widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in columns}
     lines = ["| " + " | ".join(c.ljust(widths[c]) for c in columns) + " |"]
     lines.append("|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|")
@@ -77,46 +128,61 @@ def format_row(rows: Sequence[Mapping[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def format_report(report: Mapping[str, Any], *, per_conversation: bool = True) -> str:
-    """The report as text: one row per conversation, then the overall row."""
+def _failure_rows(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     rows: list[dict[str, str]] = []
-    if per_conversation:
-        for conv in report.get("conversations", []):
-            flat = dict(conv)
-            if "qa" in conv:
-                flat.update(conv["qa"])
-                flat["control"] = conv.get("control")
-            if "needles" in conv:
-                flat["needle_retention"] = {
-                    "task_anchor": conv["needles"]["task_anchor"],
-                    "edited_paths": conv["needles"]["edited_paths"],
-                    "last_error": conv["needles"]["last_error"],
-                    "final_result": conv["needles"]["final_result"],
-                }
-            flat["windows"] = conv["windows"]
-            flat["over_budget_windows"] = conv["over_budget_windows"]
-            rows.append(
-                {"conversation": str(conv["id"]), "budget": str(conv["budget"]), **summary_columns(flat)}
-            )
+    for rep in reports:
+        for conv in rep.get("conversations", []):
+            for kind, count in (conv.get("failure_row") or {}).items():
+                first = next((f for f in conv.get("failures", []) if f": {kind}: " in f), "")
+                rows.append(
+                    {
+                        "conversation": str(conv["id"]),
+                        "policy": str(rep["policy"]),
+                        "kind": kind,
+                        "count": str(count),
+                        "first": first[:160],
+                    }
+                )
+    return rows
+
+
+def format_report(report: Mapping[str, Any], *, per_conversation: bool = True) -> str:
+    """The report as text: per policy one row per conversation (unless ``per_conversation``
+    is off), then one row per policy side by side, then the failure rows."""
+    reports = policy_reports(report)
     budget = report.get("budget") or f"x{report.get('budget_ratio')}"
-    rows.append({"conversation": "OVERALL", "budget": str(budget), **summary_columns(report["overall"])})
-    head = (
-        f"policy {report['policy']} on {report['file']} ({report['overall']['conversations']} conversations)"
-    )
-    return head + "\n" + format_row(rows) + "\n"
+    conversations = reports[0]["overall"]["conversations"] if reports else 0
+    out: list[str] = []
+    if per_conversation:
+        for rep in reports:
+            rows = [_conversation_columns(c) for c in rep.get("conversations", [])]
+            out.append(f"policy {rep['policy']}, per conversation\n{format_row(rows)}\n")
+    baseline = report.get("baseline")
+    head = f"{report['file']}: {conversations} conversations, budget {budget}"
+    if baseline:
+        head += f", baseline {baseline} (W/L/T: conversations where more probes beat / trail it)"
+    rows = [{"policy": str(rep["policy"]), **summary_columns(rep["overall"])} for rep in reports]
+    out.append(f"{head}\n{format_row(rows)}\n")
+    failures = _failure_rows(reports)
+    if failures:
+        out.append(f"failure rows (windows that raised)\n{format_row(failures)}\n")
+    return "\n".join(out)
 
 
 def plot_report(report: Mapping[str, Any], path: str | Path) -> None:
-    """Window tokens / budget over each replay, and the headline rates, as one PNG."""
+    """Window tokens / budget over each replay (first policy), and each policy's headline
+    rates, as one PNG."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as exc:  # a bench-only dependency
-        raise CtxcoreError("plotting needs matplotlib: pip install matplotlib") from exc
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for conv in report.get("conversations", []):
+    except ImportError as exc:
+        raise CtxcoreError("plotting needs matplotlib: pip install 'ctxcore[plot]'") from exc
+    reports = policy_reports(report)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    first = reports[0]
+    for conv in first.get("conversations", []):
         series = conv.get("window_tokens") or []
         if not series:
             continue
@@ -127,20 +193,30 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> None:
     left.axhline(1.0, color="k", ls="--", lw=1)
     left.set_xlabel("share of the conversation replayed")
     left.set_ylabel("window tokens / budget")
-    left.set_title(f"{report['policy']}: served windows")
-    if len(report.get("conversations", [])) <= 12:
+    left.set_title(f"{first['policy']}: served windows")
+    if len(first.get("conversations", [])) <= 12:
         left.legend(fontsize=6)
-    overall = report["overall"]
-    rates: dict[str, float] = {}
-    for key in ("anchor_rate", "substring_hit_rate", "answer_recall", "compacted_answer_recall"):
-        if isinstance(overall.get(key), float | int):
-            rates[key] = float(overall[key])
-    for key, value in (overall.get("needle_retention") or {}).items():
-        if isinstance(value, float | int) and key not in ("runs",):
-            rates[f"needle:{key}"] = float(value)
-    right.barh(list(rates), list(rates.values()), color="tab:blue")
+    width = 0.8 / max(len(reports), 1)
+    labels: list[str] = []
+    for n, rep in enumerate(reports):
+        overall = rep["overall"]
+        rates: dict[str, float] = {}
+        for key in ("anchor_rate", "substring_hit_rate", "answer_recall", "compacted_answer_recall"):
+            if isinstance(overall.get(key), float | int):
+                rates[key] = float(overall[key])
+        for key, figures in (overall.get("probes") or {}).items():
+            rates[PROBE_COLUMNS.get(key, key)] = float(figures["final"])
+        labels = labels or list(rates)
+        right.barh(
+            [i + n * width for i in range(len(labels))],
+            [rates.get(k, 0.0) for k in labels],
+            height=width,
+            label=rep["policy"],
+        )
+    right.set_yticks([i + 0.4 - width / 2 for i in range(len(labels))], labels)
     right.set_xlim(0, 1)
     right.set_title("rates (final window)")
+    right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

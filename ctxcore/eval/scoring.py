@@ -1,4 +1,4 @@
-"""What a window is scored on: protocol, anchors, QA answers and tool-run needles.
+"""What a window is scored on: protocol, anchors and QA answers (tool runs: ``probes``).
 
 All functions are pure; every rate is in [0, 1].
 
@@ -7,32 +7,30 @@ QA (LoCoMo-style ``qa``): the gold answer and the window text are normalised the
 *substring hit* asks for the whole normalised answer between word boundaries; *answer
 recall* is the share of the answer's distinct content words (stopwords removed, all words
 when nothing else is left) found among the window's words. A question is *compacted* when
-none of its evidence messages is in the window verbatim (as a message of the same text):
-what it asks about was summarised, offloaded or dropped.
+none of its evidence messages is verbatim (as a message of the same text) in the final
+window of ``full`` at the same budget: one fixed set of questions for every policy of a run,
+so policies are compared on the same questions.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ctxcore.eval.data import QAItem
-from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, message_text
+from ctxcore.messages import AnyMessage, AssistantMessage, message_text
 from ctxcore.turns import UserDetector, anchors
 from ctxcore.window import check_window
 
 __all__ = [
-    "NEEDLE_ERROR",
-    "Needles",
     "QAScore",
     "QATally",
     "anchors_verbatim",
+    "compacted_questions",
     "content_words",
-    "find_needles",
     "normalise",
-    "score_needles",
     "score_qa",
     "window_text",
 ]
@@ -41,9 +39,6 @@ _WORDS = re.compile(r"[^\W_]+")
 # Function words that carry no answer: "the", "in", "of" match any window.
 _STOPWORD_TEXT = "a an the of and or to in on at for with by from is was were are be been it its this that as"
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-NEEDLE_ERROR = re.compile(r"Error|Exception|FAILED|Traceback")
-_DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.MULTILINE)
-_LINE_SHARE = 0.9
 
 
 def normalise_words(text: str) -> list[str]:
@@ -167,7 +162,6 @@ class _WindowIndex:
         words = normalise_words(window_text(messages))
         self.padded = f" {' '.join(words)} "
         self.words = frozenset(words)
-        self.texts = frozenset(message_text(m) for m in messages)
 
     def score(self, answer: str) -> tuple[bool, float]:
         norm = normalise(answer)
@@ -188,19 +182,32 @@ def evidence_texts(history: Sequence[AnyMessage]) -> dict[str, str]:
     return out
 
 
+def compacted_questions(
+    window: Sequence[AnyMessage], questions: Sequence[QAItem], evidence: Mapping[str, str]
+) -> frozenset[int]:
+    """Indices of the answerable ``questions`` with evidence none of which is verbatim in
+    ``window`` (the reference window: ``full``'s final one at the same budget)."""
+    texts = frozenset(message_text(m) for m in window)
+    out: set[int] = set()
+    for n, item in enumerate(questions):
+        if not item.answerable:
+            continue
+        found = [evidence[e] for e in item.evidence if e in evidence]
+        if found and not any(t in texts for t in found):
+            out.add(n)
+    return frozenset(out)
+
+
 def score_qa(
     window: Sequence[AnyMessage],
-    questions: Iterable[QAItem],
-    evidence: Mapping[str, str] | None = None,
+    questions: Sequence[QAItem],
+    compacted: Collection[int] = (),
 ) -> QATally:
-    """Pooled QA figures of the answerable ``questions`` on ``window``.
-
-    ``evidence`` maps the conversation's source message ids to their texts; without it (a
-    control run against another conversation's answers) no question counts as compacted.
-    """
+    """Pooled QA figures of the answerable ``questions`` on ``window``; ``compacted`` are the
+    indices of the fixed compacted set (see ``compacted_questions``), pooled apart too."""
     index = _WindowIndex(window)
     tally = QATally()
-    for item in questions:
+    for n, item in enumerate(questions):
         if not item.answerable:
             continue
         hit, recall = index.score(item.answer)
@@ -211,97 +218,8 @@ def score_qa(
         per[0] += 1
         per[1] += int(hit)
         per[2] += recall
-        if evidence is None:
-            continue
-        texts = [evidence[e] for e in item.evidence if e in evidence]
-        if texts and not any(t in index.texts for t in texts):
+        if n in compacted:
             tally.compacted += 1
             tally.compacted_hits += int(hit)
             tally.compacted_recall += recall
     return tally
-
-
-# --- needles of tool runs ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Needles:
-    """What a resumed agent must still see at the end of a tool run."""
-
-    task: str | None
-    edited_paths: tuple[str, ...] = ()
-    last_error: str | None = None
-    final_result: str | None = None
-
-
-def find_needles(history: Sequence[AnyMessage], detector: UserDetector) -> Needles:
-    """The needles of a whole run (see ``score_needles``)."""
-    found = anchors(history, detector)
-    task = message_text(history[found.task]) if found.task is not None else None
-    tools = [m for m in history if isinstance(m, ToolMessage)]
-    paths: tuple[str, ...] = ()
-    for message in reversed(tools):
-        text = message_text(message)
-        if "diff --git" in text:
-            paths = tuple(dict.fromkeys(b for _, b in _DIFF.findall(text)))
-            break
-    last_error = None
-    for message in reversed(tools):
-        hits = [ln.strip() for ln in message_text(message).splitlines() if NEEDLE_ERROR.search(ln)]
-        if hits:
-            last_error = hits[-1]
-            break
-    final = None
-    for candidate in reversed(history):
-        if isinstance(candidate, AssistantMessage) and message_text(candidate).strip():
-            final = message_text(candidate)
-            break
-    if final is None and tools:
-        final = message_text(tools[-1])
-    return Needles(task=task, edited_paths=paths, last_error=last_error, final_result=final)
-
-
-def _lines_present(text: str, haystack: str, messages: frozenset[str]) -> bool:
-    """Verbatim as a message or as a substring, or at least 90% of its non-empty lines."""
-    if text in messages or text.strip() in haystack:
-        return True
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return False
-    present = sum(1 for ln in lines if ln in haystack)
-    return present >= _LINE_SHARE * len(lines)
-
-
-@dataclass
-class NeedleScore:
-    """One run's needle results; None where the run has no such needle."""
-
-    task_anchor: float | None = None
-    edited_paths: float | None = None
-    last_error: float | None = None
-    final_result: float | None = None
-    detail: dict[str, list[str]] = field(default_factory=dict)
-
-
-def score_needles(window: Sequence[AnyMessage], needles: Needles) -> NeedleScore:
-    """Which needles ``window`` keeps: the task anchor (verbatim or 90% of its lines), every
-    path of the last ``git diff``, the last error line, and the final result."""
-    haystack = window_text(window)
-    texts = frozenset(message_text(m) for m in window)
-    score = NeedleScore()
-    missing: dict[str, list[str]] = {}
-    if needles.task is not None:
-        score.task_anchor = float(_lines_present(needles.task, haystack, texts))
-    if needles.edited_paths:
-        lost = [p for p in needles.edited_paths if p not in haystack]
-        score.edited_paths = 1 - len(lost) / len(needles.edited_paths)
-        if lost:
-            missing["edited_paths"] = lost
-    if needles.last_error is not None:
-        score.last_error = float(needles.last_error in haystack)
-        if not score.last_error:
-            missing["last_error"] = [needles.last_error]
-    if needles.final_result is not None:
-        score.final_result = float(_lines_present(needles.final_result, haystack, texts))
-    score.detail = missing
-    return score

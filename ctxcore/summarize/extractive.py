@@ -31,7 +31,6 @@ from ctxcore.messages import (
     ToolCall,
     ToolMessage,
     UserMessage,
-    message_text,
 )
 from ctxcore.summarize.model import Completion, ContractBlock, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter, TokenCounter
@@ -68,7 +67,6 @@ _ERROR_STRONG = re.compile(
     r"^(?:E\s+)?(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)(?::|$)"
     r"|FAILED\b|ERROR\b|(?:error|fatal|panic)(?:\[\w+\])?:)"
 )
-_NEEDLE_ERROR = re.compile(r"Error|Exception|FAILED|Traceback")
 _ERROR_WEAK = re.compile(r"\b[\w.]*(?:Error|Exception|error):\s|\bfailed\b|\bFAILED\b")
 _COMMENT = ("#", "//", "/*", "* ")
 _WORD = re.compile(r"[a-z][a-z0-9_']{3,}|\d+(?:[.:]\d+)*")
@@ -682,35 +680,6 @@ def _extract(
             if index not in callers:
                 ex.add((index, 0), "tool", f"tool result: {_result_line(ex.scanned(index, message))}")
             ex.tool_output(index, message, used_lines.get(index, ""))
-
-    # The newest failure is what the agent must not lose: the last error-looking line of
-    # the last tool output that has one is always kept (a small bounded share). An earlier
-    # summary in the source counts as well, so the line survives later merges.
-    for index in range(len(source) - 1, -1, -1):
-        message = source[index]
-        if isinstance(message, ToolMessage):
-            lines = [ln.strip() for ln in message_text(message).splitlines()]
-        elif isinstance(message, UserMessage) and index not in real_set:
-            lines = [ln.strip().lstrip("-*• ").strip() for ln in message.text.splitlines()]
-        else:
-            continue
-        hits = [ln for ln in lines if _NEEDLE_ERROR.search(ln)]
-        if hits:
-            needle_words = frozenset(ex.features(hits[-1])[1])
-            ex.items.append(
-                _Item(
-                    (index, 10**6),
-                    "error",
-                    hits[-1],
-                    _BASE_SCORE.get("error", 10.0),
-                    # The same key as the line's ordinary candidate: it is printed once.
-                    _collapse(hits[-1]).casefold(),
-                    needle_words,
-                    must=True,
-                    share=0.25,
-                )
-            )
-            break
 
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):

@@ -17,16 +17,22 @@ HERE = Path(__file__).resolve().parent
 SOURCE = Path(os.environ.get("CTXCORE_DATA_DIR", HERE.parents[2] / "shared" / "data"))
 # Every tenth tau-bench run (offset 5: the bundled samples are tasks 0, 3 and 9).
 TAU = [f"tau-airline-task{task}-trial{trial}" for trial in range(4) for task in (5, 15, 25, 35, 45)]
-# One SWE run per project besides sympy (bundled), short to long; sphinx-9229 is the longest.
+# SWE runs besides the bundled sympy ones, the smaller ones first: ten whose output holds an
+# exception (the probe tests need at least ten such runs) and a pytest run without one.
 SWE = [
-    "astropy__astropy-8707",
     "django__django-13837",
     "pytest-dev__pytest-7982",
-    "matplotlib__matplotlib-22719",
     "psf__requests-5414",
-    "sphinx-doc__sphinx-9229",
+    "django__django-15382",
+    "matplotlib__matplotlib-25775",
+    "django__django-12406",
+    "pydata__xarray-4695",
+    "django__django-13033",
+    "pylint-dev__pylint-8898",
+    "django__django-15695",
+    "sympy__sympy-13878",
 ]
-SLICES = {"tau_bench.jsonl": ("tau_bench.jsonl", TAU), "minisweagent.jsonl": ("minisweagent.jsonl", SWE)}
+SLICES = {"tau_bench.jsonl": ("tau_bench.jsonl", TAU), "minisweagent.jsonl": ("minisweagent_dev.jsonl", SWE)}
 
 
 def main() -> int:

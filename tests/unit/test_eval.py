@@ -16,11 +16,10 @@ from ctxcore.eval.harness import evaluate_conversation
 from ctxcore.eval.policies import POLICIES, CountingModel, PolicySetup, make_policy
 from ctxcore.eval.scoring import (
     anchors_verbatim,
+    compacted_questions,
     content_words,
     evidence_texts,
-    find_needles,
     normalise,
-    score_needles,
     score_qa,
 )
 from ctxcore.messages import (
@@ -35,7 +34,6 @@ from ctxcore.messages import (
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR
-from ctxcore.window import check_window
 from workers.cli import EVAL_POLICIES, main
 
 COUNTER = TiktokenCounter()
@@ -121,6 +119,8 @@ def tool_record(steps: int = 30) -> dict[str, Any]:
             "content": "Traceback (most recent call last):\n  File core.py\nValueError: empty config",
         }
     )
+    messages.append(call("w", "sed -i 's/return text/return text or {}/' src/app/core.py"))
+    messages.append({"role": "tool", "tool_call_id": "w", "content": ""})
     messages.append(call("d", "git diff"))
     messages.append(
         {
@@ -164,25 +164,31 @@ def test_qa_hits_recall_and_compacted_questions() -> None:
         QAItem(q["question"], q["answer"], tuple(q["evidence"]), q["category"]) for q in chat_record()["qa"]
     ]
     # Full history: every answerable question hits, none is compacted; the adversarial one is skipped.
-    full = score_qa(history, questions[:2], evidence).rates()
+    assert compacted_questions(history, questions, evidence) == frozenset()
+    full = score_qa(history, questions[:2]).rates()
     assert full["questions"] == 2 and full["substring_hit_rate"] == 1.0 and full["answer_recall"] == 1.0
     assert full["compacted_questions"] == 0
-    assert score_qa(history, questions, evidence).questions == 3
+    assert score_qa(history, questions).questions == 3
     # The evidence summarised away: compacted; a summary that keeps the words still recalls them.
     summary = [UserMessage(content="[memory] Lena lives in Lisbon now; a beagle."), *history[2:]]
-    rates = score_qa(summary, questions[:2], evidence).rates()
+    fixed = compacted_questions(summary, questions, evidence)
+    assert fixed == {0}
+    rates = score_qa(summary, questions[:2], fixed).rates()
     assert rates["compacted_questions"] == 1
     assert rates["compacted_substring_hit_rate"] == 1.0
+    # The fixed set, not the window scored, decides what counts as compacted.
+    assert score_qa(history, questions[:2], fixed).rates()["compacted_questions"] == 1
     # "2 hours 5 minutes" with only "2 hours" left: half its words, no hit.
-    tally = score_qa([UserMessage(content="it took 2 hours")], [questions[2]], evidence)
+    window = [UserMessage(content="it took 2 hours")]
+    tally = score_qa(window, [questions[2]], compacted_questions(window, [questions[2]], evidence))
     assert tally.hits == 0 and tally.recall == pytest.approx(0.5)
     assert tally.compacted == 1
 
 
 def test_substring_needs_word_boundaries() -> None:
     window = [UserMessage(content="we went to a party")]
-    assert score_qa(window, [QAItem("q", "art")], {}).hits == 0
-    assert score_qa(window, [QAItem("q", "a party")], {}).hits == 1
+    assert score_qa(window, [QAItem("q", "art")]).hits == 0
+    assert score_qa(window, [QAItem("q", "a party")]).hits == 1
 
 
 def test_anchors_verbatim() -> None:
@@ -195,22 +201,6 @@ def test_anchors_verbatim() -> None:
     assert not anchors_verbatim(history[1:], history, DEFAULT_DETECTOR)
     edited = [UserMessage(content="task (shortened)"), *history[1:]]
     assert not anchors_verbatim(edited, history, DEFAULT_DETECTOR)
-
-
-def test_needles_of_a_tool_run() -> None:
-    history = from_openai(tool_record(3)["messages"])[1:]
-    needles = find_needles(history, DEFAULT_DETECTOR)
-    assert needles.task is not None and needles.task.startswith("Fix the crash")
-    assert needles.edited_paths == ("src/app/core.py", "src/app/config.py")
-    assert needles.last_error == "ValueError: empty config"
-    assert needles.final_result == "Done: empty configs now load as {}."
-    kept = score_needles(history, needles)
-    assert (kept.task_anchor, kept.edited_paths, kept.last_error, kept.final_result) == (1.0, 1.0, 1.0, 1.0)
-    # Only the task's first line and one path survive: 50% of the task lines, half the paths.
-    partial = [UserMessage(content="Fix the crash in src/app/core.py when the config file is empty.")]
-    lost = score_needles(partial, needles)
-    assert lost.task_anchor == 0.0 and lost.edited_paths == 0.5 and lost.last_error == 0.0
-    assert lost.detail["edited_paths"] == ["src/app/config.py"]
 
 
 # --- replay ----------------------------------------------------------------------------------
@@ -242,35 +232,32 @@ def test_meta_is_never_read() -> None:
     assert conv.id == "chat-1" and len(conv.system) == 1 and len(conv.qa) == 4
 
 
+def replay(record: dict[str, Any], policies: list[str], budget: int) -> dict[str, Any]:
+    return evaluate_conversation(
+        conversation(record), policies, budget, model=ExtractiveModel(COUNTER), counter=COUNTER
+    )
+
+
 def test_truncate_reports_its_own_violations_and_lost_anchors() -> None:
     setup, messages = setup_for(tool_record(30), 1500)
     policy = make_policy("truncate", setup)
-    worst = 0
-    lost = 0
     for unit in groups(messages):
         policy.append(unit)
         window = policy.window().messages
         assert COUNTER.count_messages(window) <= 1500
-        worst = max(worst, len(check_window(window)))
-    history = messages
-    lost += not anchors_verbatim(window, history, DEFAULT_DETECTOR)
     # Keeping the newest messages drops the task and can start on an orphan tool result.
-    assert lost == 1
-    result = evaluate_conversation(
-        conversation(tool_record(30)), "truncate", 1500, model=ExtractiveModel(COUNTER), counter=COUNTER
-    )
+    assert not anchors_verbatim(window, messages, DEFAULT_DETECTOR)
+    result = replay(tool_record(30), ["truncate"], 1500)["truncate"]
     assert result.violations > 0 and result.anchor_windows < result.windows
-    assert result.needles is not None and result.needles.task_anchor == 0.0
+    assert result.anchor_rate is not None and result.anchor_rate < 1
 
 
 @pytest.mark.parametrize("record", [chat_record(40), tool_record(30)], ids=["chat", "tool-run"])
 def test_full_serves_valid_windows_within_budget(record: dict[str, Any]) -> None:
     budget = 900 if "qa" in record else 2500
-    result = evaluate_conversation(
-        conversation(record), "full", budget, model=ExtractiveModel(COUNTER), counter=COUNTER
-    )
+    result = replay(record, ["full"], budget)["full"]
     assert result.windows > 10
-    assert result.violations == 0
+    assert result.violations == 0 and result.failed == 0 and result.stage_failures == 0
     assert result.anchor_windows == result.windows and result.budget_exceeded == 0
     assert result.over_budget_windows == 0 and result.peak_tokens <= budget
     # It compacted through the coordinator, and the summariser calls were counted.
@@ -280,39 +267,55 @@ def test_full_serves_valid_windows_within_budget(record: dict[str, Any]) -> None
 
 
 def test_full_keeps_more_of_the_old_facts_than_truncation() -> None:
-    record = chat_record(60)
-    conv = conversation(record)
-    scores = {}
-    for policy in ("truncate", "full"):
-        result = evaluate_conversation(conv, policy, 900, model=ExtractiveModel(COUNTER), counter=COUNTER)
-        assert result.qa is not None
-        scores[policy] = result.qa.rates()
-    assert scores["truncate"]["compacted_questions"] == 3
+    results = replay(chat_record(60), ["truncate", "full"], 900)
+    scores = {name: r.qa.rates() for name, r in results.items() if r.qa is not None}
+    # One fixed compacted set (full's), the same questions for both policies.
+    assert scores["truncate"]["compacted_questions"] == scores["full"]["compacted_questions"] >= 2
     assert scores["full"]["compacted_answer_recall"] > scores["truncate"]["compacted_answer_recall"]
 
 
-@pytest.mark.parametrize("policy", ["rules", "current_round", "dialogue", "round_level"])
+def test_the_compacted_set_comes_from_full_even_when_it_is_not_listed() -> None:
+    only = replay(chat_record(60), ["truncate"], 900)
+    assert list(only) == ["truncate"]
+    both = replay(chat_record(60), ["truncate", "full"], 900)
+    assert only["truncate"].qa is not None and both["truncate"].qa is not None
+    assert only["truncate"].qa.rates() == both["truncate"].qa.rates()
+
+
+@pytest.mark.parametrize("policy", ["rules", "current_round", "dialogue", "round_level", "steps", "mask"])
 def test_every_policy_replays_without_violations(policy: str) -> None:
-    result = evaluate_conversation(
-        conversation(tool_record(20)), policy, 3000, model=ExtractiveModel(COUNTER), counter=COUNTER
-    )
+    result = replay(tool_record(20), [policy], 3000)[policy]
     assert result.violations == 0
     assert result.anchor_windows == result.windows
-    assert result.failures == []
+    assert result.failures == [] and result.failed == 0
 
 
-def test_policy_names_are_the_public_ones() -> None:
+def test_policy_names_are_the_public_ones(tmp_path: Path) -> None:
     assert sorted(POLICIES) == sorted(
-        ["truncate", "rules", "current_round", "dialogue", "round_level", "full"]
+        ["truncate", "steps", "mask", "lossless", "rules", "current_round", "dialogue", "round_level", "full"]
     )
     assert sorted(POLICIES) == sorted(EVAL_POLICIES)  # the CLI's choices, kept without the import
     setup, _ = setup_for(chat_record(1), 500)
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(ConfigError, match="unknown policy"):
         make_policy("nope", setup)
     with pytest.raises(ConfigError):
-        EvalConfig(policy="full")
+        EvalConfig(policies=["full"])
     with pytest.raises(ConfigError):
-        EvalConfig(policy="full", budget=100, budget_ratio=0.5)
+        EvalConfig(policies=["full"], budget=100, budget_ratio=0.5)
+    with pytest.raises(ConfigError, match="unknown policy 'nope'"):
+        EvalConfig(policies=["full", "nope"], budget=100)
+    with pytest.raises(ConfigError, match="more than once: full"):
+        EvalConfig(policies=["full", "mask", "full"], budget=100)
+    with pytest.raises(ConfigError, match="reference row"):
+        EvalConfig(policies=["full"], baseline="lossless", budget=100)
+    with pytest.raises(ConfigError, match="does not exist"):
+        EvalConfig(policies=["full"], budget=100, windows_out=tmp_path / "missing" / "w.jsonl")
+    with pytest.raises(ConfigError, match="is a directory"):
+        EvalConfig(policies=["full"], budget=100, windows_out=tmp_path)
+    config = EvalConfig(policies=["full", "mask"], budget=100)
+    assert config.run_policies == ["full", "mask", "steps"]
+    assert EvalConfig(policies=["steps", "full"], budget=100).run_policies == ["steps", "full"]
+    assert EvalConfig(policies=["full"], baseline=None, budget=100).run_policies == ["full"]
 
 
 # --- the report and the command ----------------------------------------------------------------
@@ -326,7 +329,8 @@ def data_file(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_report_has_the_public_fields(data_file: Path) -> None:
-    report = evaluate_file(data_file, EvalConfig(policy="full", budget_ratio=0.4))
+    report = evaluate_file(data_file, EvalConfig(policies=["full"], baseline=None, budget_ratio=0.4))
+    assert report["policy"] == "full" and "reports" not in report
     overall = report["overall"]
     for key in (
         "violations",
@@ -334,10 +338,11 @@ def test_report_has_the_public_fields(data_file: Path) -> None:
         "compression_ratio",
         "answer_recall",
         "substring_hit_rate",
-        "needle_retention",
+        "probes",
     ):
         assert key in overall
     assert overall["conversations"] == 3 and overall["violations"] == 0 and overall["anchor_rate"] == 1.0
+    assert overall["failed"] == 0 and overall["failures"] == 0
     for key in ("answer_recall", "substring_hit_rate", "compacted_answer_recall", "anchor_rate"):
         assert 0.0 <= overall[key] <= 1.0
     # The control is the next conversation's questions (cyclically), with truncation's beside it.
@@ -347,13 +352,93 @@ def test_report_has_the_public_fields(data_file: Path) -> None:
         and "truncate_answer_recall" in control
         and isinstance(control["flagged"], bool)
     )
-    assert overall["needle_retention"]["runs"] == 1
-    budgets = {c["id"]: c["budget"] for c in report["conversations"]}
-    assert budgets["run-1"] < budgets["chat-1"] or budgets["run-1"] > 0
-    limited = evaluate_file(data_file, EvalConfig(policy="truncate", budget=800, limit=1))
+    # Probes: only the tool run has them; each probe says how many runs it was found in.
+    probes = overall["probes"]
+    assert set(probes) >= {"edited_files", "viewed_files", "first_exception", "last_exception", "newest_head"}
+    assert all(p["runs"] == 1 and 0.0 <= p["final"] <= 1.0 for p in probes.values())
+    assert "probes" not in report["conversations"][0] and "probes" in report["conversations"][1]
+    assert overall["budget_use"]["conversations_over_budget"] == 3
+    limited = evaluate_file(data_file, EvalConfig(policies=["truncate"], baseline=None, budget=800, limit=1))
     assert [c["id"] for c in limited["conversations"]] == ["chat-1"]
-    picked = evaluate_file(data_file, EvalConfig(policy="truncate", budget=800, ids=["chat-2"]))
+    picked = evaluate_file(
+        data_file, EvalConfig(policies=["truncate"], baseline=None, budget=800, ids=["chat-2"])
+    )
     assert [c["id"] for c in picked["conversations"]] == ["chat-2"]
+    with pytest.raises(ConfigError, match="no conversation with id 'nosuchid'"):
+        evaluate_file(data_file, EvalConfig(policies=["truncate"], budget=800, ids=["nosuchid"]))
+
+
+def test_several_policies_side_by_side_with_the_baseline(data_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "windows.jsonl"
+    config = EvalConfig(policies=["full", "lossless"], budget=1500, windows_out=out)
+    report = evaluate_file(data_file, config)
+    assert report["baseline"] == "steps" and report["policies"] == ["full", "lossless", "steps"]
+    by = {r["policy"]: r["overall"] for r in report["reports"]}
+    assert set(by) == {"full", "lossless", "steps"}
+    assert sum(by["full"]["vs_baseline"].values()) == 3
+    assert "vs_baseline" not in by["steps"] and "vs_baseline" not in by["lossless"]
+    # The reference row is outside over-budget counts; it serves everything.
+    assert by["lossless"]["over_budget_windows"] is None
+    assert by["lossless"]["probes"]["newest_head"]["final"] == 1.0
+    assert by["steps"]["violations"] == 0 and by["steps"]["over_budget_windows"] == 0
+    assert by["steps"]["anchor_rate"] == 1.0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["policy"]) for r in rows][:3] == [
+        ("chat-1", "full"),
+        ("chat-1", "lossless"),
+        ("chat-1", "steps"),
+    ]
+    assert len(rows) == 9
+    for row in rows:
+        assert row["error"] is None
+        assert set(row) == {"id", "policy", "budget", "tokens", "messages", "tools", "error"}
+        messages = from_openai(row["messages"])
+        assert row["tokens"] == COUNTER.count_messages(messages) + COUNTER.count_tools(row["tools"])
+        assert all(
+            set(m) <= {"role", "content", "tool_calls", "tool_call_id", "name"} for m in row["messages"]
+        )
+
+
+def test_a_task_over_the_budget_is_a_failure_row_in_every_policy(tmp_path: Path) -> None:
+    record = tool_record(5)
+    record["messages"][1]["content"] = "Fix this crash. " + "Details of the crash, word by word. " * 400
+    path = write_jsonl(tmp_path / "big.jsonl", [record])
+    policies = ["steps", "mask", "rules", "full", "round_level"]
+    report = evaluate_file(path, EvalConfig(policies=policies, budget=1000))
+    embedded = report["reports"][policies.index("round_level")]["overall"]
+    # The embedded compressors have no budget guarantee yet: what they serve is over budget,
+    # and the report says so in every window.
+    assert embedded["over_budget_windows"] == embedded["windows"] > 0
+    for rep in report["reports"]:
+        if rep["policy"] == "round_level":
+            continue
+        overall, conv = rep["overall"], rep["conversations"][0]
+        assert overall["failed"] == overall["windows"] > 0, rep["policy"]
+        assert overall["failure_kinds"] == {"budget_exceeded": overall["windows"]}
+        assert conv["failure_row"] == {"budget_exceeded": overall["windows"]}
+        # Failed windows stay in the denominators and score 0: never a perfect rate.
+        assert overall["anchor_rate"] == 0.0
+        assert all(p["final"] == 0.0 and p["windows"] == 0.0 for p in overall["probes"].values())
+    from ctxcore.eval.report import format_report
+
+    text = format_report(report, per_conversation=False)
+    assert "failure rows" in text and "budget_exceeded" in text
+
+
+def test_a_bug_in_a_policy_is_an_internal_failure_never_a_skipped_window(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ctxcore.eval import baselines
+
+    def broken(self: Any) -> Any:
+        raise TypeError("planted bug")
+
+    monkeypatch.setattr(baselines.MaskPolicy, "source", broken)
+    result = replay(tool_record(5), ["mask"], 3000)["mask"]
+    assert result.failed == result.windows and result.failure_kinds == {"internal": result.windows}
+    assert "TypeError: planted bug" in result.failures[0]
+    assert result.final.error is not None and all(v == 0.0 for v in result.probes_final.values())
+    assert "planted bug" in caplog.text
 
 
 def test_cli_writes_the_json_report(
@@ -363,10 +448,50 @@ def test_cli_writes_the_json_report(
     code = main(["eval", str(data_file), "--policy", "full", "--budget", "1200", "--json", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "OVERALL" in printed and "chat-1" in printed
+    assert "policy full, per conversation" in printed and "chat-1" in printed and "| steps" in printed
     report = json.loads(out.read_text())
-    assert report["policy"] == "full" and report["budget"] == 1200
-    assert report["overall"]["violations"] == 0
+    assert report["baseline"] == "steps" and report["budget"] == 1200
+    assert {r["policy"] for r in report["reports"]} == {"full", "steps"}
+    assert all(r["overall"]["violations"] == 0 for r in report["reports"])
+    single = tmp_path / "single.json"
+    assert (
+        main(
+            [
+                "eval",
+                str(data_file),
+                "--policy",
+                "full",
+                "--baseline",
+                "none",
+                "--budget",
+                "1200",
+                "--json",
+                str(single),
+            ]
+        )
+        == 0
+    )
+    assert json.loads(single.read_text())["policy"] == "full"
+    capsys.readouterr()
+    # Bad input fails before any replay, naming what was wrong.
+    assert main(["eval", str(data_file), "--policy", "full,bogus", "--budget", "1200"]) == 2
+    assert "unknown policy 'bogus'" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "eval",
+                str(data_file),
+                "--policy",
+                "full",
+                "--budget",
+                "1200",
+                "--windows-out",
+                str(tmp_path / "no" / "w.jsonl"),
+            ]
+        )
+        == 2
+    )
+    assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", str(data_file), "--policy", "full"])  # a budget is required
     with pytest.raises(SystemExit):
@@ -381,7 +506,7 @@ def test_system_messages_go_with_the_window_not_the_log() -> None:
     assert isinstance(ToolCall(id="x", name="y"), ToolCall)
 
 
-# --- ExtractiveModel behaviour the QA and needle goals rely on --------------------------------
+# --- ExtractiveModel behaviour the QA figures rely on --------------------------------
 
 
 def blocks(source: list[AnyMessage], target: int) -> str:

@@ -44,7 +44,7 @@ def test_round_trip_every_test_conversation() -> None:
         parsed = from_openai(conv["messages"])
         assert to_openai(parsed, include_extra=True) == nest(conv["messages"]), conv["id"]
         count += 1
-    assert count == 6 + 20 + 6 + 4  # bundled runs, tau-bench and SWE slices, dated chats
+    assert count == 6 + 20 + 11 + 4  # bundled runs, tau-bench and SWE slices, dated chats
 
 
 def test_to_openai_emits_only_openai_keys_by_default() -> None:

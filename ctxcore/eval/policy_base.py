@@ -1,0 +1,123 @@
+"""What every replayed policy shares: its set-up, the window it serves, the counting model."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.state import ConversationKey
+from ctxcore.summarize.model import Completion, ModelClient, OutputContract
+from ctxcore.tokens import TokenCounter
+from ctxcore.turns import UserDetector
+
+__all__ = [
+    "CountingModel",
+    "Policy",
+    "PolicySetup",
+    "PolicyWindow",
+    "conversation_key",
+    "message_cost",
+    "priming_tokens",
+]
+
+TRIGGER_RATIO = 0.9
+TARGET_RATIO = 0.75
+KEEP_RECENT_MESSAGES = 4
+
+
+class CountingModel:
+    """A ``ModelClient`` wrapper that counts summariser calls and the tokens sent to it."""
+
+    def __init__(self, inner: ModelClient, counter: TokenCounter) -> None:
+        self.inner = inner
+        self.counter = counter
+        self.calls = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    @property
+    def name(self) -> str:
+        """The wrapped client's name."""
+        return self.inner.name
+
+    def complete(
+        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
+    ) -> Completion:
+        """Count the request (with this counter, whatever the model reports), then forward it."""
+        self.calls += 1
+        self.input_tokens += self.counter.count_messages(list(messages))
+        completion = self.inner.complete(messages, max_tokens=max_tokens, contract=contract)
+        self.output_tokens += completion.usage.output_tokens
+        return completion
+
+
+@dataclass
+class PolicySetup:
+    """What every policy of one conversation shares."""
+
+    conversation_id: str
+    budget: int
+    system: Sequence[AnyMessage]
+    tools: Sequence[Mapping[str, Any]]
+    counter: TokenCounter
+    model: CountingModel
+    detector: UserDetector
+    keep_recent_messages: int = KEEP_RECENT_MESSAGES
+    trigger_ratio: float = TRIGGER_RATIO
+    target_ratio: float = TARGET_RATIO
+
+
+@dataclass
+class PolicyWindow:
+    """A served window (system messages first), the tools sent with it, and how it was made.
+
+    ``tools`` are every tool definition the request would carry, ctxcore's own included,
+    so the harness counts the window as the budget check must.
+    """
+
+    messages: list[AnyMessage]
+    tools: list[Mapping[str, Any]] = field(default_factory=list)
+    fallback: bool = False
+    stages: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+class Policy(ABC):
+    """Receives appended message groups and serves windows."""
+
+    name: ClassVar[str] = ""
+    # A reference row (``lossless``): no budget, outside over-budget counts, wins and goals.
+    reference: ClassVar[bool] = False
+
+    def __init__(self, setup: PolicySetup) -> None:
+        self.setup = setup
+
+    @abstractmethod
+    def append(self, messages: Sequence[AnyMessage]) -> None:
+        """Append one group (a user message, or an assistant step with its tool results)."""
+
+    @abstractmethod
+    def window(self) -> PolicyWindow:
+        """The window the model would be sent now (may raise ``BudgetExceeded``)."""
+
+
+def conversation_key(conversation_id: str) -> ConversationKey:
+    """A store key for a conversation id of a data file (any characters)."""
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", conversation_id)[:120].lstrip(".") or "conversation"
+    return ConversationKey("eval", safe)
+
+
+def priming_tokens(counter: TokenCounter) -> int:
+    """Tokens a request costs beyond its messages (the reply priming)."""
+    probe = UserMessage(content="x")
+    one = counter.count_messages([probe])
+    return 2 * one - counter.count_messages([probe, probe])
+
+
+def message_cost(counter: TokenCounter, message: AnyMessage, priming: int) -> int:
+    """What adding ``message`` to a request costs."""
+    return counter.count_messages([message]) - priming
