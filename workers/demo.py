@@ -140,7 +140,7 @@ def run_demo(
             what = (
                 "stopped the embedded redis-server and removed its directory"
                 if server.started
-                else f"deleted its {deleted} keys ({prefix}:*) from {server.url}"
+                else f"deleted its {deleted} keys (prefix {prefix}) from {server.url}"
             )
             out.write(f"{chr(10) if interactive else ''}ctxcore demo: stopped by {name}; {what}\n")
             return 128 + stop.signum
