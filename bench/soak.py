@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/soak.py [--duration 300] [--tenants 5] [--conversations 200]
         [--clients 3] [--workers 1] [--concurrency 2] [--model-delay 0.05 | --offline]
-        [--redis-url redis://127.0.0.1:6379/10] [--json]
+        [--redis-url redis://127.0.0.1:6379/0] [--json]
 
 ``--conversations`` is per tenant (default 5 x 200 = 1,000 conversations). Client processes
 pick conversations at random, so several processes append to the same conversation at
@@ -12,8 +12,9 @@ once; every window over its trigger asks the fair scheduler for a compaction, wh
 
 Prints throughput, p50/p99 window latency, CAS conflicts, lost updates (acknowledged
 appends missing from the log: must be 0), invalid states (history, block ranges, cursor:
-must be 0) and worker memory growth. Loopback only, bounded in time; the Redis database
-given (default db 10) is flushed before and after: use one nothing else uses.
+must be 0) and worker memory growth. Loopback only, bounded in time. Every key of the run,
+Celery's queues and results included, carries the run's own ``soak<hex>`` prefix; exactly
+those keys are deleted at the end (nothing is flushed: the database may be shared).
 Asserts nothing (``tests/chaos/test_soak.py`` runs a 60-second version and asserts).
 """
 
@@ -51,6 +52,7 @@ from tests.chaos.helpers import (  # noqa: E402
     worker_env,
 )
 from workers.app import JOBS_QUEUE, celery_config  # noqa: E402
+from workers.keyspace import delete_prefixed_keys  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 from workers.scheduler import Status  # noqa: E402
 
@@ -159,8 +161,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"soak: loopback only, refusing {args.redis_url}")
     client = redis.Redis.from_url(args.redis_url)
-    client.flushdb()
     prefix = f"soak{uuid.uuid4().hex[:6]}"
+    try:
+        return _measure(args, prefix)
+    finally:
+        delete_prefixed_keys(client, prefix)
+        client.close()
+
+
+def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     settings = _settings(args.redis_url, prefix)
     rt = Runtime(settings)
     keys = _keys(args.tenants, args.conversations)
@@ -205,7 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Let queued compactions finish (bounded), then stop the workers before checking.
         drain_deadline = time.monotonic() + args.drain
         while time.monotonic() < drain_deadline:
-            if broker_idle(rt.redis) and all(
+            if broker_idle(rt.redis, prefix) and all(
                 rt.scheduler.status(k) != "running" for k in keys[:: max(len(keys) // 50, 1)]
             ):
                 break
@@ -275,8 +284,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.offline
         else f"local OpenAI-compatible server, {args.model_delay}s/call",
     }
-    client.flushdb()
-    client.close()
     return figures
 
 
@@ -291,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="pool size of each worker")
     parser.add_argument("--model-delay", type=float, default=0.05)
     parser.add_argument("--offline", action="store_true", help="summarise with ExtractiveModel")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/10")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     figures = run(args)

@@ -17,8 +17,8 @@ those that are over their compaction target. Summariser: the offline ``Extractiv
    compactions (jobs) per second, stages per second, and the worker-side mean stage time.
 
 Redis: 127.0.0.1:6379 db 13 by default (an embedded server when none answers), unique key
-prefixes, everything removed afterwards (including this database's Celery queue keys: use a
-database nothing else uses). Prints tables; asserts nothing.
+prefixes (Celery's queue and result keys carry them too), exactly the run's keys removed
+afterwards. Prints tables; asserts nothing.
 
     .venv/bin/python bench/throughput.py              # quick: 60 conversations
     .venv/bin/python bench/throughput.py --long       # 200 conversations
@@ -255,21 +255,16 @@ def throughput(
         stop_workers(procs)
 
 
-def cleanup(url: str, prefix: str) -> None:
+def cleanup(url: str, prefixes: list[str]) -> None:
+    """Delete exactly the run's keys (Celery's carry the prefix too: global_keyprefix)."""
     import redis
 
+    from workers.keyspace import delete_prefixed_keys
+
     client = redis.Redis.from_url(url)
-    patterns = [
-        f"*{prefix}*",
-        "celery-task-meta-*",
-        "_kombu*",
-        "ctxcore.jobs*",
-        "ctxcore.stages*",
-        "unacked*",
-    ]
-    for pattern in patterns:
-        for name in client.scan_iter(match=pattern, count=1000):
-            client.delete(name)
+    for prefix in prefixes:
+        delete_prefixed_keys(client, prefix)
+    client.close()
 
 
 def main() -> None:
@@ -329,7 +324,8 @@ def main() -> None:
             )
         print(f"\nmachine: {os.cpu_count()} cores")
     finally:
-        cleanup(url, prefix)
+        # throughput() runs each worker count under its own prefix.
+        cleanup(url, [prefix, *(f"{prefix}w{workers}" for workers in args.workers)])
         server.stop()
 
 

@@ -315,6 +315,7 @@ def run_background(
     from ctxcore.state import ConversationKey
     from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
     from workers.embedded import ensure_redis
+    from workers.keyspace import delete_prefixed_keys
     from workers.runtime import build_service
     from workers.tasks import CeleryQueue
 
@@ -356,19 +357,11 @@ def run_background(
             state = rt.state_store.load(key)
             result.note = f"state v{state.version if state else 0} at the end"
     finally:
-        # Our keys carry the prefix inside a hash tag; the Celery queue and result keys of this
-        # database go too (it is the bench's own database).
+        # Every key of the run, Celery's included (global_keyprefix), carries its prefix:
+        # exactly those are deleted.
         client = redis.Redis.from_url(url)
-        for pattern in (
-            f"*{prefix}*",
-            "celery-task-meta-*",
-            "_kombu*",
-            "ctxcore.jobs*",
-            "ctxcore.stages*",
-            "unacked*",
-        ):
-            for name in client.scan_iter(match=pattern, count=1000):
-                client.delete(name)
+        delete_prefixed_keys(client, prefix)
+        client.close()
         server.stop()
     return result
 

@@ -33,6 +33,7 @@ __all__ = [
     "Settings",
     "TenantSettings",
     "WorkerSettings",
+    "environment_variables",
     "hash_token",
 ]
 
@@ -236,6 +237,41 @@ class Settings(BaseModel):
                     parts = ("tenants", raw[1], *(p.lower() for p in raw[2:]))
                 _set(data, parts, value)
         return cls.load(data)
+
+
+def environment_variables() -> list[tuple[str, str]]:
+    """Every ``CTXCORE_*`` variable ``from_env`` reads, with its default as shown to a user:
+    each leaf of the ``Settings`` tree as ``CTXCORE_<SECTION>__<KEY>`` (``<ID>`` stands for a
+    tenant id; a tenant's null values and missing ``MODEL__*`` keys mean the global settings
+    apply), then the short aliases and ``CTXCORE_CONFIG_FILE``. Generated from the model, so
+    ``--help`` cannot drift from it."""
+    out: list[tuple[str, str]] = []
+    _leaves(Settings, ENV_PREFIX.rstrip("_"), out)
+    for alias, path in _ALIASES.items():
+        out.append((alias, f"alias of {ENV_PREFIX}{'__'.join(path).upper()}"))
+    out.append(("CTXCORE_CONFIG_FILE", "TOML settings file read before the variables (default: none)"))
+    return out
+
+
+def _leaves(model: type[BaseModel], name: str, out: list[tuple[str, str]]) -> None:
+    for field_name, info in model.model_fields.items():
+        path = f"{name}{'_' if name == ENV_PREFIX.rstrip('_') else '__'}{field_name.upper()}"
+        args: tuple[Any, ...] = getattr(info.annotation, "__args__", ())
+        if getattr(info.annotation, "__origin__", None) is dict and len(args) == 2 and _model_of(args[1]):
+            _leaves(_model_of(args[1]) or model, f"{path}__<ID>", out)
+        elif section := _model_of(info.annotation):
+            _leaves(section, path, out)
+        else:
+            default = info.get_default(call_default_factory=True)
+            out.append((path, default if isinstance(default, str) else json.dumps(default)))
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The settings section an annotation holds (``X`` or ``X | None``), else None."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

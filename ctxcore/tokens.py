@@ -13,6 +13,7 @@ import binascii
 import gzip
 import hashlib
 import json
+import logging
 import math
 import os
 import struct
@@ -28,7 +29,9 @@ import tiktoken
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, AssistantMessage, ContentPart, content_text
 
-__all__ = ["EstimateCounter", "TiktokenCounter", "TokenCounter", "encoding_for_model"]
+__all__ = ["UNKNOWN_MODELS", "EstimateCounter", "TiktokenCounter", "TokenCounter", "WarnOnce", "encoding_for_model"]
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -80,8 +83,39 @@ _ENCODINGS: dict[str, dict[str, Any]] = {
 }
 
 
+class WarnOnce:
+    """Names already warned about, at most ``limit`` of them: model names arrive with every
+    window request, so the set must stay bounded; past the limit nothing more is logged."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._names: set[str] = set()
+        self._full = False
+        self._lock = threading.Lock()
+
+    def first(self, name: str) -> bool:
+        """True the first time ``name`` is seen (while fewer than ``limit`` names were)."""
+        with self._lock:
+            if name in self._names:
+                return False
+            if len(self._names) < self.limit:
+                self._names.add(name)
+                return True
+            if not self._full:
+                self._full = True
+                log.warning("%d unknown model names warned about: further ones are not logged", self.limit)
+            return False
+
+
+UNKNOWN_MODELS = WarnOnce(1024)
+
+
 def encoding_for_model(model: str | None) -> str:
-    """``o200k_base`` or ``cl100k_base`` for a model name (``cl100k_base`` when unknown)."""
+    """``o200k_base`` or ``cl100k_base`` for a model name (``cl100k_base`` when unknown).
+
+    An unknown name, or one whose encoding ctxcore does not ship, logs a WARNING naming the
+    encoding used instead, once per name per process (``UNKNOWN_MODELS``).
+    """
     if not model:
         return "cl100k_base"
     name = model.rsplit("/", 1)[-1]
@@ -89,7 +123,14 @@ def encoding_for_model(model: str | None) -> str:
         encoding = tiktoken.encoding_name_for_model(name)
     except KeyError:
         encoding = "o200k_base" if name.startswith(("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4")) else ""
-    return "o200k_base" if encoding.startswith("o200k") else "cl100k_base"
+    if encoding.startswith("o200k"):
+        return "o200k_base"
+    if encoding != "cl100k_base":
+        shown = model[:200]
+        if UNKNOWN_MODELS.first(shown):
+            why = f"uses {encoding}, which ctxcore does not ship" if encoding else "is not a known model"
+            log.warning("model name %r %s: counting tokens with cl100k_base", shown, why)
+    return "cl100k_base"
 
 
 @cache

@@ -37,6 +37,7 @@ from ctxcore.state import (
     SqlStateStore,
     StateStore,
 )
+from workers.keyspace import delete_prefixed_keys
 
 # Property tests: 100 examples; in CI the examples are derandomized, so a landing is judged on
 # the same inputs every time (exploration with fresh seeds happens on developers' runs and in
@@ -94,14 +95,13 @@ def postgres_url() -> str:
 
 @pytest.fixture
 def redis_prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix unique to this test; its keys are removed afterwards (SCAN + DEL)."""
+    """A key prefix unique to this test; its keys (``<prefix>:*`` and hash-tagged
+    ``{<prefix>:*``) are removed afterwards by SCAN + DEL, nothing else."""
     prefix = f"ctxcore-test-{uuid.uuid4().hex}"
     yield prefix
     client = fast_fail_redis(redis_url)
     try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        delete_prefixed_keys(client, prefix)
     finally:
         client.close()
 

@@ -34,6 +34,10 @@ app = Celery("ctxcore", include=["workers.tasks"])
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from ``Settings``."""
     worker = settings.worker
+    # Every Celery and kombu key (queues, bindings, unacked, results) lives under the same
+    # prefix as ctxcore's own keys: one deployment (or one demo or test run) is found and
+    # removed by a SCAN on its prefix and never touches another's.
+    key_prefix = settings.redis.key_prefix
     return {
         "broker_url": settings.redis.url,
         "result_backend": settings.redis.url,
@@ -51,7 +55,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "unacked_restore_throttle": 1,
             # Workers drain continuation stages before starting new jobs.
             "queue_order_strategy": "priority",
+            "global_keyprefix": f"{key_prefix}:",
         },
+        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:"},
         "broker_connection_retry_on_startup": True,
         "task_default_queue": JOBS_QUEUE,
         "task_routes": {"ctxcore.stage.*": {"queue": STAGES_QUEUE}},

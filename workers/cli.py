@@ -1,163 +1,31 @@
-"""The ``ctxcore`` command line."""
+"""The ``ctxcore`` command line: the parser, the ``eval`` command and ``main``.
+
+It stays on argparse on purpose: the standard library costs no dependency and no import
+time (each command imports what it needs when it runs), and ``main(argv)`` is what the tests
+drive. Conventions: every option and positional has help and shows its default
+(``ArgumentDefaultsHelpFormatter``); the shared options (``--config``) come from one parent
+parser that every subcommand uses; the ``--help`` epilog lists every ``CTXCORE_*`` variable,
+generated from ``Settings``; an error is one line naming its input, and a non-zero exit.
+The other commands are in ``workers/commands.py``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
-from ctxcore.config import Settings
+from ctxcore import __version__
+from ctxcore.config import environment_variables
 from ctxcore.errors import CtxcoreError
-from ctxcore.messages import from_openai
-from ctxcore.tokens import TiktokenCounter
-from ctxcore.window import check_window
+from workers import commands
+from workers.commands import bundled_sample, counter_for, settings_for
 
-
-def bundled_sample() -> Path:
-    """Path of the bundled sample conversations."""
-    return Path(str(resources.files("ctxcore").joinpath("samples", "agent_runs.jsonl")))
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CtxcoreError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
-            if isinstance(record, list):
-                record = {"id": f"line-{n}", "messages": record}
-            if not isinstance(record, dict) or "messages" not in record:
-                raise CtxcoreError(f"{path}:{n}: expected an object with 'messages' or a list of messages")
-            records.append(record)
-    return records
-
-
-def cmd_count(args: argparse.Namespace, out: TextIO) -> int:
-    """Print token counts per conversation of a JSONL file."""
-    path = Path(args.file) if args.file else bundled_sample()
-    counter = TiktokenCounter(args.model)
-    rows = []
-    for record in _read_jsonl(path):
-        messages = from_openai(record["messages"])
-        rows.append(
-            {
-                "id": str(record.get("id", "?")),
-                "messages": len(messages),
-                "tokens": counter.count_messages(messages),
-                "violations": len(check_window(messages)),
-            }
-        )
-    if args.json:
-        json.dump(rows, out, indent=2)
-        out.write("\n")
-        return 0
-    width = max([len(r["id"]) for r in rows] + [12])
-    out.write(f"{'conversation':<{width}}  {'messages':>8}  {'tokens':>8}  {'violations':>10}\n")
-    for r in rows:
-        out.write(f"{r['id']:<{width}}  {r['messages']:>8}  {r['tokens']:>8}  {r['violations']:>10}\n")
-    total = sum(r["tokens"] for r in rows)
-    out.write(f"{'total':<{width}}  {sum(r['messages'] for r in rows):>8}  {total:>8}\n")
-    out.write(f"encoding: {counter.encoding_name} ({path})\n")
-    return 0
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    # The CLI is one of the two places that read the environment (DESIGN: config).
-    return Settings.from_env(config_file=getattr(args, "config", None))
-
-
-def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    """Replay the bundled runs through the distributed service on an embedded default."""
-    from workers.demo import run_demo
-
-    return run_demo(
-        _settings(args), str(bundled_sample()), out, interactive=out.isatty(), timeout=args.timeout
-    )
-
-
-def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
-    """Start a Celery worker consuming continuation stages first, then new jobs."""
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure
-
-    settings = _settings(args)
-    configure(settings)
-    argv = ["worker", "-Q", f"{STAGES_QUEUE},{JOBS_QUEUE}", "--loglevel", args.loglevel, "-E"]
-    argv += ["--concurrency", str(args.concurrency or settings.worker.concurrency)]
-    app.worker_main(argv)
-    return 0
-
-
-def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
-    from workers.http import serve
-
-    settings = _settings(args)
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if overrides:
-        settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
-    serve(settings)
-    return 0
-
-
-def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
-    """Offline batch: compact each conversation of a JSONL file to a window within the budget."""
-    from ctxcore.assemble import assemble_window
-    from ctxcore.messages import SystemMessage, to_openai
-    from ctxcore.pipeline import PipelineConfig, View, compress_until_target
-    from workers.runtime import build_model
-
-    settings = _settings(args)
-    counter = TiktokenCounter(args.model)
-    model = build_model(settings.model, counter)
-    records = _read_jsonl(Path(args.file))
-    show_bar = out.isatty()
-    written = 0
-    with open(args.out, "w", encoding="utf-8") as sink:
-        for n, record in enumerate(records, 1):
-            messages = from_openai(record["messages"])
-            system = [m for m in messages if isinstance(m, SystemMessage)]
-            rest = [
-                m.model_copy(update={"context_message_id": f"{i:012d}"})
-                for i, m in enumerate((m for m in messages if not isinstance(m, SystemMessage)), 1)
-            ]
-            view = View(version=0, system=tuple(system), tail=tuple(rest))
-            target = max(int(args.budget * settings.service.target_ratio), 1)
-            config = PipelineConfig(
-                target_tokens=target, keep_recent_messages=settings.engine.keep_recent_messages
-            )
-            run = compress_until_target(view, config, model, counter)
-            state = run.view.to_state()
-            result = assemble_window(
-                state,
-                list(run.view.tail),
-                args.budget,
-                system,
-                [],
-                None,
-                counter,
-                pinned=list(run.view.pinned),
-            )
-            row = {
-                "id": record.get("id", n),
-                "messages": to_openai(result.messages, include_extra=True),
-                "tokens_before": view.tokens(counter),
-                "tokens_after": result.stats.total_tokens,
-                "stages": [r.stage.kind for r in run.results if r.changed],
-            }
-            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-            written += 1
-            line = f"{row['id']}: {row['tokens_before']:,} -> {row['tokens_after']:,} tokens ({', '.join(row['stages']) or 'unchanged'})"
-            out.write((f"\r[{n}/{len(records)}] " if show_bar else "") + line + "\n")
-    out.write(f"wrote {written} windows to {args.out}\n")
-    return 0
+__all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
 
 
 # ``ctxcore.eval.POLICIES`` by name: importing the harness for every command would cost ~0.7 s.
@@ -174,11 +42,44 @@ EVAL_POLICIES = (
 )
 
 
+def _check_eval_inputs(args: argparse.Namespace) -> int:
+    """Everything that can be checked before the run, so it fails in a second, not after an
+    hour; the number of conversations the run will evaluate."""
+    from ctxcore.eval.data import read_records
+
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise CtxcoreError("--plot needs matplotlib: pip install 'ctxcore[plot]'")
+    for option, value in (("--json", args.json), ("--plot", args.plot)):
+        if value and not Path(value).resolve().parent.is_dir():
+            raise CtxcoreError(f"{option} {value}: directory {Path(value).resolve().parent} does not exist")
+    records = read_records(args.file)
+    if not records:
+        raise CtxcoreError(f"{args.file}: no conversations (the file is empty)")
+    ids = [str(r["id"]) for r in records]
+    if not args.ids:
+        return min(len(ids), args.limit or len(ids))
+    wanted = [i for i in args.ids.split(",") if i]
+    unknown = [i for i in wanted if i not in set(ids)]
+    if unknown or not wanted:
+        shown = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
+        raise CtxcoreError(
+            f"--ids {args.ids}: no conversation {', '.join(unknown)} in {args.file} (ids: {shown})"
+        )
+    selected = len(set(wanted) & set(ids))
+    return min(selected, args.limit or selected)
+
+
 def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
-    """Replay conversations through a context policy and score every window (``ctxcore.eval``)."""
+    """Replay conversations through context policies and score every window (``ctxcore.eval``)."""
+    total = _check_eval_inputs(args)
+    from tqdm import tqdm
+
     from ctxcore.eval import EvalConfig, evaluate_file
     from ctxcore.eval.report import format_report, plot_report
+    from workers.runtime import build_model
 
+    settings = settings_for(args)
+    counter = counter_for(args, settings)
     config = EvalConfig(
         policies=[p.strip() for p in args.policy.split(",") if p.strip()],
         baseline=None if args.baseline == "none" else args.baseline,
@@ -188,13 +89,22 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         limit=args.limit,
         ids=args.ids.split(",") if args.ids else None,
         step_stride=args.step_stride,
-        counter=TiktokenCounter(args.model),
+        keep_recent_messages=settings.engine.keep_recent_messages,
+        trigger_ratio=settings.service.trigger_ratio,
+        target_ratio=settings.service.target_ratio,
+        model=build_model(settings.model, counter),
+        counter=counter,
     )
+    # One step per (conversation, policy) replay, the unit of ``progress``.
+    runs = total * len(config.run_policies)
+    with tqdm(total=runs, unit="run", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
 
-    def progress(result: Any) -> None:
-        print(f"{result.id} {result.policy}: {result.elapsed_seconds:.1f}s", file=sys.stderr, flush=True)
+        def progress(result: Any) -> None:
+            if args.progress:
+                bar.write(f"{result.id} {result.policy}: {result.elapsed_seconds:.1f}s", file=sys.stderr)
+            bar.update(1)
 
-    report = evaluate_file(args.file, config, progress=progress if args.progress else None)
+        report = evaluate_file(args.file, config, progress=progress)
     out.write(format_report(report, per_conversation=not args.quiet))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -209,87 +119,159 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    """Print a conversation's compaction state (and history)."""
-    from ctxcore.state import ConversationKey
-    from workers.runtime import Runtime
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument, and where to find the usage."""
 
-    rt = Runtime(_settings(args))
-    key = ConversationKey(args.tenant, args.conversation)
-    state = rt.state_store.load(key)
-    doc: dict[str, Any] = {
-        "conversation": str(key),
-        "last_log_id": rt.log.last_id(key),
-        "budget": rt.state_store.get_budget(key),
-        "state": state.model_dump(mode="json") if state else None,
-    }
-    if args.history:
-        doc["history"] = [s.model_dump(mode="json") for s in rt.state_store.history(key, 20)]
-    json.dump(doc, out, indent=2, ensure_ascii=False)
-    out.write("\n")
-    return 0
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
-    """Make an earlier kept version of the state current again (as a new version)."""
-    from ctxcore.state import ConversationKey
-    from workers.runtime import Runtime
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default; an option whose default is computed (None here) says in
+    its help what it is, so no "(default: None)" is printed."""
 
-    rt = Runtime(_settings(args))
-    key = ConversationKey(args.tenant, args.conversation)
-    state = rt.state_store.load(key)
-    if state is None:
-        out.write(f"{key}: no saved state\n")
-        return 2
-    if not rt.state_store.rollback(key, args.version, expected_version=state.version):
-        out.write(
-            f"{key}: rollback to version {args.version} failed (unknown version or a concurrent save)\n"
-        )
-        return 1
-    out.write(f"{key}: version {args.version} restored as version {state.version + 1}\n")
-    return 0
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "(default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer greater than 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be at most 65535, got {value}")
+    return value
+
+
+def environment_epilog() -> str:
+    """The ``CTXCORE_*`` variables with their defaults, from the ``Settings`` model."""
+    lines = [
+        "environment variables (override the --config file; values are parsed as JSON when they",
+        "parse; in TOML the same keys are [section] key = value):",
+    ]
+    names = environment_variables()
+    width = max(len(name) for name, _ in names)
+    lines += [f"  {name:<{width}}  {default}" for name, default in names]
+    lines.append(
+        "<ID> is a tenant id; a tenant's null values and missing MODEL__* keys mean the global ones."
+    )
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="ctxcore", description="A context engine for LLM agents.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    count = sub.add_parser("count", help="token counts of conversations in a JSONL file")
-    count.add_argument("file", nargs="?", help="JSONL of {'messages': [...]} (default: the bundled sample)")
-    count.add_argument("--model", default=None, help="model name picking the tokenizer (default cl100k_base)")
-    count.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    count.set_defaults(func=cmd_count)
+    common = Parser(add_help=False)
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="TOML settings file (default: $CTXCORE_CONFIG_FILE, else none); CTXCORE_* variables "
+        "override it, see `ctxcore --help`",
+    )
+    parser = Parser(
+        prog="ctxcore",
+        description="A context engine for LLM agents.",
+        epilog=environment_epilog(),
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--config", help="TOML settings file (default: $CTXCORE_CONFIG_FILE)")
+    def command(name: str, text: str, func: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
+        p.set_defaults(func=func)
         return p
 
-    demo = with_config(sub.add_parser("demo", help="run the distributed service on the bundled samples"))
-    demo.add_argument("--timeout", type=float, default=100.0, help="seconds before the demo wraps up")
-    demo.set_defaults(func=cmd_demo)
+    model_help = "model name picking the tokenizer (default: engine.tokenizer_model, else cl100k_base)"
+    count = command("count", "token counts of the conversations of a JSONL file", commands.cmd_count)
+    count.add_argument(
+        "file", nargs="?", help="JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"
+    )
+    count.add_argument("--model", default=None, help=model_help)
+    count.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    worker = with_config(sub.add_parser("worker", help="start a Celery compaction worker"))
-    worker.add_argument("--concurrency", type=int, default=None)
-    worker.add_argument("--loglevel", default="INFO")
-    worker.set_defaults(func=cmd_worker)
+    demo = command("demo", "run the distributed service on the bundled sample runs", commands.cmd_demo)
+    demo.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=100.0,
+        metavar="SECONDS",
+        help="seconds before the demo wraps up",
+    )
 
-    serve = with_config(sub.add_parser("serve", help="serve the HTTP API"))
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.set_defaults(func=cmd_serve)
+    worker = command("worker", "start a Celery compaction worker", commands.cmd_worker)
+    worker.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="worker pool size (default: worker.concurrency of the settings, 2)",
+    )
+    worker.add_argument(
+        "--loglevel", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="Celery log level"
+    )
 
-    compact = with_config(sub.add_parser("compact", help="offline batch compaction of a JSONL file"))
-    compact.add_argument("file", help="JSONL of {'id', 'messages': [...]}")
-    compact.add_argument("--out", required=True, help="where to write the compacted windows (JSONL)")
-    compact.add_argument("--budget", type=int, required=True, help="token budget of each window")
-    compact.add_argument("--model", default=None, help="model name picking the tokenizer")
-    compact.set_defaults(func=cmd_compact)
+    serve = command("serve", "serve the HTTP API", commands.cmd_serve)
+    serve.add_argument("--host", default=None, help="address to bind (default: http.host, 127.0.0.1)")
+    serve.add_argument("--port", type=port, default=None, help="port to bind (default: http.port, 8080)")
 
-    ev = sub.add_parser("eval", help="replay conversations through a policy and score its windows")
+    token = command("token", "manage bearer tokens of the HTTP API", None)
+    token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", title="actions", required=True)
+    create = token_sub.add_parser(
+        "create",
+        help="print a new token and the config lines of its sha256",
+        description="Print a new bearer token (once) and both config forms of its sha256.",
+        parents=[common],
+        formatter_class=HelpFormatter,
+    )
+    create.add_argument("tenant", help="the tenant id the token authenticates as")
+    create.set_defaults(func=commands.cmd_token_create)
+
+    compact = command("compact", "offline batch compaction of a JSONL file", commands.cmd_compact)
+    compact.add_argument("file", help="JSONL of {'id', 'messages': [...]}, one conversation a line")
+    compact.add_argument(
+        "--out", required=True, help="where to write the windows (JSONL); replaced only when the batch ends"
+    )
+    compact.add_argument(
+        "--budget", type=positive_int, required=True, metavar="TOKENS", help="token budget of each window"
+    )
+    compact.add_argument("--model", default=None, help=model_help)
+    compact.add_argument(
+        "--continue-on-error",
+        action="store_true",
+        help="name each conversation that fails on stderr, write the others, exit 1",
+    )
+
+    ev = command("eval", "replay conversations through policies and score their windows", cmd_eval)
     ev.add_argument("file", help="JSONL of {'id', 'messages': [...], 'qa'?: [...]}")
     ev.add_argument(
         "--policy",
         required=True,
+        metavar="NAME,...",
         help=f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
     )
     ev.add_argument(
@@ -297,44 +279,83 @@ def build_parser() -> argparse.ArgumentParser:
         default="steps",
         help="policy wins and losses are counted against, added when missing ('none': no baseline)",
     )
-    ev.add_argument("--windows-out", help="write each conversation's final window per policy here (JSONL)")
-    size = ev.add_mutually_exclusive_group(required=True)
-    size.add_argument("--budget", type=int, help="token budget of every window")
-    size.add_argument("--budget-ratio", type=float, help="budget as a share of each conversation's tokens")
-    ev.add_argument("--json", help="write the full JSON report here")
-    ev.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
-    ev.add_argument("--limit", type=int, default=None, help="only the first K conversations")
-    ev.add_argument("--ids", default=None, help="only these conversation ids (comma-separated)")
     ev.add_argument(
-        "--step-stride", type=int, default=1, help="a window every N steps without a user message (default 1)"
+        "--windows-out",
+        metavar="FILE",
+        help="write each conversation's final window per policy here, JSONL (default: not written)",
     )
-    ev.add_argument("--model", default=None, help="model name picking the tokenizer")
+    size = ev.add_mutually_exclusive_group(required=True)
+    size.add_argument(
+        "--budget",
+        type=positive_int,
+        metavar="TOKENS",
+        help="token budget of every window (or --budget-ratio)",
+    )
+    size.add_argument(
+        "--budget-ratio",
+        type=positive_float,
+        metavar="R",
+        help="budget as a share of each conversation's tokens (or --budget)",
+    )
+    ev.add_argument("--json", metavar="FILE", help="write the full JSON report here (default: not written)")
+    ev.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)",
+    )
+    ev.add_argument(
+        "--limit",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="only the first K conversations (default: all)",
+    )
+    ev.add_argument(
+        "--ids",
+        default=None,
+        metavar="ID,...",
+        help="only these conversation ids, comma-separated (default: all)",
+    )
+    ev.add_argument(
+        "--step-stride",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="a window every N assistant steps without a user message",
+    )
+    ev.add_argument("--model", default=None, help=model_help)
     ev.add_argument("--quiet", action="store_true", help="print the overall row only")
     ev.add_argument("--progress", action="store_true", help="print each conversation's time to stderr")
-    ev.set_defaults(func=cmd_eval)
 
-    inspect = with_config(sub.add_parser("inspect", help="show a conversation's compaction state"))
-    inspect.add_argument("tenant")
-    inspect.add_argument("conversation")
-    inspect.add_argument("--history", action="store_true")
-    inspect.set_defaults(func=cmd_inspect)
+    inspect = command("inspect", "show a conversation's compaction state", commands.cmd_inspect)
+    inspect.add_argument("tenant", help="tenant id")
+    inspect.add_argument("conversation", help="conversation id")
+    inspect.add_argument("--history", action="store_true", help="also print the last 20 kept versions")
 
-    rollback = with_config(sub.add_parser("rollback", help="restore an earlier state version"))
-    rollback.add_argument("tenant")
-    rollback.add_argument("conversation")
-    rollback.add_argument("version", type=int)
-    rollback.set_defaults(func=cmd_rollback)
+    rollback = command(
+        "rollback", "restore an earlier state version (as a new version)", commands.cmd_rollback
+    )
+    rollback.add_argument("tenant", help="tenant id")
+    rollback.add_argument("conversation", help="conversation id")
+    rollback.add_argument("version", type=positive_int, help="the kept version to make current again")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ctxcore`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     try:
         return int(args.func(args, sys.stdout))
     except (CtxcoreError, OSError) as exc:
         print(f"ctxcore: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ctxcore: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

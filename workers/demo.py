@@ -8,13 +8,18 @@ in-process Celery worker compacts their conversations in the background with the
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import redis
+
 from ctxcore.config import Settings
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey
 from ctxcore.turns import anchors
@@ -72,62 +77,146 @@ def _load(path: str, prefix: str) -> list[Track]:
     return tracks
 
 
+class StopSignals:
+    """SIGTERM and SIGINT set a flag the demo's loops check (the handlers never raise, so the
+    clean-up is never cut short halfway); the previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def stopping(self) -> bool:
+        """True once a signal arrived."""
+        return self.signum is not None
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> StopSignals:
+        # Handlers can only be installed from the main thread (tests may call from others).
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
 def run_demo(
     settings: Settings, sample_path: str, out: TextIO, *, interactive: bool, timeout: float = 100.0
 ) -> int:
-    """Run the demo; returns the process exit code (0 when every window was valid)."""
+    """Run the demo; returns the process exit code: 0 when windows were checked and every one
+    was valid, 1 otherwise, 128 + the signal number when stopped by SIGTERM (143) or SIGINT
+    (130). Every key it writes, Celery's included, carries a ``demo<hex>`` prefix and is
+    deleted at the end; an embedded redis-server it started is stopped and its directory
+    removed, on a signal too."""
+    if not timeout > 0:
+        raise ConfigError(f"the demo's timeout must be greater than 0 seconds, got {timeout}")
+    with StopSignals() as stop:
+        from workers.embedded import ensure_redis
+
+        server = ensure_redis(settings.redis.url)
+        note = "started an embedded redis-server" if server.started else "using the Redis server"
+        out.write(f"ctxcore demo: {note} at {server.url}\n")
+        prefix = f"demo{uuid.uuid4().hex[:6]}"
+        settings = settings.model_copy(
+            update={"redis": settings.redis.model_copy(update={"url": server.url, "key_prefix": prefix})}
+        )
+        deleted = 0
+        try:
+            code = 1 if stop.stopping else _run(settings, sample_path, out, interactive, timeout, stop)
+        finally:
+            # After the worker stopped (it writes keys): then nothing of the demo is left.
+            if not server.started:
+                deleted = _delete_keys(server.url, prefix)
+            server.stop()
+        if stop.signum is not None:
+            name = signal.Signals(stop.signum).name
+            what = (
+                "stopped the embedded redis-server and removed its directory"
+                if server.started
+                else f"deleted its {deleted} keys (prefix {prefix}) from {server.url}"
+            )
+            out.write(f"{chr(10) if interactive else ''}ctxcore demo: stopped by {name}; {what}\n")
+            return 128 + stop.signum
+        return code
+
+
+def _delete_keys(url: str, prefix: str) -> int:
+    from workers.keyspace import delete_prefixed_keys
+
+    client = redis.Redis.from_url(url)
+    try:
+        return delete_prefixed_keys(client, prefix)
+    finally:
+        client.close()
+
+
+def _run(
+    settings: Settings, sample_path: str, out: TextIO, interactive: bool, timeout: float, stop: StopSignals
+) -> int:
     from celery.contrib.testing.worker import start_worker
 
     from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
-    from workers.embedded import ensure_redis
     from workers.runtime import build_service
     from workers.tasks import CeleryQueue
 
-    server = ensure_redis(settings.redis.url)
-    note = "started an embedded redis-server" if server.started else "using the Redis server"
-    out.write(f"ctxcore demo: {note} at {server.url}\n")
-    prefix = f"demo{uuid.uuid4().hex[:6]}"
-    settings = settings.model_copy(
-        update={"redis": settings.redis.model_copy(update={"url": server.url, "key_prefix": prefix})}
-    )
     configure(settings)
     started = time.monotonic()
-    try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            queues=[STAGES_QUEUE, JOBS_QUEUE],
-            shutdown_timeout=30,
-        ):
-            rt = runtime()
-            service = build_service(rt, CeleryQueue())
-            tracks = _load(sample_path, prefix)
-            out.write(
-                f"replaying {len(tracks)} agent runs for tenants {', '.join(TENANTS)}; model: "
-                f"{'ExtractiveModel (offline)' if settings.model.offline else settings.model.name}\n\n"
-            )
-            _replay(service, rt, tracks, out, interactive, started + timeout * 0.7)
-            _drain(rt, tracks, out, deadline=started + timeout)
-            for track in tracks:
-                result = service.get_window(track.key, track.budget, track.system)
-                track.last_window = result.stats.total_tokens
-            _summary(rt, tracks, out, time.monotonic() - started)
-            ok = all(t.violations == 0 and t.anchors_lost == 0 and t.peak <= t.budget for t in tracks)
-            return 0 if ok else 1
-    finally:
-        server.stop()
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        queues=[STAGES_QUEUE, JOBS_QUEUE],
+        shutdown_timeout=30,
+    ):
+        rt = runtime()
+        service = build_service(rt, CeleryQueue())
+        tracks = _load(sample_path, settings.redis.key_prefix)
+        out.write(
+            f"replaying {len(tracks)} agent runs for tenants {', '.join(TENANTS)}; model: "
+            f"{'ExtractiveModel (offline)' if settings.model.offline else settings.model.name}\n\n"
+        )
+        _replay(service, rt, tracks, out, interactive, started + timeout * 0.7, stop)
+        _drain(rt, tracks, out, started + timeout, stop)
+        if stop.stopping:
+            return 1
+        for track in tracks:
+            result = service.get_window(track.key, track.budget, track.system)
+            track.last_window = result.stats.total_tokens
+        _summary(rt, tracks, out, time.monotonic() - started)
+    if not any(t.windows for t in tracks):
+        out.write(f"no window was checked within the {timeout:g} s timeout: nothing was shown to work\n")
+        return 1
+    return 0 if all(_valid(t) for t in tracks) else 1
+
+
+def _valid(track: Track) -> bool:
+    return track.violations == 0 and track.anchors_lost == 0 and track.peak <= track.budget
 
 
 def _replay(
-    service: Any, rt: Any, tracks: list[Track], out: TextIO, interactive: bool, deadline: float
+    service: Any,
+    rt: Any,
+    tracks: list[Track],
+    out: TextIO,
+    interactive: bool,
+    deadline: float,
+    stop: StopSignals,
 ) -> None:
     total = sum(len(t.steps) for t in tracks)
     done = 0
     last_version: dict[ConversationKey, int] = {}
     while any(t.sent < len(t.steps) for t in tracks) and time.monotonic() < deadline:
         for track in tracks:
+            if stop.stopping:
+                return
             if track.sent >= len(track.steps):
                 continue
             batch = track.steps[track.sent]
@@ -162,12 +251,13 @@ def _replay(
         out.write("\n")
 
 
-def _drain(rt: Any, tracks: list[Track], out: TextIO, deadline: float) -> None:
-    while time.monotonic() < deadline:
+def _drain(rt: Any, tracks: list[Track], out: TextIO, deadline: float, stop: StopSignals) -> None:
+    while time.monotonic() < deadline and not stop.stopping:
         if all(rt.scheduler.status(t.key) == "idle" for t in tracks):
             return
         time.sleep(0.2)
-    out.write("some compactions were still running at the deadline\n")
+    if not stop.stopping:
+        out.write("some compactions were still running at the deadline\n")
 
 
 def _summary(rt: Any, tracks: list[Track], out: TextIO, elapsed: float) -> None:
@@ -180,7 +270,7 @@ def _summary(rt: Any, tracks: list[Track], out: TextIO, elapsed: float) -> None:
         version = state.version if state else 0
         msgs = sum(len(s) for s in t.steps[: t.sent])
         ratio = t.raw_tokens / t.last_window if t.last_window else 0.0
-        ok = "yes" if t.violations == 0 and t.anchors_lost == 0 and t.peak <= t.budget else "NO"
+        ok = "yes" if _valid(t) else "NO"
         out.write(
             f"{t.key.tenant_id:<8} {t.key.conversation_id[-30:]:<30} {msgs:>5} {t.raw_tokens:>8,} {t.last_window:>7,} "
             f"{t.budget:>6,} {ratio:>5.1f}x {version:>4} {blocks:>6} {t.fallbacks:>4}/{t.windows:<3} {ok:>3}\n"

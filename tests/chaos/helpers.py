@@ -443,10 +443,11 @@ def worker_env(redis_url: str, prefix: str, *, model_url: str | None = None, **w
     return env
 
 
-def broker_idle(client: redis.Redis) -> bool:
-    """True when no Celery message waits in the queues or sits unacknowledged."""
+def broker_idle(client: redis.Redis, prefix: str) -> bool:
+    """True when no Celery message of ``prefix`` waits in the queues or sits unacknowledged
+    (kombu's keys carry ``<prefix>:``, the ``global_keyprefix`` of ``celery_config``)."""
     waiting = 0
     for name in ("ctxcore.jobs", "ctxcore.stages"):
         for suffix in ("", "\x06\x163", "\x06\x166", "\x06\x169"):
-            waiting += int(client.llen(name + suffix))
-    return waiting == 0 and int(client.hlen("unacked")) == 0
+            waiting += int(client.llen(f"{prefix}:{name}{suffix}"))
+    return waiting == 0 and int(client.hlen(f"{prefix}:unacked")) == 0

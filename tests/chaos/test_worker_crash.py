@@ -189,7 +189,7 @@ def _wait_compacted(
     while time.monotonic() < deadline:
         done = {k for k in keys if rt.coordinator.plan(k) is None}
         idle = all(rt.scheduler.status(k) == "idle" for k in keys)
-        if len(done) == len(keys) and idle and broker_idle(rt.redis):
+        if len(done) == len(keys) and idle and broker_idle(rt.redis, rt.settings.redis.key_prefix):
             return done
         if time.monotonic() - last_request > 3:
             for key in set(keys) - done:

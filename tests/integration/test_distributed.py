@@ -17,24 +17,30 @@ from ctxcore.tokens import TiktokenCounter
 from ctxcore.turns import anchors
 from ctxcore.window import check_window
 from tests.datasets import conversations
+from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime, build_service
 from workers.scheduler import FairScheduler
 
 pytestmark = pytest.mark.redis
-TEST_DB = 14
 
 
 @pytest.fixture()
-def settings(redis_url: str) -> Settings:
-    base = redis_url.rsplit("/", 1)[0]
+def settings(redis_url: str) -> Iterator[Settings]:
+    """Settings with a key prefix of this test's own: ctxcore's keys and, through Celery's
+    ``global_keyprefix``, its queues and results too. Exactly those keys are deleted after."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    return Settings.load(
+    yield Settings.load(
         {
-            "redis": {"url": f"{base}/{TEST_DB}", "key_prefix": prefix},
+            "redis": {"url": redis_url, "key_prefix": prefix},
             "worker": {"retry_delays": [0.1, 0.2, 0.4], "lock_timeout": 10},
             "engine": {"keep_recent_messages": 4},
         }
     )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        delete_prefixed_keys(client, prefix)
+    finally:
+        client.close()
 
 
 @pytest.fixture()
@@ -43,8 +49,6 @@ def worker(settings: Settings) -> Iterator[Runtime]:
 
     from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
 
-    client = redis.Redis.from_url(settings.redis.url)
-    client.flushdb()
     configure(settings)
     with start_worker(
         app,
@@ -55,7 +59,6 @@ def worker(settings: Settings) -> Iterator[Runtime]:
         shutdown_timeout=20,
     ):
         yield runtime()
-    client.flushdb()
 
 
 def _wait_idle(rt: Runtime, key: ConversationKey, timeout: float = 60) -> None:
@@ -72,7 +75,7 @@ def test_end_to_end_swe_run_turn_by_turn(worker: Runtime) -> None:
 
     rt = worker
     service = build_service(rt, CeleryQueue())
-    conv = max(conversations("minisweagent_dev.jsonl"), key=lambda c: len(c["messages"]))
+    conv = max(conversations("minisweagent.jsonl"), key=lambda c: len(c["messages"]))
     msgs = from_openai(conv["messages"])
     system = [m for m in msgs if isinstance(m, SystemMessage)]
     rest: list[AnyMessage] = [m for m in msgs if not isinstance(m, SystemMessage)]
@@ -140,7 +143,6 @@ def test_fifty_concurrent_requests_make_one_job(settings: Settings, redis_url: s
     assert sched.finish(key) is True
     assert sched.status(key) == "queued"
     assert sched.next_job() is not None and sched.finish(key) is False and sched.status(key) == "idle"
-    client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
 
 
 def test_fairness_by_order_not_time(settings: Settings) -> None:
@@ -154,7 +156,6 @@ def test_fairness_by_order_not_time(settings: Settings) -> None:
     tenants = [j.key.tenant_id for j in order if j is not None]
     assert "tenant-b" in tenants, tenants
     assert sched.depth() == 201 - workers * 2
-    client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
 
 
 def test_lease_expiry_requeues_after_a_dead_worker(settings: Settings) -> None:
@@ -167,7 +168,6 @@ def test_lease_expiry_requeues_after_a_dead_worker(settings: Settings) -> None:
     time.sleep(0.3)
     assert sched.status(key) == "idle"
     assert sched.request(key) is True
-    client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
 
 
 def test_two_stage_runs_of_one_conversation_never_overlap(settings: Settings) -> None:

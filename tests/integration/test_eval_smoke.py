@@ -1,8 +1,8 @@
-"""CI-sized ``ctxcore eval`` on the shared data: the ``full`` policy on 3 conversations per file.
+"""CI-sized ``ctxcore eval`` on the test data: the ``full`` policy on 3 conversations per file.
 
-Figures are the benchmarks' business (bench/retention.py); here only the guarantees and one
-comparison that must hold: ``full`` keeps more of LoCoMo conv-26's compacted answers than
-keep-newest truncation.
+Figures are the benchmarks' business (bench/retention.py, on LoCoMo); here only the
+guarantees and one comparison that must hold: ``full`` keeps more of a dated chat's
+compacted answers than keep-newest truncation.
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ def run_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> 
     ("name", "budget"),
     [
         ("tau_bench.jsonl", ["--budget", "3000"]),
-        ("minisweagent_dev.jsonl", ["--budget", "16000"]),
-        ("locomo.jsonl", ["--budget-ratio", "0.25"]),
+        ("minisweagent.jsonl", ["--budget", "16000"]),
+        ("dialogue_qa.jsonl", ["--budget-ratio", "0.25"]),
     ],
 )
 def test_full_policy_on_three_conversations(
     name: str, budget: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = require_data()
-    report = run_eval(tmp_path, capsys, str(data / name), "--policy", "full", "--limit", "3", *budget)
+    report = run_eval(tmp_path, capsys, str(require_data(name)), "--policy", "full", "--limit", "3", *budget)
     assert report["baseline"] == "steps"
     for rep in report["reports"]:
         overall = rep["overall"]
@@ -53,14 +52,14 @@ def test_full_policy_on_three_conversations(
     full = report["reports"][0]["overall"]
     if name != "tau_bench.jsonl":  # these budgets force compaction: the summariser ran
         assert full["summariser_calls"] > 0
-    if name == "minisweagent_dev.jsonl":
+    if name == "minisweagent.jsonl":
         assert full["probes"]["newest_head"]["runs"] == 3
 
 
-def test_full_beats_truncation_on_compacted_answers_of_conv_26(
+def test_full_beats_truncation_on_compacted_answers_of_a_dated_chat(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = str(require_data() / "locomo.jsonl")
+    path = str(require_data("dialogue_qa.jsonl"))
     recall = {}
     for policy in ("truncate", "full"):
         report = run_eval(
@@ -72,10 +71,10 @@ def test_full_beats_truncation_on_compacted_answers_of_conv_26(
             "--baseline",
             "none",
             "--ids",
-            "conv-26",
+            "chat-1",
             "--budget-ratio",
             "0.25",
         )
-        assert [c["id"] for c in report["conversations"]] == ["conv-26"]
+        assert [c["id"] for c in report["conversations"]] == ["chat-1"]
         recall[policy] = report["overall"]["compacted_answer_recall"]
     assert recall["full"] > recall["truncate"]

@@ -19,11 +19,11 @@ from ctxcore.turns import anchors
 from ctxcore.window import check_window
 from tests.datasets import conversations
 from workers.http import create_app
+from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 from workers.service import InlineQueue
 
 pytestmark = pytest.mark.redis
-TEST_DB = 13
 
 TOKEN_A = "secret-token-of-tenant-a"
 TOKEN_B = "secret-token-of-tenant-b"
@@ -57,23 +57,13 @@ def _settings(url: str, prefix: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture()
-def db_url(redis_url: str) -> Iterator[str]:
-    """The dedicated test database, flushed before and after the test."""
-    url = f"{redis_url.rsplit('/', 1)[0]}/{TEST_DB}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    yield url
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture()
-def make_api(db_url: str) -> Iterator[Callable[..., Api]]:
-    """Build an API over Redis db 13 with a unique key prefix; ``overrides`` are settings sections."""
+def make_api(redis_url: str) -> Iterator[Callable[..., Api]]:
+    """Build an API over the test Redis with a key prefix of its own (its keys are deleted
+    afterwards, nothing else is); ``overrides`` are settings sections."""
     made: list[tuple[TestClient, Runtime]] = []
 
     def make(url: str | None = None, **overrides: Any) -> Api:
-        settings = _settings(url or db_url, f"http{uuid.uuid4().hex[:8]}", **overrides)
+        settings = _settings(url or redis_url, f"http{uuid.uuid4().hex[:8]}", **overrides)
         runtime = Runtime(settings)
         queue = InlineQueue()
         client = TestClient(create_app(runtime, queue))
@@ -81,9 +71,15 @@ def make_api(db_url: str) -> Iterator[Callable[..., Api]]:
         return Api(client, runtime, queue)
 
     yield make
-    for client, runtime in made:
-        client.close()
-        runtime.redis.close()
+    cleaner = redis.Redis.from_url(redis_url)
+    try:
+        for client, runtime in made:
+            client.close()
+            runtime.redis.close()
+            if runtime.settings.redis.url == redis_url:
+                delete_prefixed_keys(cleaner, runtime.settings.redis.key_prefix)
+    finally:
+        cleaner.close()
 
 
 @pytest.fixture()
@@ -432,7 +428,7 @@ def test_rate_limit_is_per_tenant_with_retry_after(make_api: Callable[..., Api])
 
 
 def test_window_on_a_tau_bench_conversation_fits_the_budget(api: Api) -> None:
-    record = next(c for c in conversations("tau_bench.jsonl") if len(c["messages"]) >= 40)
+    record = max(conversations("tau_bench.jsonl"), key=lambda c: len(c["messages"]))  # 48 messages, 6.4K tokens
     system = [m for m in record["messages"] if m["role"] == "system"]
     rest = [m for m in record["messages"] if m["role"] != "system"]
     appended = api.append("tau", rest)

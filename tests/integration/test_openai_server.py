@@ -21,12 +21,22 @@ from ctxcore.testing import FAULT_KINDS, OpenAIServer
 from ctxcore.tokens import EstimateCounter
 
 MESSAGES = [SystemMessage(content="You summarise."), UserMessage(content="Summarise: the cache is cold.")]
-TIMEOUT = 0.3
+# Replies that should arrive get a timeout with room for a loaded machine; only where the
+# script holds a "timeout" fault (answered after TIMEOUT_FAULT_DELAY) does the client give up
+# early: a timeout is a lower bound, so a busy machine cannot make that one flaky.
+TIMEOUT = 10.0
+FAULT_TIMEOUT = 2.0
+TIMEOUT_FAULT_DELAY = 4 * FAULT_TIMEOUT
+
+
+def timeout_for(fault: str) -> float:
+    """The client timeout of a test whose script holds ``fault``."""
+    return FAULT_TIMEOUT if fault == "timeout" else TIMEOUT
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[OpenAIServer]:
-    with OpenAIServer(timeout_delay=TIMEOUT * 4) as srv:
+    with OpenAIServer(timeout_delay=TIMEOUT_FAULT_DELAY) as srv:
         yield srv
 
 
@@ -37,8 +47,10 @@ def fresh(server: OpenAIServer) -> OpenAIServer:
 
 
 @pytest.fixture
-def model(fresh: OpenAIServer) -> Iterator[OpenAIChatModel]:
-    with OpenAIChatModel(fresh.base_url, model="test-model", timeout=TIMEOUT) as client:
+def model(fresh: OpenAIServer, request: pytest.FixtureRequest) -> Iterator[OpenAIChatModel]:
+    callspec = getattr(request.node, "callspec", None)
+    fault = str(callspec.params.get("fault", "")) if callspec else ""
+    with OpenAIChatModel(fresh.base_url, model="test-model", timeout=timeout_for(fault)) as client:
         yield client
 
 
@@ -172,9 +184,9 @@ def test_requests_are_recorded_under_concurrency(fresh: OpenAIServer) -> None:
 # --- the executor over the wire ------------------------------------------------------------------
 
 
-def run(server: OpenAIServer, **kwargs: object) -> tuple[CompressionExecutor, Sleeps]:
+def run(server: OpenAIServer, fault: str = "", **kwargs: object) -> tuple[CompressionExecutor, Sleeps]:
     sleeps = Sleeps()
-    client = OpenAIChatModel(server.base_url, model="test-model", timeout=TIMEOUT)
+    client = OpenAIChatModel(server.base_url, model="test-model", timeout=timeout_for(fault))
     return CompressionExecutor(client, EstimateCounter(), sleep=sleeps, **kwargs), sleeps  # type: ignore[arg-type]
 
 
@@ -193,7 +205,7 @@ def test_transient_faults_three_calls_then_give_up(fresh: OpenAIServer, fault: s
     for _ in range(3):
         fresh.push_fault(fault, retry_after=0)
     fresh.push_text("never reached")
-    ex, sleeps = run(fresh)
+    ex, sleeps = run(fresh, fault)
     with pytest.raises(ModelCallError) as info:
         ex.execute(MESSAGES, max_tokens=32)
     assert info.value.kind == kind and info.value.attempts == 3
@@ -205,7 +217,7 @@ def test_transient_faults_three_calls_then_give_up(fresh: OpenAIServer, fault: s
 def test_transient_fault_then_success(fresh: OpenAIServer, fault: str) -> None:
     fresh.push_fault(fault, retry_after=0)
     fresh.push_text("recovered", usage={"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10})
-    ex, sleeps = run(fresh)
+    ex, sleeps = run(fresh, fault)
     result = ex.execute(MESSAGES, max_tokens=32)
     assert result.text == "recovered"
     assert result.usage.calls == 2 and result.usage.input_tokens == 9

@@ -59,7 +59,7 @@ def test_budget_exceeded_names_three_sizes() -> None:
 
 @pytest.mark.parametrize("budget", [16_000, 8_000, 4_000])
 def test_fallback_on_every_swe_run(budget: int) -> None:
-    for conv in conversations("minisweagent_dev.jsonl"):
+    for conv in conversations("minisweagent.jsonl"):
         system, rest = logged(conv["messages"])
         state = CompressionState()
         result = assemble_window(state, rest, budget, system, [], None, COUNTER)
@@ -72,7 +72,7 @@ def test_fallback_on_every_swe_run(budget: int) -> None:
 
 
 def test_fallback_truncates_blocks_when_tail_is_not_enough() -> None:
-    system, rest = logged(next(conversations("minisweagent_dev.jsonl"))["messages"])
+    system, rest = logged(next(conversations("minisweagent.jsonl"))["messages"])
     view = View(version=0, system=tuple(system), tail=tuple(rest))
     run = compress_until_target(
         view, PipelineConfig(target_tokens=view.tokens(COUNTER) // 3), ExtractiveModel(COUNTER), COUNTER

@@ -147,7 +147,7 @@ def test_conflict_when_another_writer_saved_first() -> None:
 
 
 def test_run_stage_pipeline_on_swe_run_saves_with_cas() -> None:
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     store, log = MemoryStateStore(), MemoryMessageLog()
     from ctxcore.messages import from_openai
 
@@ -168,7 +168,7 @@ def test_run_stage_pipeline_on_swe_run_saves_with_cas() -> None:
 def test_model_failure_in_stage_keeps_state() -> None:
     from tests.pipeline_helpers import FailingModel
 
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     from ctxcore.messages import from_openai
 
     store, log = MemoryStateStore(), MemoryMessageLog()

@@ -38,13 +38,13 @@ def nest(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def test_round_trip_every_shared_conversation() -> None:
+def test_round_trip_every_test_conversation() -> None:
     count = 0
     for conv in conversations():
         parsed = from_openai(conv["messages"])
         assert to_openai(parsed, include_extra=True) == nest(conv["messages"]), conv["id"]
         count += 1
-    assert count == 232
+    assert count == 6 + 20 + 11 + 4  # bundled runs, tau-bench and SWE slices, dated chats
 
 
 def test_to_openai_emits_only_openai_keys_by_default() -> None:

@@ -29,11 +29,12 @@ COUNTER = TiktokenCounter()
 
 
 def sample() -> list[dict[str, object]]:
-    """A quarter of tau-bench, every SWE run, two LoCoMo chats."""
+    """The bundled runs, half of the tau-bench slice, every SWE run, two dated chats."""
     return (
-        list(conversations("tau_bench.jsonl", every=8))
-        + list(conversations("minisweagent_dev.jsonl"))
-        + list(conversations("locomo.jsonl", every=5))
+        list(conversations("agent_runs.jsonl"))
+        + list(conversations("tau_bench.jsonl", every=2))
+        + list(conversations("minisweagent.jsonl"))
+        + list(conversations("dialogue_qa.jsonl", every=2))
     )
 
 
@@ -51,7 +52,7 @@ def test_config_defaults_and_validation() -> None:
 
 
 def test_stage_and_result_survive_json() -> None:
-    view = raw_view(next(conversations("minisweagent_dev.jsonl"))["messages"])
+    view = raw_view(next(conversations("minisweagent.jsonl"))["messages"])
     cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2)
     stage = plan_next_stage(view, cfg, COUNTER)
     assert stage is not None and stage.kind == "l0_to_l1" and stage.based_on_version == 0
@@ -91,7 +92,7 @@ def test_every_conversation_compacts_to_target_keeping_anchors_and_protocol() ->
 
 
 def test_incremental_l1_blocks_have_provenance_and_summarise_only_new_range() -> None:
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     system, rest = logged(conv["messages"])
     model = ScriptedModel()
     extractive = ExtractiveModel(COUNTER)
@@ -125,7 +126,7 @@ def test_incremental_l1_blocks_have_provenance_and_summarise_only_new_range() ->
 
 
 def test_model_failure_escalates_to_hard_truncate_and_keeps_state_on_single_stage() -> None:
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     view = raw_view(conv["messages"])
     cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2)
     stage = plan_next_stage(view, cfg, COUNTER)
@@ -139,7 +140,7 @@ def test_model_failure_escalates_to_hard_truncate_and_keeps_state_on_single_stag
 
 
 def test_hard_truncate_brings_blocks_within_target_deterministically() -> None:
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     view = raw_view(conv["messages"])
     cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2, keep_recent_messages=2)
     first = compress_until_target(view, cfg, ExtractiveModel(COUNTER), COUNTER).view
@@ -220,7 +221,7 @@ def test_parse_blocks_tolerates_fences_and_noise() -> None:
 
 
 def test_from_messages_recovers_blocks_from_rendered_context() -> None:
-    view = raw_view(next(conversations("minisweagent_dev.jsonl"))["messages"])
+    view = raw_view(next(conversations("minisweagent.jsonl"))["messages"])
     cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 3)
     done = compress_until_target(view, cfg, ExtractiveModel(COUNTER), COUNTER).view
     again = View.from_messages(done.context_messages(), system=done.system)
@@ -234,7 +235,7 @@ def test_from_messages_recovers_blocks_from_rendered_context() -> None:
 
 
 def test_recursive_merge_raises_level() -> None:
-    view = raw_view(next(conversations("locomo.jsonl"))["messages"])
+    view = raw_view(next(conversations("dialogue_qa.jsonl"))["messages"])
     cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2, l1_source_tokens=1500)
     first = compress_until_target(view, cfg, ExtractiveModel(COUNTER), COUNTER).view
     assert len(first.blocks) > 2
@@ -246,7 +247,7 @@ def test_recursive_merge_raises_level() -> None:
 
 
 def test_summarizer_strategy_path() -> None:
-    view = raw_view(next(conversations("minisweagent_dev.jsonl"))["messages"])
+    view = raw_view(next(conversations("minisweagent.jsonl"))["messages"])
     cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2)
     seen: list[int] = []
 

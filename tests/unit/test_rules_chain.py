@@ -54,7 +54,7 @@ def with_ids(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
 
 
 def swe_run() -> list[AnyMessage]:
-    record = next(conversations("minisweagent_dev.jsonl"))
+    record = next(conversations("minisweagent.jsonl"))
     return with_ids([m for m in from_openai(record["messages"]) if not isinstance(m, SystemMessage)])
 
 
@@ -118,7 +118,7 @@ def test_same_input_twice_gives_the_same_window_and_writes_once() -> None:
 
 def test_embedded_contexts_with_the_same_input_serve_the_same_window_and_write_once() -> None:
     store = CountingStore()
-    record = next(conversations("minisweagent_dev.jsonl"))
+    record = next(conversations("minisweagent.jsonl"))
     messages = from_openai(record["messages"])
     windows = []
     writes = []

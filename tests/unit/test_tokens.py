@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import base64
+import logging
 import struct
 import zlib
 
 import pytest
 import tiktoken.load
 
+from ctxcore import tokens
 from ctxcore.messages import AssistantMessage, ToolCall, UserMessage
 from ctxcore.tokens import (
     EstimateCounter,
     TiktokenCounter,
+    WarnOnce,
     encoding_for_model,
     image_tokens_for_size,
     load_encoding,
@@ -43,6 +46,36 @@ def test_encoding_choice() -> None:
     assert encoding_for_model("gpt-4o-mini") == "o200k_base"
     assert encoding_for_model("openai/gpt-5") == "o200k_base"
     assert encoding_for_model("some-local-model") == "cl100k_base"
+
+
+def test_an_unknown_model_warns_once_naming_the_fallback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tokens, "UNKNOWN_MODELS", WarnOnce(1024))
+    with caplog.at_level(logging.WARNING, logger="ctxcore.tokens"):
+        for _ in range(3):
+            assert encoding_for_model("acme/llama-local") == "cl100k_base"
+            assert encoding_for_model("text-davinci-003") == "cl100k_base"  # p50k_base: not shipped
+            assert encoding_for_model("gpt-4o") == "o200k_base"
+            assert encoding_for_model("gpt-4") == "cl100k_base"
+            TiktokenCounter("acme/llama-local")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "model name 'acme/llama-local' is not a known model: counting tokens with cl100k_base",
+        "model name 'text-davinci-003' uses p50k_base, which ctxcore does not ship: counting tokens with cl100k_base",
+    ]
+
+
+def test_the_warned_names_are_bounded(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    warned = WarnOnce(5)
+    monkeypatch.setattr(tokens, "UNKNOWN_MODELS", warned)
+    with caplog.at_level(logging.WARNING, logger="ctxcore.tokens"):
+        for n in range(50):
+            encoding_for_model(f"local-model-{n}" + "x" * 1000)
+    assert len(warned._names) == 5 and all(len(name) <= 200 for name in warned._names)
+    assert len(caplog.records) == 6 and "further ones are not logged" in caplog.records[-1].getMessage()
 
 
 def test_works_when_downloads_raise(monkeypatch: pytest.MonkeyPatch) -> None:

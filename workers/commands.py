@@ -1,0 +1,201 @@
+"""The commands of ``ctxcore`` other than ``eval`` (``workers/cli.py`` holds the parser).
+
+Each takes the parsed arguments and the output stream and returns the exit code; errors it
+expects are ``CtxcoreError`` naming their input, which ``main`` prints as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from ctxcore.config import Settings, hash_token
+from ctxcore.messages import from_openai
+from ctxcore.state.keys import validate_id
+from ctxcore.tokens import TiktokenCounter
+from ctxcore.window import check_window
+
+__all__ = [
+    "bundled_sample",
+    "cmd_compact",
+    "cmd_count",
+    "cmd_demo",
+    "cmd_inspect",
+    "cmd_rollback",
+    "cmd_serve",
+    "cmd_token_create",
+    "cmd_worker",
+    "counter_for",
+    "settings_for",
+]
+
+log = logging.getLogger("ctxcore.cli")
+
+
+def bundled_sample() -> Path:
+    """Path of the bundled sample conversations."""
+    return Path(str(resources.files("ctxcore").joinpath("samples", "agent_runs.jsonl")))
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    # The CLI is one of the two places that read the environment (DESIGN: config).
+    return Settings.from_env(config_file=args.config)
+
+
+def counter_for(args: argparse.Namespace, settings: Settings) -> TiktokenCounter:
+    return TiktokenCounter(args.model or settings.engine.tokenizer_model)
+
+
+def cmd_count(args: argparse.Namespace, out: TextIO) -> int:
+    """Print token counts per conversation of a JSONL file."""
+    from workers.batch import read_batch
+
+    path = Path(args.file) if args.file else bundled_sample()
+    counter = counter_for(args, settings_for(args))
+    rows = []
+    for record in read_batch(path):
+        messages = from_openai(record.messages)
+        rows.append(
+            {
+                "id": record.id,
+                "messages": len(messages),
+                "tokens": counter.count_messages(messages),
+                "violations": len(check_window(messages)),
+            }
+        )
+    if args.json:
+        json.dump(rows, out, indent=2)
+        out.write("\n")
+        return 0
+    width = max([len(r["id"]) for r in rows] + [12])
+    out.write(f"{'conversation':<{width}}  {'messages':>8}  {'tokens':>8}  {'violations':>10}\n")
+    for r in rows:
+        out.write(f"{r['id']:<{width}}  {r['messages']:>8}  {r['tokens']:>8}  {r['violations']:>10}\n")
+    total = sum(r["tokens"] for r in rows)
+    out.write(f"{'total':<{width}}  {sum(r['messages'] for r in rows):>8}  {total:>8}\n")
+    out.write(f"encoding: {counter.encoding_name} ({path})\n")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    """Replay the bundled runs through the distributed service on an embedded default."""
+    from workers.demo import run_demo
+
+    return run_demo(
+        settings_for(args), str(bundled_sample()), out, interactive=out.isatty(), timeout=args.timeout
+    )
+
+
+def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
+    """Start a Celery worker consuming continuation stages first, then new jobs."""
+    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure
+
+    settings = settings_for(args)
+    configure(settings)
+    argv = ["worker", "-Q", f"{STAGES_QUEUE},{JOBS_QUEUE}", "--loglevel", args.loglevel, "-E"]
+    argv += ["--concurrency", str(args.concurrency or settings.worker.concurrency)]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
+    from workers.http import serve
+
+    settings = settings_for(args)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
+    if not settings.http.tokens:
+        logging.basicConfig(format="%(levelname)s: %(message)s")
+        log.warning(
+            "http.tokens is empty: every call will be answered 401. "
+            "Create a token with `ctxcore token create TENANT`."
+        )
+    serve(settings)
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace, out: TextIO) -> int:
+    """Print a new bearer token once, then both config forms of its sha256."""
+    tenant = validate_id(args.tenant, "tenant_id")
+    token = secrets.token_urlsafe(32)
+    digest = hash_token(token)
+    # The variable replaces the whole map: carry the configured entries over into it.
+    tokens = {**settings_for(args).http.tokens, digest: tenant}
+    kept = len(tokens) - 1
+    out.write(f"bearer token for tenant {tenant} (shown once, store it now):\n\n  {token}\n\n")
+    out.write(f"its sha256, to configure in one of two ways:\n\n  {digest}\n\n")
+    note = f"; the {kept} token(s) configured now are included" if kept else ""
+    out.write(
+        "1. environment: this variable replaces the whole token map, so every token the\n"
+        f"   server should accept must be in it{note}:\n\n"
+        f"  CTXCORE_HTTP__TOKENS='{json.dumps(tokens, separators=(',', ':'))}'\n\n"
+    )
+    out.write(f'2. TOML settings file, a line under [http.tokens]:\n\n  "{digest}" = "{tenant}"\n')
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
+    """Offline batch: compact each conversation of a JSONL file to a window within the budget."""
+    from workers.batch import compact_file
+
+    settings = settings_for(args)
+    return compact_file(
+        Path(args.file),
+        Path(args.out),
+        args.budget,
+        settings,
+        counter_for(args, settings),
+        out,
+        continue_on_error=args.continue_on_error,
+    )
+
+
+def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    """Print a conversation's compaction state (and history)."""
+    from ctxcore.state import ConversationKey
+    from workers.runtime import Runtime
+
+    rt = Runtime(settings_for(args))
+    key = ConversationKey(args.tenant, args.conversation)
+    state = rt.state_store.load(key)
+    doc: dict[str, Any] = {
+        "conversation": str(key),
+        "last_log_id": rt.log.last_id(key),
+        "budget": rt.state_store.get_budget(key),
+        "state": state.model_dump(mode="json") if state else None,
+    }
+    if args.history:
+        doc["history"] = [s.model_dump(mode="json") for s in rt.state_store.history(key, 20)]
+    json.dump(doc, out, indent=2, ensure_ascii=False)
+    out.write("\n")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
+    """Make an earlier kept version of the state current again (as a new version)."""
+    from ctxcore.state import ConversationKey
+    from workers.runtime import Runtime
+
+    rt = Runtime(settings_for(args))
+    key = ConversationKey(args.tenant, args.conversation)
+    state = rt.state_store.load(key)
+    if state is None:
+        print(f"ctxcore: error: {key}: no saved state", file=sys.stderr)
+        return 2
+    if not rt.state_store.rollback(key, args.version, expected_version=state.version):
+        print(
+            f"ctxcore: error: {key}: rollback to version {args.version} failed "
+            "(unknown version or a concurrent save)",
+            file=sys.stderr,
+        )
+        return 1
+    out.write(f"{key}: version {args.version} restored as version {state.version + 1}\n")
+    return 0
