@@ -312,7 +312,7 @@ def run_background(
 
     from ctxcore.config import Settings
     from ctxcore.state import ConversationKey
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
     from workers.embedded import ensure_redis
     from workers.runtime import build_service
     from workers.tasks import CeleryQueue
@@ -331,7 +331,9 @@ def run_background(
     result = Result("ctxcore-bg" if args.worker == "thread" else "ctxcore-bg-proc")
     key = ConversationKey("bench", "turn-latency")
     try:
-        with _worker(args.worker, app, url, prefix, base_url, [STAGES_QUEUE, JOBS_QUEUE], start_worker):
+        with _worker(
+            args.worker, app, url, prefix, base_url, queue_names(settings).consume_order(), start_worker
+        ):
             rt = runtime()
             service = build_service(rt, CeleryQueue())
 
@@ -355,19 +357,11 @@ def run_background(
             state = rt.state_store.load(key)
             result.note = f"state v{state.version if state else 0} at the end"
     finally:
-        # Our keys carry the prefix inside a hash tag; the Celery queue and result keys of this
-        # database go too (it is the bench's own database).
+        # Every key of this run carries the prefix: ours (some inside a hash tag), and
+        # Celery's and kombu's (queues, unacked, bindings, results) through global_keyprefix.
         client = redis.Redis.from_url(url)
-        for pattern in (
-            f"*{prefix}*",
-            "celery-task-meta-*",
-            "_kombu*",
-            "ctxcore.jobs*",
-            "ctxcore.stages*",
-            "unacked*",
-        ):
-            for name in client.scan_iter(match=pattern, count=1000):
-                client.delete(name)
+        for name in client.scan_iter(match=f"*{prefix}*", count=1000):
+            client.delete(name)
         server.stop()
     return result
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from ctxcore.errors import BudgetExceeded
 from ctxcore.markers import ELIDED_STEPS
@@ -25,14 +25,14 @@ from ctxcore.pipeline import PipelineConfig, View
 from ctxcore.pipeline.render import head_tail
 from ctxcore.pipeline.stages import truncate_blocks
 from ctxcore.state.models import CompressionState
+from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import UserDetector, steps
 from ctxcore.window import ContextStats, check_window, compute_stats
 
-__all__ = ["RuleFn", "WindowResult", "assemble_window", "elided_marker"]
+__all__ = ["CompactionStatus", "RuleFn", "WindowResult", "assemble_window", "elided_marker"]
 
 RuleFn = Callable[[Sequence[AnyMessage]], list[AnyMessage]]
-CompactionStatus = Literal["idle", "queued", "running"]
 
 
 @dataclass
@@ -43,6 +43,7 @@ class WindowResult:
     stats: ContextStats
     state_version: int
     compaction: CompactionStatus = "idle"
+    compaction_detail: CompactionDetail = field(default_factory=CompactionDetail)
     fallback_applied: bool = False
     elided_ranges: list[tuple[str, str]] = field(default_factory=list)
     raw_tokens: int = 0

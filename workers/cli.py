@@ -85,14 +85,26 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     """Start a Celery worker consuming continuation stages first, then new jobs."""
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure
+    from workers.app import app, configure, queue_names
 
     settings = _settings(args)
     configure(settings)
-    argv = ["worker", "-Q", f"{STAGES_QUEUE},{JOBS_QUEUE}", "--loglevel", args.loglevel, "-E"]
+    queues = ",".join(queue_names(settings).consume_order())
+    argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
     argv += ["--concurrency", str(args.concurrency or settings.worker.concurrency)]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
     app.worker_main(argv)
     return 0
+
+
+def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
+    """Start Flower on this deployment's broker, queues and event exchange (its options after ``--``)."""
+    from workers.app import app, configure
+
+    configure(_settings(args))
+    flower_args = [a for a in args.flower_args if a != "--"]
+    return int(app.start(["flower", *flower_args]) or 0)
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -207,6 +219,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
         "conversation": str(key),
         "last_log_id": rt.log.last_id(key),
         "budget": rt.state_store.get_budget(key),
+        "compaction_detail": rt.failures.detail(key).as_dict(),
         "state": state.model_dump(mode="json") if state else None,
     }
     if args.history:
@@ -257,7 +270,23 @@ def build_parser() -> argparse.ArgumentParser:
     worker = with_config(sub.add_parser("worker", help="start a Celery compaction worker"))
     worker.add_argument("--concurrency", type=int, default=None)
     worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument(
+        "--hostname",
+        default=None,
+        help="node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
+    )
     worker.set_defaults(func=cmd_worker)
+
+    flower = with_config(
+        sub.add_parser(
+            "flower",
+            help="monitor the workers with Flower (options after --, e.g. -- --port=5555)",
+            description="Flower on the configured Redis and key prefix; Flower's own options "
+            "follow '--' (default port 5555).",
+        )
+    )
+    flower.add_argument("flower_args", nargs=argparse.REMAINDER, help="Flower options (default: none)")
+    flower.set_defaults(func=cmd_flower)
 
     serve = with_config(sub.add_parser("serve", help="serve the HTTP API"))
     serve.add_argument("--host", default=None)

@@ -78,7 +78,7 @@ def run_demo(
     """Run the demo; returns the process exit code (0 when every window was valid)."""
     from celery.contrib.testing.worker import start_worker
 
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
     from workers.embedded import ensure_redis
     from workers.runtime import build_service
     from workers.tasks import CeleryQueue
@@ -98,7 +98,7 @@ def run_demo(
             pool="threads",
             concurrency=2,
             perform_ping_check=False,
-            queues=[STAGES_QUEUE, JOBS_QUEUE],
+            queues=queue_names(settings).consume_order(),
             shutdown_timeout=30,
         ):
             rt = runtime()

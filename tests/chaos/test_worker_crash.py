@@ -38,7 +38,7 @@ from tests.chaos.helpers import (
     conversation_problems,
     worker_env,
 )
-from workers.app import JOBS_QUEUE, celery_config
+from workers.app import celery_config, queue_names
 from workers.runtime import Runtime
 
 pytestmark = [
@@ -107,7 +107,7 @@ def test_kill_9_workers_during_model_calls_and_commits(
     def request(key: ConversationKey) -> None:
         # What the fast path does when a window is over its trigger.
         if rt.scheduler.request(key):
-            sender.send_task("ctxcore.drain", queue=JOBS_QUEUE, ignore_result=True)
+            sender.send_task("ctxcore.drain", queue=queue_names(settings).jobs, ignore_result=True)
 
     def append_round(r: int) -> None:
         for key in keys:
@@ -189,7 +189,7 @@ def _wait_compacted(
     while time.monotonic() < deadline:
         done = {k for k in keys if rt.coordinator.plan(k) is None}
         idle = all(rt.scheduler.status(k) == "idle" for k in keys)
-        if len(done) == len(keys) and idle and broker_idle(rt.redis):
+        if len(done) == len(keys) and idle and broker_idle(rt.redis, rt.settings.redis.key_prefix):
             return done
         if time.monotonic() - last_request > 3:
             for key in set(keys) - done:

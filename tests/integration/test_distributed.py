@@ -41,7 +41,7 @@ def settings(redis_url: str) -> Settings:
 def worker(settings: Settings) -> Iterator[Runtime]:
     from celery.contrib.testing.worker import start_worker
 
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
 
     client = redis.Redis.from_url(settings.redis.url)
     client.flushdb()
@@ -51,7 +51,7 @@ def worker(settings: Settings) -> Iterator[Runtime]:
         pool="threads",
         concurrency=2,
         perform_ping_check=False,
-        queues=[STAGES_QUEUE, JOBS_QUEUE],
+        queues=queue_names(settings).consume_order(),
         shutdown_timeout=20,
     ):
         yield runtime()
@@ -137,9 +137,10 @@ def test_fifty_concurrent_requests_make_one_job(settings: Settings, redis_url: s
     # Requests while running coalesce into exactly one follow-up.
     assert [sched.request(key) for _ in range(10)] == [False] * 10
     assert sched.status(key) == "running"
-    assert sched.finish(key) is True
+    assert sched.finish(key) == 1  # finished, follow-up queued
     assert sched.status(key) == "queued"
-    assert sched.next_job() is not None and sched.finish(key) is False and sched.status(key) == "idle"
+    assert sched.next_job() is not None and sched.finish(key) == 0 and sched.status(key) == "idle"
+    assert sched.finish(key) == -1  # nothing running: nothing to finish
     client.delete(*client.keys(f"{{{settings.redis.key_prefix}:sched}}*") or ["none"])
 
 
