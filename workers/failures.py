@@ -31,7 +31,14 @@ from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.status import CompactionDetail, LastError
 
-__all__ = ["FailureRecord", "FailureStore", "StageFailedError", "classify_failure", "public_endpoint"]
+__all__ = [
+    "FailureRecord",
+    "FailureStore",
+    "StageFailedError",
+    "classify_failure",
+    "model_error_message",
+    "public_endpoint",
+]
 
 _MAX_MESSAGE_CHARS = 1000
 
@@ -52,13 +59,22 @@ class StageFailedError(ModelError):
         return f"{self.kind}: {self.message}"
 
 
+def model_error_message(exc: ModelError) -> str:
+    """A model error's text without the ``kind: `` its ``str()`` starts with."""
+    message = getattr(exc, "message", None)
+    if isinstance(message, str) and message:
+        return message
+    text = str(exc)
+    return text.removeprefix(f"{exc.kind}: ")
+
+
 def classify_failure(exc: BaseException) -> tuple[str, str]:
     """``(kind, message)`` of a failure: a model error keeps its kind and text, a store or
     broker outage is ``store_unavailable``, anything else is ``internal`` (class and text)."""
     if isinstance(exc, StageFailedError):
         return exc.kind, exc.message
     if isinstance(exc, ModelError):
-        return exc.kind, str(exc)
+        return exc.kind, model_error_message(exc)
     if isinstance(exc, StoreUnavailable | OperationalError):
         return "store_unavailable", f"{type(exc).__name__}: {exc}"
     return "internal", f"{type(exc).__name__}: {exc}"

@@ -30,13 +30,13 @@ from typing import Any, NoReturn
 from celery import Task
 from kombu.exceptions import OperationalError
 
-from ctxcore.errors import StoreUnavailable
+from ctxcore.errors import ModelError, StoreUnavailable
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus
 from ctxcore.summarize.errors import TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
-from workers.failures import StageFailedError, classify_failure, public_endpoint
+from workers.failures import StageFailedError, classify_failure, model_error_message, public_endpoint
 from workers.locks import LockBusy, conversation_lock
 
 log = logging.getLogger(__name__)
@@ -142,9 +142,9 @@ def drain() -> dict[str, Any]:
     return {"job": str(job.key), "stage": planned}
 
 
-def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> None:
-    """Send one stage task; Flower lists it as ``tenant/conversation``."""
-    STAGE_TASKS[stage.kind].apply_async(
+def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
+    """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``."""
+    return STAGE_TASKS[stage.kind].apply_async(
         args=[key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), list(exhausted)],
         queue=queue_names(runtime().settings).stages,
         argsrepr=str(key),
@@ -184,9 +184,10 @@ def _retry_delay(task: Task, retry_after: float | None) -> float:
 def _attempt(task: Task, key: ConversationKey, stage: str, kind: str, exc: BaseException) -> str:
     """The log line of one failed attempt (its cause, never the endpoint's credentials)."""
     endpoint = public_endpoint(runtime().settings.model_for_tenant(key.tenant_id).base_url)
+    text = model_error_message(exc) if isinstance(exc, ModelError) else str(exc)
     return (
         f"stage {stage} of {key} failed (attempt {task.request.retries + 1}): kind={kind} "
-        f"{type(exc).__name__}: {exc}; endpoint {endpoint}"
+        f"{type(exc).__name__}: {text}; endpoint {endpoint}"
     )
 
 
@@ -254,8 +255,9 @@ def _run_stage(
         # on_failure then records it and escalates (see the module docstring).
         kind = result.error_kind or "unknown"
         rt.metrics.inc("ctxcore_failures_total", kind=kind if kind in _KNOWN_KINDS else "other")
-        error = StageFailedError(kind, result.error or kind)
-        error.__cause__ = result.exception
+        cause = result.exception
+        error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
+        error.__cause__ = cause
         _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     log.info("stage done: %s", summary)
     return summary
@@ -267,13 +269,13 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     kind, message = classify_failure(exc)
     cause = exc.__cause__ if isinstance(exc, StageFailedError) and exc.__cause__ is not None else exc
     endpoint = public_endpoint(rt.settings.model_for_tenant(key.tenant_id).base_url)
+    described = message if kind == "internal" else f"{type(cause).__name__}: {message}"
     log.error(
-        "stage %s of %s failed for good: kind=%s %s: %s; endpoint %s",
+        "stage %s of %s failed for good: kind=%s %s; endpoint %s",
         stage or "planning",
         key,
         kind,
-        type(cause).__name__,
-        message,
+        described,
         endpoint,
     )
     if kind == "internal":

@@ -1,0 +1,211 @@
+"""Failures are visible and no job is stranded, through a real Celery worker.
+
+- A bug in a stage (a ``TypeError``) is a ``FAILURE`` task with its traceback, the state is
+  untouched, the job finishes at once, and the API says ``failing`` with
+  ``last_error.kind == "internal"``; the conversation is not queued again during its backoff.
+- An endpoint that refuses connections: the stage ``RETRY``s, then ``FAILURE``s with the
+  cause ("Connection refused") in ``last_error``; after the cause goes away and the backoff
+  passes, the next request's job succeeds and clears it.
+- A drain token eaten by a consumer that does nothing: the worker's reconciler sends a new
+  one and the job completes within ``2 x worker.requeue_after_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ctxcore.config import Settings, hash_token
+from ctxcore.messages import AnyMessage
+from ctxcore.state import ConversationKey
+from ctxcore.summarize.model import Completion, OutputContract
+from ctxcore.testing import OpenAIServer
+from tests.chaos.celery_helpers import EventLog, in_process_worker
+from tests.chaos.helpers import agent_round, block_responder, conversation_problems, free_port
+from workers.runtime import Runtime
+
+pytestmark = [pytest.mark.chaos]
+
+BUDGET = 3000
+TOKEN = "failure-paths-token"
+
+
+def _settings(url: str, **worker: Any) -> Settings:
+    model = worker.pop("model", {})
+    return Settings.load(
+        {
+            "redis": {"url": url, "key_prefix": f"fail{uuid.uuid4().hex[:6]}"},
+            "model": model,
+            "engine": {"keep_recent_messages": 4},
+            "http": {"tokens": {hash_token(TOKEN): "tenant-f"}},
+            "worker": {"retry_delays": [0.05, 0.1, 0.15], "lock_timeout": 5, **worker},
+        }
+    )
+
+
+def _fill(rt: Runtime, key: ConversationKey, rounds: int = 4, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    for r in range(rounds):
+        rt.log.append(key, agent_round(rng, f"{key.conversation_id}-{r}", steps=3))
+    rt.state_store.set_budget(key, BUDGET)
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not within {timeout}s")
+
+
+class _TypeErrorModel:
+    """A model client with a bug: every call raises ``TypeError``."""
+
+    name = "buggy"
+
+    def complete(
+        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
+    ) -> Completion:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+
+def test_a_type_error_in_a_stage_fails_the_task_keeps_the_state_and_finishes_the_job(
+    private_redis: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from workers.app import app
+    from workers.http import create_app
+    from workers.tasks import CeleryQueue, request_compaction
+
+    settings = _settings(private_redis, failure_backoff_seconds=60)
+    key = ConversationKey("tenant-f", "buggy")
+    with in_process_worker(settings) as rt, EventLog() as events, caplog.at_level(logging.INFO):
+        _fill(rt, key)
+        rt.coordinator.model_for = lambda _key: _TypeErrorModel()
+        assert request_compaction(key) == "queued"
+        _wait(lambda: events.tasks("ctxcore.stage.", "task-failed"), 15, "the stage's FAILURE")
+        _wait(lambda: rt.scheduler.status(key) == "idle", 5, "the job's end")
+
+        (failed,) = events.tasks("ctxcore.stage.", "task-failed")
+        assert failed["name"] == "ctxcore.stage.l0_to_l1"
+        assert "TypeError" in failed["exception"] and "Traceback" in failed["traceback"]
+        assert "task-retried" not in events.types(failed["uuid"])  # a bug is not retried
+        assert app.backend.get_task_meta(failed["uuid"])["status"] == "FAILURE"  # the result backend
+        assert rt.state_store.load(key) is None  # untouched: nothing was saved
+        assert conversation_problems(rt.state_store, rt.log, key) == []
+
+        error = rt.failures.detail(key).last_error
+        assert error is not None and error.kind == "internal" and error.stage == "l0_to_l1"
+        assert error.message.startswith("TypeError: unsupported operand")
+        assert CeleryQueue().status(key) == "failing"
+        assert any(
+            r.levelno == logging.ERROR
+            and "kind=internal TypeError" in r.getMessage()
+            and str(key) in r.getMessage()
+            for r in caplog.records
+        )
+
+        # The API shows it; windows over the trigger and POST .../compact do not queue it
+        # again during the backoff.
+        client = TestClient(create_app(rt, CeleryQueue()))
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        state = client.get(f"/v1/conversations/{key.conversation_id}/state", headers=auth).json()
+        assert state["compaction_detail"]["last_error"]["kind"] == "internal"
+        window = client.post(
+            f"/v1/conversations/{key.conversation_id}/window", json={"budget_tokens": BUDGET}, headers=auth
+        ).json()
+        assert window["compaction"] == "failing"
+        assert window["compaction_detail"]["last_error"]["message"].startswith("TypeError")
+        compact = client.post(f"/v1/conversations/{key.conversation_id}/compact", headers=auth)
+        assert compact.status_code == 202 and compact.json() == {"status": "failing"}
+        assert rt.scheduler.status(key) == "idle"
+        assert len(events.tasks("ctxcore.drain")) == 1  # no new job was started
+
+
+def test_a_refused_endpoint_fails_visibly_backs_off_and_recovers_when_the_cause_goes_away(
+    private_redis: str,
+) -> None:
+    from workers.tasks import CeleryQueue, request_compaction
+
+    port = free_port()
+    settings = _settings(
+        private_redis,
+        model={"base_url": f"http://127.0.0.1:{port}/v1", "timeout": 2},
+        failure_backoff_seconds=1.0,
+        failure_backoff_max_seconds=4.0,
+        circuit_failure_threshold=1000,
+    )
+    key = ConversationKey("tenant-f", "refused")
+    with in_process_worker(settings) as rt, EventLog() as events:
+        _fill(rt, key)
+        assert request_compaction(key) == "queued"
+        _wait(lambda: rt.failures.get(key).failing, 15, "the recorded failure")
+        _wait(lambda: rt.scheduler.status(key) == "idle", 5, "the job's end")
+        (failed,) = events.tasks("ctxcore.stage.", "task-failed")
+        # Transient: RETRY once per configured delay, then FAILURE with the classified error.
+        assert events.types(failed["uuid"]).count("task-retried") == len(settings.worker.retry_delays)
+        assert "StageFailedError" in failed["exception"] and "server_unstable" in failed["exception"]
+        error = rt.failures.detail(key).last_error
+        assert error is not None and error.kind == "server_unstable"
+        assert "Connection refused" in error.message, error.message
+        # Every model stage would call the same endpoint: they were all exhausted, and with
+        # no block to truncate the job ended; the state is untouched.
+        assert len({e["uuid"] for e in events.tasks("ctxcore.stage.")}) == 1
+        assert rt.state_store.load(key) is None
+        assert request_compaction(key) == "failing" and rt.scheduler.status(key) == "idle"
+
+        with OpenAIServer(port=port, responder=block_responder):
+            # Within one backoff period (1 s) of the cause going away, a request starts a job.
+            deadline = time.monotonic() + 3.0
+            while rt.scheduler.status(key) == "idle" and time.monotonic() < deadline:
+                request_compaction(key)
+                time.sleep(0.1)
+            _wait(lambda: not rt.failures.get(key).failing, 15, "the recovery")
+            _wait(lambda: rt.scheduler.status(key) == "idle", 5, "the job's end")
+        detail = rt.failures.detail(key)
+        assert detail.last_error is None and detail.last_success_at is not None
+        assert CeleryQueue().status(key) == "idle"
+        assert rt.coordinator.plan(key) is None  # compacted
+        assert conversation_problems(rt.state_store, rt.log, key) == []
+
+
+def test_a_lost_drain_token_is_resent_and_the_job_completes_within_twice_requeue_after(
+    private_redis: str,
+) -> None:
+    from workers.app import app, configure, queue_names, runtime
+    from workers.tasks import request_compaction
+
+    requeue_after = 3.0
+    settings = _settings(private_redis, requeue_after_seconds=requeue_after)
+    key = ConversationKey("tenant-f", "lost-token")
+    configure(settings)
+    try:
+        rt = runtime()
+        _fill(rt, key)
+        sent = time.monotonic()
+        assert request_compaction(key) == "queued"
+        # A consumer that takes the token and does nothing with it.
+        with app.connection_for_write() as conn:
+            queue = conn.SimpleQueue(queue_names(settings).jobs)
+            message = queue.get(timeout=5)
+            assert message.headers["task"] == "ctxcore.drain"
+            message.ack()
+            queue.close()
+        assert rt.scheduler.status(key) == "queued"
+    finally:
+        configure(Settings())
+    with in_process_worker(settings) as rt, EventLog() as events:
+        _wait(lambda: rt.scheduler.status(key) == "idle", 2 * requeue_after, "the job's end")
+        elapsed = time.monotonic() - sent
+        assert rt.coordinator.plan(key) is None  # compacted
+        assert elapsed <= 2 * requeue_after, elapsed
+        # One token was re-sent for the one stuck job, not one per reconciler tick.
+        time.sleep(requeue_after)
+        assert len(events.tasks("ctxcore.drain")) == 1
