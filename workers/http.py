@@ -10,9 +10,12 @@ token's sha256 in ``http.tokens``):
 - ``POST   /v1/conversations/{id}/messages``       append (idempotent by ``message_id``;
   ``If-Match: <last log id>`` -> 409 when the log ends elsewhere); 201, or 200 when every
   message was already logged
-- ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``
-- ``POST   /v1/conversations/{id}/compact``        ask for background compaction; 202
+- ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``, with
+  ``compaction`` (``idle|queued|running|failing``) and ``compaction_detail``
+- ``POST   /v1/conversations/{id}/compact``        ask for background compaction; 202 (a
+  ``failing`` conversation is not queued again until its failure backoff passes)
 - ``GET    /v1/conversations/{id}/state``          blocks with provenance (``?history=1``)
+  and ``compaction_detail`` (the last error, the last success)
 - ``GET    /v1/conversations/{id}/offloads/{h}``   offloaded originals
 - ``GET    /v1/conversations``                     the tenant's conversations, paged
 - ``DELETE /v1/conversations/{id}``                log, state, offloads and queued work; 204

@@ -172,8 +172,10 @@ class ContextService:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
         Records the budget beside the state; asks for compaction when the view is over
-        ``trigger_ratio`` of it. ``BudgetExceeded`` when system + tools + anchors alone do
-        not fit.
+        ``trigger_ratio`` of it. ``compaction`` is the queue's status, or ``failing`` while
+        the conversation's last job failed (``compaction_detail`` says why, from the
+        ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
+        anchors alone do not fit.
         """
         if budget_tokens <= 0:
             raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")

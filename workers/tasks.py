@@ -34,7 +34,7 @@ from ctxcore.errors import ModelError, StoreUnavailable
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus
-from ctxcore.summarize.errors import TRANSIENT_KINDS
+from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
 from workers.failures import StageFailedError, classify_failure, model_error_message, public_endpoint
 from workers.locks import LockBusy, conversation_lock
@@ -55,21 +55,8 @@ __all__ = [
 MODEL_STAGES: tuple[str, ...] = tuple(k for k in STAGE_ORDER if k != "hard_truncate")
 # Kinds that say the endpoint itself is unusable for now: every model stage would fail alike.
 _ENDPOINT_KINDS = TRANSIENT_KINDS | {"authentication"}
-_KNOWN_KINDS = frozenset(
-    {
-        "context_overflow",
-        "rate_limit",
-        "authentication",
-        "timeout",
-        "server_unstable",
-        "api_request_error",
-        "unknown",
-        "summarizer_empty",
-        "circuit_open",
-        "internal",
-        "store_unavailable",
-    }
-)
+# Labels of ctxcore_failures_total (a closed set: anything else counts as "other").
+_KNOWN_KINDS = frozenset({*ERROR_KINDS, "summarizer_empty", "circuit_open", "internal", "store_unavailable"})
 
 
 def send_drain_tokens(count: int = 1) -> int:

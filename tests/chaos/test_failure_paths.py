@@ -31,7 +31,7 @@ from tests.chaos.celery_helpers import EventLog, in_process_worker
 from tests.chaos.helpers import agent_round, block_responder, conversation_problems, free_port
 from workers.runtime import Runtime
 
-pytestmark = [pytest.mark.chaos]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 BUDGET = 3000
 TOKEN = "failure-paths-token"
