@@ -59,13 +59,15 @@ class StageFailedError(ModelError):
         return f"{self.kind}: {self.message}"
 
 
-def model_error_message(exc: ModelError) -> str:
-    """A model error's text without the ``kind: `` its ``str()`` starts with."""
+def model_error_message(exc: BaseException) -> str:
+    """A model error's text without the ``kind: `` its ``str()`` starts with; any other
+    exception's class and text."""
+    if not isinstance(exc, ModelError):
+        return f"{type(exc).__name__}: {exc}"
     message = getattr(exc, "message", None)
     if isinstance(message, str) and message:
         return message
-    text = str(exc)
-    return text.removeprefix(f"{exc.kind}: ")
+    return str(exc).removeprefix(f"{exc.kind}: ")
 
 
 def classify_failure(exc: BaseException) -> tuple[str, str]:

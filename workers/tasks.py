@@ -195,7 +195,7 @@ def _retry_or_raise(
         log.warning(
             "%s; retry in %.1f s", _attempt(task, key, stage, kind, error.__cause__ or error), countdown
         )
-        raise task.retry(countdown=countdown, exc=error)
+        raise task.retry(countdown=countdown, exc=error, max_retries=len(rt.settings.worker.retry_delays))
     raise error
 
 

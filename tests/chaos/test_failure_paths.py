@@ -8,6 +8,8 @@
   passes, the next request's job succeeds and clears it.
 - A drain token eaten by a consumer that does nothing: the worker's reconciler sends a new
   one and the job completes within ``2 x worker.requeue_after_seconds``.
+- Redis (append-only, fsync always) killed and restarted while a stage waits on the model:
+  nothing appended is lost, no block is written twice, and the job finishes soon after.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +31,15 @@ from ctxcore.state import ConversationKey
 from ctxcore.summarize.model import Completion, OutputContract
 from ctxcore.testing import OpenAIServer
 from tests.chaos.celery_helpers import EventLog, in_process_worker
-from tests.chaos.helpers import agent_round, block_responder, conversation_problems, free_port
+from tests.chaos.helpers import (
+    RedisProcess,
+    WorkerProcess,
+    agent_round,
+    block_responder,
+    conversation_problems,
+    free_port,
+    worker_env,
+)
 from workers.runtime import Runtime
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -209,3 +220,77 @@ def test_a_lost_drain_token_is_resent_and_the_job_completes_within_twice_requeue
         # One token was re-sent for the one stuck job, not one per reconciler tick.
         time.sleep(requeue_after)
         assert len(events.tasks("ctxcore.drain")) == 1
+
+
+def test_redis_restarting_mid_stage_loses_nothing_and_the_job_finishes(tmp_path: Path) -> None:
+    from ctxcore.errors import StoreUnavailable
+    from workers.app import configure
+    from workers.runtime import build_service
+    from workers.tasks import CeleryQueue, request_compaction
+
+    server = RedisProcess(tmp_path / "redis")  # append-only, fsync always: survives kill -9
+    server.start()
+    limits = {
+        "retry_delays": [0.5, 1.0, 2.0],
+        "lock_timeout": 5,
+        "visibility_timeout": 3,
+        "failure_backoff_seconds": 1.0,
+        "failure_backoff_max_seconds": 2.0,
+        "circuit_failure_threshold": 1000,
+    }
+    with OpenAIServer(responder=block_responder, delay=1.5) as model:
+        settings = _settings(server.url, model={"base_url": model.base_url, "timeout": 10}, **limits)
+        prefix = settings.redis.key_prefix
+        worker = WorkerProcess(
+            worker_env(server.url, prefix, model_url=model.base_url, **limits),
+            tmp_path / "worker.log",
+            pool="threads",
+        )
+        rt = Runtime(settings)
+        key = ConversationKey("tenant-f", "outage")
+        _fill(rt, key)
+        appended = rt.log.read_after(key, None)
+        configure(settings)
+        service = build_service(rt, CeleryQueue())
+        try:
+            worker.start()
+            _wait(lambda: "ready." in worker.log_path.read_text(), 30, "the worker")
+            assert request_compaction(key) == "queued"
+            _wait(lambda: model.request_count >= 1, 15, "the first model call")
+            server.kill()  # mid-stage: the model call is still running
+            time.sleep(1.0)
+            server.start()
+            back = time.monotonic()
+
+            def done() -> bool:
+                # kombu 5.7 ends a worker whose broker connection drops while it holds an
+                # unacknowledged message (AttributeError in Channel.close): restart it, as
+                # the compose restart policy does; the message comes back after the
+                # visibility timeout.
+                if not worker.alive:
+                    worker.start()
+                try:
+                    # What the agents' windows do meanwhile (held back while failing).
+                    service.get_window(key, BUDGET)
+                    return (
+                        rt.scheduler.status(key) == "idle"
+                        and rt.coordinator.plan(key) is None
+                        and not rt.failures.get(key).failing
+                    )
+                except StoreUnavailable:
+                    return False
+
+            # The lost or failed stage comes back (visibility timeout 3 s, retries, at worst
+            # one backoff of 1-2 s): well within 30 s of Redis answering again.
+            _wait(done, 30, "the job finishing after the restart")
+            assert time.monotonic() - back < 30
+        finally:
+            configure(Settings())
+            worker.stop()
+        assert [m.model_copy(update={"context_message_id": None}) for m in rt.log.read_after(key, None)] == [
+            m.model_copy(update={"context_message_id": None}) for m in appended
+        ]
+        assert conversation_problems(rt.state_store, rt.log, key) == []
+        state = rt.state_store.load(key)
+        assert state is not None and state.blocks
+    server.kill()
