@@ -205,3 +205,14 @@ def test_celery_config_isolates_deployments(settings: Settings) -> None:
         assert app.backend.task_keyprefix == f"{prefix}:celery-task-meta-".encode()
     finally:
         configure(Settings())
+
+
+def test_a_lock_on_an_unreachable_redis_is_store_unavailable() -> None:
+    from ctxcore.errors import StoreUnavailable
+    from tests.chaos.helpers import free_port, quick_client
+    from workers.locks import conversation_lock
+
+    client = quick_client(f"redis://127.0.0.1:{free_port()}/0")
+    # The stage task retries this like a transient failure (and DELETE answers 503).
+    with pytest.raises(StoreUnavailable, match="lock"), conversation_lock(client, "fs", KEY):
+        pass
