@@ -51,7 +51,7 @@ from tests.chaos.helpers import (  # noqa: E402
     conversation_problems,
     worker_env,
 )
-from workers.app import JOBS_QUEUE, celery_config  # noqa: E402
+from workers.app import celery_config, queue_names  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 from workers.scheduler import Status  # noqa: E402
@@ -88,7 +88,9 @@ class _Queue:
     def request(self, key: ConversationKey) -> Status:
         self.requests += 1
         if self.rt.scheduler.request(key):
-            self.sender.send_task("ctxcore.drain", queue=JOBS_QUEUE, ignore_result=True)
+            self.sender.send_task(
+                "ctxcore.drain", queue=queue_names(self.rt.settings).jobs, ignore_result=True
+            )
             return "queued"
         return self.rt.scheduler.status(key)
 

@@ -148,6 +148,9 @@ def overhead(rt: Any, keys: list[ConversationKey]) -> list[str]:
 
 
 def start_workers(n: int, url: str, prefix: str) -> list[subprocess.Popen[bytes]]:
+    from workers.app import queue_names
+
+    queues = ",".join(queue_names(Settings.load({"redis": {"key_prefix": prefix}})).consume_order())
     env = {**os.environ, "CTXCORE_REDIS__URL": url, "CTXCORE_REDIS__KEY_PREFIX": prefix}
     env.pop("CTXCORE_CONFIG_FILE", None)
     procs = []
@@ -164,7 +167,7 @@ def start_workers(n: int, url: str, prefix: str) -> list[subprocess.Popen[bytes]
                     "--pool",
                     "solo",
                     "-Q",
-                    "ctxcore.stages,ctxcore.jobs",
+                    queues,
                     "-n",
                     f"bench{i}-{prefix}@%h",
                     "--loglevel",

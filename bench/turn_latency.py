@@ -313,7 +313,7 @@ def run_background(
 
     from ctxcore.config import Settings
     from ctxcore.state import ConversationKey
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
     from workers.embedded import ensure_redis
     from workers.keyspace import delete_prefixed_keys
     from workers.runtime import build_service
@@ -333,7 +333,9 @@ def run_background(
     result = Result("ctxcore-bg" if args.worker == "thread" else "ctxcore-bg-proc")
     key = ConversationKey("bench", "turn-latency")
     try:
-        with _worker(args.worker, app, url, prefix, base_url, [STAGES_QUEUE, JOBS_QUEUE], start_worker):
+        with _worker(
+            args.worker, app, url, prefix, base_url, queue_names(settings).consume_order(), start_worker
+        ):
             rt = runtime()
             service = build_service(rt, CeleryQueue())
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from ctxcore.counting import tolerant
 from ctxcore.errors import BudgetExceeded, InvalidWindowError
@@ -29,14 +29,14 @@ from ctxcore.pipeline.render import head_tail
 from ctxcore.pipeline.stages import truncate_blocks
 from ctxcore.protocol import check_window, close_interrupted_tool_calls
 from ctxcore.state.models import CompressionState
+from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import UserDetector, steps
 from ctxcore.window import ContextStats, compute_stats
 
-__all__ = ["RuleFn", "WindowResult", "assemble_window", "elided_marker"]
+__all__ = ["CompactionStatus", "RuleFn", "WindowResult", "assemble_window", "elided_marker"]
 
 RuleFn = Callable[[Sequence[AnyMessage]], list[AnyMessage]]
-CompactionStatus = Literal["idle", "queued", "running"]
 
 
 @dataclass
@@ -47,6 +47,7 @@ class WindowResult:
     stats: ContextStats
     state_version: int
     compaction: CompactionStatus = "idle"
+    compaction_detail: CompactionDetail = field(default_factory=CompactionDetail)
     fallback_applied: bool = False
     elided_ranges: list[tuple[str, str]] = field(default_factory=list)
     raw_tokens: int = 0

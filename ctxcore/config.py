@@ -164,11 +164,21 @@ class WorkerSettings(BaseModel):
     # consecutive failed calls, lets one probe call through after ``circuit_reset_seconds``.
     circuit_failure_threshold: int = Field(default=5, gt=0)
     circuit_reset_seconds: float = Field(default=30.0, gt=0)
+    # After a job that ended with a failed stage, windows and POST .../compact do not queue
+    # the conversation again for this long; it doubles per consecutive failed job up to the
+    # maximum and resets on success (a dead endpoint is not hammered).
+    failure_backoff_seconds: float = Field(default=30.0, gt=0)
+    failure_backoff_max_seconds: float = Field(default=600.0, gt=0)
+    # A queued job whose last drain token was sent longer ago than this gets a new one (the
+    # reconciler in every worker checks every half of it): no job waits without a token.
+    requeue_after_seconds: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _limits(self) -> Self:
         if self.soft_time_limit >= self.hard_time_limit:
             raise ValueError("worker.soft_time_limit must be below worker.hard_time_limit")
+        if self.failure_backoff_max_seconds < self.failure_backoff_seconds:
+            raise ValueError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")
         return self
 
 

@@ -2,21 +2,24 @@
 
 Each call loads the state, reads only the log after its cursor, runs one pure pipeline
 stage and saves with compare-and-swap. A lost race is ``outcome="conflict"`` (re-plan), a
-model failure ``"failed"`` with the previous state untouched, a result whose view breaks
-the chat protocol ``"rejected"`` (``error_kind="invalid_summary"``, state untouched: it is
-deterministic, so retrying cannot help); a cursor missing from the log raises
-``CursorNotFoundError`` instead of silently starting over.
+classified model failure (``ModelError``) ``"failed"`` with its ``kind`` and the previous
+state untouched, a result whose view breaks the chat protocol ``"rejected"``
+(``error_kind="invalid_summary"``, state untouched: it is deterministic, so retrying cannot
+help). Nothing else is caught: a bug in a stage, a summarizer or a model client
+(``TypeError``, ...), a store error or a cursor missing from the log
+(``CursorNotFoundError``) propagates, so it surfaces as a failed task with its traceback
+instead of degrading silently into truncation; the state is untouched then too, because a
+save is the last thing a stage does.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ctxcore.counting import tolerant
-from ctxcore.errors import CtxcoreError, CursorNotFoundError, StoreError
+from ctxcore.errors import CursorNotFoundError, ModelError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
@@ -29,8 +32,6 @@ from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, turns
 
 __all__ = ["INVALID_SUMMARY", "Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
-
-log = logging.getLogger(__name__)
 
 Outcome = Literal["compressed", "skipped", "failed", "conflict", "rejected"]
 INVALID_SUMMARY = "invalid_summary"
@@ -53,7 +54,11 @@ class TriggerInput:
 
 @dataclass
 class CoordinatorResult:
-    """The view and state after a call, what happened, and the error if it failed."""
+    """The view and state after a call, what happened, and the error if it failed.
+
+    ``exception`` is the classified ``ModelError`` of a ``failed`` call (``error`` is its
+    text, ``error_kind`` its kind).
+    """
 
     view: View
     state: CompressionState
@@ -69,6 +74,7 @@ class CoordinatorResult:
     output_tokens: int = 0
     detail: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+    exception: ModelError | None = None
 
 
 class Coordinator:
@@ -174,12 +180,7 @@ class Coordinator:
         before = view.tokens(self.counter)
         try:
             result = run_stage(stage, view, self.model_for(key), self.counter, self.summarizer, config=config)
-        except StoreError:
-            raise
-        except CtxcoreError as exc:
-            return self._failed(view, state, stage, exc, before)
-        except Exception as exc:  # a model client or summarizer bug must not corrupt state
-            log.exception("stage %s of %s failed", stage.kind, key)
+        except ModelError as exc:
             return self._failed(view, state, stage, exc, before)
         return self._finish(key, view, state, stage, result)
 
@@ -243,9 +244,7 @@ class Coordinator:
         summarizer = self.summarizer or model_strategy(self.model_for(key))
         try:
             result = run_stage(stage, view, None, self.counter, summarizer, config=config)
-        except StoreError:
-            raise
-        except Exception as exc:
+        except ModelError as exc:
             return self._failed(view, state, stage, exc, window)
         return self._finish(key, view, state, stage, result)
 
@@ -298,18 +297,18 @@ class Coordinator:
 
     @staticmethod
     def _failed(
-        view: View, state: CompressionState, stage: Stage, exc: Exception, tokens: int
+        view: View, state: CompressionState, stage: Stage, exc: ModelError, tokens: int
     ) -> CoordinatorResult:
-        kind = getattr(exc, "kind", None) or type(exc).__name__
         retry_after = getattr(exc, "retry_after", None)
         return CoordinatorResult(
             view,
             state,
             "failed",
             error=str(exc),
-            error_kind=str(kind),
+            error_kind=exc.kind,
             retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
             stage=stage,
             tokens_before=tokens,
             tokens_after=tokens,
+            exception=exc,
         )

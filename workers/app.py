@@ -10,25 +10,49 @@ broker an unacknowledged message comes back after ``visibility_timeout``, and th
 scan runs every ``unacked_restore_interval`` seconds (kombu's default of 10 x 10 s made a
 killed worker's task wait about 90 s). Stage tasks are idempotent: a redelivered stage
 whose planned version is stale re-plans instead of writing twice.
+
+Deployments sharing one Redis database are isolated by ``redis.key_prefix``: queues are
+``<prefix>.jobs`` / ``<prefix>.stages``, the control and event exchanges
+``<prefix>.control`` / ``<prefix>.events``, and kombu's and the result backend's own keys
+(``unacked``, ``_kombu.binding.*``, ``celery-task-meta-*``) get ``<prefix>:`` in front
+(``global_keyprefix``). Every worker also runs the scheduler's reconciler
+(``workers.reconciler``) as a bootstep timer.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import Celery
 from celery.signals import celeryd_init, worker_process_init
 
 from ctxcore.config import Settings
+from workers.reconciler import Reconciler
 
-__all__ = ["JOBS_QUEUE", "STAGES_QUEUE", "app", "configure", "runtime"]
+__all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "runtime", "settings"]
 
-JOBS_QUEUE = "ctxcore.jobs"
-STAGES_QUEUE = "ctxcore.stages"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 app = Celery("ctxcore", include=["workers.tasks"])
+app.steps["worker"].add(Reconciler)
+
+
+class QueueNames(NamedTuple):
+    """A deployment's Celery queues: new jobs (drain tokens) and continuation stages."""
+
+    jobs: str
+    stages: str
+
+    def consume_order(self) -> list[str]:
+        """Stages first, then jobs: running compactions finish before new ones start."""
+        return [self.stages, self.jobs]
+
+
+def queue_names(settings: Settings) -> QueueNames:
+    """``<prefix>.jobs`` and ``<prefix>.stages`` for ``settings.redis.key_prefix``."""
+    prefix = settings.redis.key_prefix
+    return QueueNames(f"{prefix}.jobs", f"{prefix}.stages")
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -37,7 +61,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     # Every Celery and kombu key (queues, bindings, unacked, results) lives under the same
     # prefix as ctxcore's own keys: one deployment (or one demo or test run) is found and
     # removed by a SCAN on its prefix and never touches another's.
-    key_prefix = settings.redis.key_prefix
+    prefix = settings.redis.key_prefix
+    queues = queue_names(settings)
     return {
         "broker_url": settings.redis.url,
         "result_backend": settings.redis.url,
@@ -55,12 +80,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "unacked_restore_throttle": 1,
             # Workers drain continuation stages before starting new jobs.
             "queue_order_strategy": "priority",
-            "global_keyprefix": f"{key_prefix}:",
+            "global_keyprefix": f"{prefix}:",
         },
-        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:"},
+        "result_backend_transport_options": {"global_keyprefix": f"{prefix}:"},
         "broker_connection_retry_on_startup": True,
-        "task_default_queue": JOBS_QUEUE,
-        "task_routes": {"ctxcore.stage.*": {"queue": STAGES_QUEUE}},
+        "task_default_queue": queues.jobs,
+        "task_routes": {"ctxcore.stage.*": {"queue": queues.stages}},
+        "control_exchange": f"{prefix}.control",
+        "event_exchange": f"{prefix}.events",
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,
@@ -79,14 +106,26 @@ def configure(settings: Settings, celery_app: Celery = app) -> Celery:
     # Connections and the result backend are cached on first use: drop them so a new broker
     # URL takes effect in a process that already talked to another one.
     celery_app._pool = None
-    amqp = celery_app.__dict__.get("amqp")
-    if amqp is not None:
-        amqp._producer_pool = None
+    # The queues, router and producer pool (amqp), the control mailbox (exchange name) and
+    # the event helpers are built from the configuration on first use: rebuild them too.
+    for cached in ("amqp", "control", "events"):
+        celery_app.__dict__.pop(cached, None)
     celery_app._backend_cache = None
     celery_app._local = threading.local()
     _state["settings"] = settings
     _state["runtime"] = None
     return celery_app
+
+
+def settings() -> Settings:
+    """The settings the app was configured with (from the environment when it was not)."""
+    current = _state["settings"]
+    if current is None:
+        # Started by the celery command rather than ``ctxcore worker``: this is the
+        # worker's start-up, the one place besides the CLI that reads the environment.
+        current = Settings.from_env()
+        configure(current)
+    return current  # type: ignore[no-any-return]
 
 
 def runtime() -> Any:
@@ -95,13 +134,7 @@ def runtime() -> Any:
 
     rt = _state["runtime"]
     if rt is None:
-        settings = _state["settings"]
-        if settings is None:
-            # Started by the celery command rather than ``ctxcore worker``: this is the
-            # worker's start-up, the one place besides the CLI that reads the environment.
-            settings = Settings.from_env()
-            configure(settings)
-        rt = _state["runtime"] = Runtime(settings)
+        rt = _state["runtime"] = Runtime(settings())
     return rt
 
 

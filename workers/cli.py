@@ -234,6 +234,25 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--loglevel", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="Celery log level"
     )
+    worker.add_argument(
+        "--hostname",
+        default=None,
+        metavar="NAME",
+        help="node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
+    )
+
+    flower = command(
+        "flower",
+        "monitor the workers with Flower on the configured Redis and key prefix "
+        "(Flower's own options after --, e.g. -- --port=5555)",
+        commands.cmd_flower,
+    )
+    flower.add_argument(
+        "flower_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- FLOWER_OPTION",
+        help="Flower's own options, after '--' (default: none; Flower listens on port 5555)",
+    )
 
     serve = command("serve", "serve the HTTP API", commands.cmd_serve)
     serve.add_argument("--host", default=None, help="address to bind (default: http.host, 127.0.0.1)")

@@ -26,6 +26,7 @@ __all__ = [
     "cmd_compact",
     "cmd_count",
     "cmd_demo",
+    "cmd_flower",
     "cmd_inspect",
     "cmd_rollback",
     "cmd_serve",
@@ -94,14 +95,26 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     """Start a Celery worker consuming continuation stages first, then new jobs."""
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure
+    from workers.app import app, configure, queue_names
 
     settings = settings_for(args)
     configure(settings)
-    argv = ["worker", "-Q", f"{STAGES_QUEUE},{JOBS_QUEUE}", "--loglevel", args.loglevel, "-E"]
+    queues = ",".join(queue_names(settings).consume_order())
+    argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
     argv += ["--concurrency", str(args.concurrency or settings.worker.concurrency)]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
     app.worker_main(argv)
     return 0
+
+
+def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
+    """Start Flower on this deployment's broker, queues and event exchange (its options after ``--``)."""
+    from workers.app import app, configure
+
+    configure(settings_for(args))
+    flower_args = [a for a in args.flower_args if a != "--"]
+    return int(app.start(["flower", *flower_args]) or 0)
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -170,6 +183,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
         "conversation": str(key),
         "last_log_id": rt.log.last_id(key),
         "budget": rt.state_store.get_budget(key),
+        "compaction_detail": rt.failures.detail(key).as_dict(),
         "state": state.model_dump(mode="json") if state else None,
     }
     if args.history:

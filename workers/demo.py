@@ -162,7 +162,7 @@ def _run(
 ) -> int:
     from celery.contrib.testing.worker import start_worker
 
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
     from workers.runtime import build_service
     from workers.tasks import CeleryQueue
 
@@ -173,7 +173,7 @@ def _run(
         pool="threads",
         concurrency=2,
         perform_ping_check=False,
-        queues=[STAGES_QUEUE, JOBS_QUEUE],
+        queues=queue_names(settings).consume_order(),
         shutdown_timeout=30,
     ):
         rt = runtime()

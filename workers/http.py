@@ -10,9 +10,12 @@ token's sha256 in ``http.tokens``):
 - ``POST   /v1/conversations/{id}/messages``       append (idempotent by ``message_id``;
   ``If-Match: <last log id>`` -> 409 when the log ends elsewhere); 201, or 200 when every
   message was already logged
-- ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``
-- ``POST   /v1/conversations/{id}/compact``        ask for background compaction; 202
+- ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``, with
+  ``compaction`` (``idle|queued|running|failing``) and ``compaction_detail``
+- ``POST   /v1/conversations/{id}/compact``        ask for background compaction; 202 (a
+  ``failing`` conversation is not queued again until its failure backoff passes)
 - ``GET    /v1/conversations/{id}/state``          blocks with provenance (``?history=1``)
+  and ``compaction_detail`` (the last error, the last success)
 - ``GET    /v1/conversations/{id}/offloads/{h}``   offloaded originals
 - ``GET    /v1/conversations``                     the tenant's conversations, paged
 - ``DELETE /v1/conversations/{id}``                log, state, offloads and queued work; 204
@@ -64,6 +67,7 @@ from ctxcore.messages import from_openai, message_text, to_openai
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock, validate_id
 from ctxcore.state.filesystem import validate_handle
 from workers.bodylimit import BodyLimitMiddleware
+from workers.http_status import CompactionDetailOut, CompactionStatusOut, detail_out
 from workers.locks import LockBusy, conversation_lock
 from workers.ratelimit import RateLimiter
 from workers.runtime import Runtime, build_service
@@ -175,7 +179,8 @@ class WindowResponse(_Model):
     messages: list[MessageOut]
     stats: WindowStats
     state_version: int
-    compaction: Literal["idle", "queued", "running"]
+    compaction: CompactionStatusOut
+    compaction_detail: CompactionDetailOut
     fallback_applied: bool
     elided_ranges: list[ElidedRange] = Field(default_factory=list)
 
@@ -183,7 +188,7 @@ class WindowResponse(_Model):
 class CompactResponse(_Model):
     """The conversation's compaction status after the request."""
 
-    status: Literal["idle", "queued", "running"]
+    status: CompactionStatusOut
 
 
 class BlockOut(_Model):
@@ -213,6 +218,7 @@ class StateResponse(StateSnapshot):
     """The current compaction state, the budget last asked for and (``?history=1``) kept versions."""
 
     budget: int | None
+    compaction_detail: CompactionDetailOut
     history: list[StateSnapshot] | None = Field(
         default=None, description="Kept versions, newest first (only with ?history=1)"
     )
@@ -676,6 +682,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
             stats=WindowStats(**result.stats.as_dict()),
             state_version=result.state_version,
             compaction=result.compaction,
+            compaction_detail=detail_out(result.compaction_detail),
             fallback_applied=result.fallback_applied,
             elided_ranges=[ElidedRange(first_id=a, last_id=b) for a, b in result.elided_ranges],
         )
@@ -710,7 +717,11 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         if state is None and runtime.log.last_id(key) is None:
             raise _not_found()
         current = _snapshot(state or CompressionState())
-        result = StateResponse(**current.model_dump(), budget=runtime.state_store.get_budget(key))
+        result = StateResponse(
+            **current.model_dump(),
+            budget=runtime.state_store.get_budget(key),
+            compaction_detail=detail_out(runtime.failures.detail(key)),
+        )
         if history:
             result.history = [_snapshot(s) for s in runtime.state_store.history(key)]
         return result
@@ -783,6 +794,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
                         scheduler.forget(key)
                     runtime.offloads.delete(key)
                     runtime.state_store.delete(key)
+                    runtime.failures.delete(key)
                     # The log goes last: if anything above fails, the conversation still
                     # exists and the DELETE can simply be retried.
                     runtime.log.delete(key)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import redis
 from redis.exceptions import LockError
 
+from ctxcore.errors import StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 
 __all__ = ["LockBusy", "conversation_lock", "lock_name"]
@@ -34,10 +35,15 @@ def conversation_lock(
 ) -> Iterator[None]:
     """Hold ``key``'s lock for the block, extending it every ``timeout / 3`` seconds.
 
-    Raises ``LockBusy`` at once if another worker holds it.
+    Raises ``LockBusy`` at once if another worker holds it, ``StoreUnavailable`` when Redis
+    does not answer (a stage retries that like a transient failure).
     """
     lock = client.lock(lock_name(prefix, key), timeout=timeout, blocking=False, thread_local=False)
-    if not lock.acquire(blocking=False):
+    try:
+        acquired = lock.acquire(blocking=False)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailable(f"Redis unavailable taking the lock of {key}: {exc}") from exc
+    if not acquired:
         raise LockBusy(str(key))
     stop = threading.Event()
 

@@ -23,6 +23,7 @@ from ctxcore.summarize.openai_chat import OpenAIChatModel
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
 from workers.circuit import CircuitBreaker, CircuitBreakerClient
+from workers.failures import FailureStore
 from workers.metrics import Metrics
 from workers.scheduler import FairScheduler
 from workers.service import ContextService
@@ -160,8 +161,24 @@ class Runtime:
     @cached_property
     def scheduler(self) -> FairScheduler:
         """The fair, coalescing job queue."""
-        lease = self.settings.worker.hard_time_limit * 4
-        return FairScheduler(self.redis, prefix=self.settings.redis.key_prefix, lease_seconds=lease)
+        worker = self.settings.worker
+        return FairScheduler(
+            self.redis,
+            prefix=self.settings.redis.key_prefix,
+            lease_seconds=worker.hard_time_limit * 4,
+            requeue_after_seconds=worker.requeue_after_seconds,
+        )
+
+    @cached_property
+    def failures(self) -> FailureStore:
+        """Each conversation's last error, last success and failure backoff."""
+        worker = self.settings.worker
+        return FailureStore(
+            self.redis,
+            prefix=self.settings.redis.key_prefix,
+            backoff_seconds=worker.failure_backoff_seconds,
+            backoff_max_seconds=worker.failure_backoff_max_seconds,
+        )
 
     @cached_property
     def metrics(self) -> Metrics:
@@ -193,4 +210,5 @@ def build_service(runtime: Runtime, queue: object) -> ContextService:
         queue,  # type: ignore[arg-type]
         counter=runtime.counter,
         detector=runtime.detector,
+        failures=runtime.failures,
     )

@@ -21,10 +21,11 @@ from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule
 from ctxcore.protocol import drop_leading_tool_messages, interrupted_by_user
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
+from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
-from workers.scheduler import Status
+from workers.failures import FailureStore
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
 
@@ -32,12 +33,12 @@ __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
 class CompactionQueue(Protocol):
     """Where the fast path asks for background compaction."""
 
-    def request(self, key: ConversationKey) -> Status:
+    def request(self, key: ConversationKey) -> CompactionStatus:
         """Ask for a compaction (coalesced); returns the conversation's status after asking."""
         ...
 
-    def status(self, key: ConversationKey) -> Status:
-        """``idle``, ``queued`` or ``running``."""
+    def status(self, key: ConversationKey) -> CompactionStatus:
+        """``idle``, ``queued``, ``running``, or ``failing`` while the last job failed."""
         ...
 
 
@@ -48,14 +49,14 @@ class InlineQueue:
         self.requests: list[ConversationKey] = []
         self._on_request = on_request
 
-    def request(self, key: ConversationKey) -> Status:
+    def request(self, key: ConversationKey) -> CompactionStatus:
         """Record the request and run the optional callback."""
         self.requests.append(key)
         if self._on_request is not None:
             self._on_request(key)
         return "queued" if self._on_request is None else "idle"
 
-    def status(self, key: ConversationKey) -> Status:
+    def status(self, key: ConversationKey) -> CompactionStatus:
         """Always idle: nothing runs in the background."""
         return "idle"
 
@@ -74,6 +75,7 @@ class ContextService:
         counter: TokenCounter | None = None,
         detector: UserDetector | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        failures: FailureStore | None = None,
     ) -> None:
         self.settings = settings
         self.state_store = state_store
@@ -83,6 +85,7 @@ class ContextService:
         self.counter = counter or TiktokenCounter(settings.engine.tokenizer_model)
         self.detector = detector or UserDetector(extra_prefixes=settings.engine.internal_user_prefixes)
         self._clock = clock
+        self.failures = failures
         self._chains: dict[int, list[Any]] = {}
         self._counters: dict[str, TokenCounter] = {}
         self.last_latency_ms = 0.0
@@ -194,8 +197,10 @@ class ContextService:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
         Records the budget beside the state; asks for compaction when the view is over
-        ``trigger_ratio`` of it. ``BudgetExceeded`` when system + tools + anchors alone do
-        not fit.
+        ``trigger_ratio`` of it. ``compaction`` is the queue's status, or ``failing`` while
+        the conversation's last job failed (``compaction_detail`` says why, from the
+        ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
+        anchors alone do not fit.
         """
         if budget_tokens <= 0:
             raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
@@ -220,9 +225,13 @@ class ContextService:
             detector=self.detector,
         )
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
+        detail = self.failures.detail(key) if self.failures is not None else CompactionDetail()
         if result.raw_tokens > trigger:
             result.compaction = self.queue.request(key)
         else:
-            result.compaction = self.queue.status(key)
+            result.compaction = "failing" if detail.last_error else self.queue.status(key)
+        if detail.last_error is not None:
+            result.compaction = "failing"
+        result.compaction_detail = detail
         self.last_latency_ms = (self._clock() - started) * 1000
         return result

@@ -6,6 +6,19 @@ tenants and sends its first stage; each ``ctxcore.stage.<kind>`` task takes the
 conversation's lock, runs ``Coordinator.run_stage`` (CAS save), releases, and sends the next
 stage only while the view is still over target. Payloads carry ids and stage records,
 never message bodies.
+
+Failures are visible (DESIGN, "Visible failure"). The Coordinator handles classified model
+errors (``outcome="failed"``), results that would break the chat protocol
+(``outcome="rejected"``, kind ``invalid_summary``) and lost CAS races; here a transient kind
+or a store outage is retried (``worker.retry_delays``: Celery ``RETRY``), and a permanent
+kind (``invalid_summary`` included: it is deterministic), or a transient one out of
+retries, ends the task as ``FAILURE`` with ``StageFailedError(kind, message)`` as its
+exception. Any other exception propagates (``FAILURE``, traceback logged, state untouched).
+``StageTask.on_failure`` records the conversation's ``last_error``; after a classified
+failure it sends the next stage with the failed kind exhausted (every model stage after a
+transient or ``authentication`` kind: they would call the same endpoint), so planning ends
+at worst with the model-free hard truncate; after any other exception the job ends at once.
+A job that ended with a failed stage backs off (``workers.failures``).
 """
 
 from __future__ import annotations
@@ -13,41 +26,88 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from celery import Task
+from kombu.exceptions import OperationalError
 
 from ctxcore.coordinator import INVALID_SUMMARY
+from ctxcore.errors import ModelError, StoreUnavailable
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
-from ctxcore.summarize.errors import TRANSIENT_KINDS
-from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, runtime
+from ctxcore.status import CompactionStatus
+from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
+from workers.app import app, queue_names, runtime
+from workers.failures import StageFailedError, classify_failure, model_error_message, public_endpoint
 from workers.locks import LockBusy, conversation_lock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CeleryQueue", "compact", "drain", "request_compaction", "stage_task"]
+__all__ = [
+    "STAGE_TASKS",
+    "CeleryQueue",
+    "StageTask",
+    "compact",
+    "drain",
+    "request_compaction",
+    "send_drain_tokens",
+    "send_stage",
+]
+
+MODEL_STAGES: tuple[str, ...] = tuple(k for k in STAGE_ORDER if k != "hard_truncate")
+# Kinds that say the endpoint itself is unusable for now: every model stage would fail alike.
+_ENDPOINT_KINDS = TRANSIENT_KINDS | {"authentication"}
+# Labels of ctxcore_failures_total (a closed set: anything else counts as "other").
+_KNOWN_KINDS = frozenset(
+    {*ERROR_KINDS, "summarizer_empty", "circuit_open", "internal", "store_unavailable", INVALID_SUMMARY}
+)
 
 
-def request_compaction(key: ConversationKey, reason: str = "window") -> str:
-    """Ask for a compaction of ``key``; sends a drain token when a new job was queued."""
+def send_drain_tokens(count: int = 1) -> int:
+    """Send ``count`` drain tokens; returns how many went out.
+
+    A broker that refuses is logged, not raised: the job stays queued in the scheduler and
+    the reconciler sends its token again after ``worker.requeue_after_seconds``.
+    """
+    jobs = queue_names(runtime().settings).jobs
+    for sent in range(max(count, 0)):
+        try:
+            drain.apply_async(queue=jobs)
+        except OperationalError as exc:
+            log.warning("drain token not sent (%s); the reconciler sends it again", exc)
+            return sent
+    return max(count, 0)
+
+
+def request_compaction(key: ConversationKey, reason: str = "window") -> CompactionStatus:
+    """Ask for a compaction of ``key`` (coalesced); sends a drain token when one is due.
+
+    A conversation whose last job failed is not queued again until its backoff passes.
+    """
     rt = runtime()
-    if rt.scheduler.request(key):
-        drain.apply_async(queue=JOBS_QUEUE)
-        return "queued"
-    return str(rt.scheduler.status(key))
+    record = rt.failures.get(key)
+    if record.backing_off():
+        return "failing"
+    created = rt.scheduler.request(key)
+    if created:
+        send_drain_tokens(1)
+    if record.failing:
+        return "failing"
+    return "queued" if created else rt.scheduler.status(key)
 
 
 class CeleryQueue:
     """The fast path's ``CompactionQueue`` backed by the scheduler and Celery."""
 
-    def request(self, key: ConversationKey) -> str:
-        """Queue a compaction (coalesced) and report the status."""
+    def request(self, key: ConversationKey) -> CompactionStatus:
+        """Queue a compaction (coalesced, held back while failing) and report the status."""
         return request_compaction(key)
 
-    def status(self, key: ConversationKey) -> str:
-        """``idle``, ``queued`` or ``running``."""
-        return str(runtime().scheduler.status(key))
+    def status(self, key: ConversationKey) -> CompactionStatus:
+        """``failing`` while the last job failed, else ``idle``, ``queued`` or ``running``."""
+        rt = runtime()
+        return "failing" if rt.failures.get(key).failing else rt.scheduler.status(key)
 
 
 @app.task(name="ctxcore.compact", acks_late=True)
@@ -57,38 +117,52 @@ def compact(tenant: str, conversation: str, reason: str = "manual") -> dict[str,
     return {"conversation": str(key), "reason": reason, "status": request_compaction(key, reason)}
 
 
-@app.task(name="ctxcore.drain", acks_late=True)
+@app.task(name="ctxcore.drain", acks_late=True, ignore_result=True)
 def drain() -> dict[str, Any]:
     """Start the next job, fairly: tokens are interchangeable, the scheduler picks the job."""
     rt = runtime()
     job = rt.scheduler.next_job()
     if job is None:
         return {"job": None}
-    planned = _plan_and_send(job.key, [])
+    rt.failures.job_started(job.key)
+    try:
+        planned = _plan_and_send(job.key, [])
+    except Exception as exc:
+        # Planning failed before any stage ran: record it and end the job, then fail loudly.
+        _after_failure(job.key, None, [], exc)
+        raise
     return {"job": str(job.key), "stage": planned}
 
 
+def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
+    """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``."""
+    return STAGE_TASKS[stage.kind].apply_async(
+        args=[key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), list(exhausted)],
+        queue=queue_names(runtime().settings).stages,
+        argsrepr=str(key),
+    )
+
+
 def _finish(key: ConversationKey) -> None:
-    if runtime().scheduler.finish(key):
-        drain.apply_async(queue=JOBS_QUEUE)
-
-
-def _plan_and_send(key: ConversationKey, exhausted: list[str]) -> str | None:
+    """End the running job of ``key``: close its failure record, queue a follow-up if due."""
     rt = runtime()
-    try:
-        stage = rt.coordinator.plan(key, exhausted=exhausted)
-    except Exception:
-        log.exception("planning %s failed", key)
-        rt.metrics.inc("ctxcore_failures_total", kind="planning")
-        _finish(key)
-        raise
+    failed = rt.failures.run_failed(key)
+    finished = rt.scheduler.finish(key, follow_up=not failed)
+    if finished < 0:
+        return  # not a running job: a redelivered duplicate, or a stage sent by hand
+    pause = rt.failures.job_finished(key, failed)
+    if pause is not None:
+        log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
+    if finished == 1:
+        send_drain_tokens(1)
+
+
+def _plan_and_send(key: ConversationKey, exhausted: Sequence[str]) -> str | None:
+    stage = runtime().coordinator.plan(key, exhausted=exhausted)
     if stage is None:
         _finish(key)
         return None
-    STAGE_TASKS[stage.kind].apply_async(
-        args=[key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), exhausted],
-        queue=STAGES_QUEUE,
-    )
+    send_stage(key, stage, exhausted)
     return stage.kind
 
 
@@ -99,20 +173,54 @@ def _retry_delay(task: Task, retry_after: float | None) -> float:
     return max(delay, retry_after or 0.0)
 
 
+def _attempt(task: Task, key: ConversationKey, stage: str, kind: str, exc: BaseException) -> str:
+    """The log line of one failed attempt (its cause, never the endpoint's credentials)."""
+    endpoint = public_endpoint(runtime().settings.model_for_tenant(key.tenant_id).base_url)
+    text = model_error_message(exc) if isinstance(exc, ModelError) else str(exc)
+    return (
+        f"stage {stage} of {key} failed (attempt {task.request.retries + 1}): kind={kind} "
+        f"{type(exc).__name__}: {text}; endpoint {endpoint}"
+    )
+
+
+def _retry_or_raise(
+    task: Task,
+    key: ConversationKey,
+    stage: str,
+    kind: str,
+    error: Exception,
+    retry_after: float | None = None,
+) -> NoReturn:
+    """Retry a transient failure while retries are left (``RETRY``), else raise it (``FAILURE``)."""
+    rt = runtime()
+    if kind in TRANSIENT_KINDS | {"store_unavailable"} and task.request.retries < len(
+        rt.settings.worker.retry_delays
+    ):
+        countdown = _retry_delay(task, retry_after)
+        log.warning(
+            "%s; retry in %.1f s", _attempt(task, key, stage, kind, error.__cause__ or error), countdown
+        )
+        raise task.retry(countdown=countdown, exc=error, max_retries=len(rt.settings.worker.retry_delays))
+    raise error
+
+
 def _run_stage(
     task: Task, tenant: str, conversation: str, stage_json: dict[str, Any], exhausted: list[str]
 ) -> dict[str, Any]:
     rt = runtime()
     key = ConversationKey(tenant, conversation)
     stage = Stage.model_validate(stage_json)
-    rt.scheduler.renew(key)
     started = time.perf_counter()
     try:
+        rt.scheduler.renew(key)
         with conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout):
             result = rt.coordinator.run_stage(key, stage)
     except LockBusy:
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
         raise task.retry(countdown=1.0, max_retries=300) from None
+    except StoreUnavailable as exc:
+        rt.metrics.inc("ctxcore_failures_total", kind="store_unavailable")
+        _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
     elapsed = time.perf_counter() - started
     rt.metrics.observe("ctxcore_stage_seconds", elapsed, stage=stage.kind)
     rt.metrics.inc("ctxcore_compactions_total", stage=stage.kind, outcome=result.outcome)
@@ -134,42 +242,71 @@ def _run_stage(
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
         summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
-    elif result.outcome == "rejected":
-        # Deterministic (the same view gives the same invalid summary): no retry; the
-        # stage is exhausted and planning moves on to the next kind.
-        rt.metrics.inc("ctxcore_failures_total", kind=INVALID_SUMMARY)
-        summary["error_kind"] = result.error_kind
-        summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
     else:
+        # A classified failure, the state untouched: a model error (retried while transient,
+        # else FAILURE) or a rejected result (``invalid_summary``: deterministic, the same
+        # view gives the same invalid summary, so FAILURE at once). on_failure then records
+        # it and escalates: for a rejected result only this stage is exhausted.
         kind = result.error_kind or "unknown"
         rt.metrics.inc("ctxcore_failures_total", kind=kind if kind in _KNOWN_KINDS else "other")
-        summary["error_kind"] = kind
-        if kind in TRANSIENT_KINDS and task.request.retries < len(rt.settings.worker.retry_delays):
-            raise task.retry(countdown=_retry_delay(task, result.retry_after))
-        # Permanent, or out of retries: the state stays as it was; move on.
-        summary["next"] = (
-            _plan_and_send(key, [*exhausted, stage.kind]) if kind not in TRANSIENT_KINDS else None
-        )
-        if summary["next"] is None and kind in TRANSIENT_KINDS:
-            _finish(key)
+        cause = result.exception
+        error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
+        error.__cause__ = cause
+        _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     log.info("stage done: %s", summary)
     return summary
 
 
-_KNOWN_KINDS = frozenset(
-    {
-        "context_overflow",
-        "rate_limit",
-        "authentication",
-        "timeout",
-        "server_unstable",
-        "api_request_error",
-        "unknown",
-        "summarizer_empty",
-        "circuit_open",
-        INVALID_SUMMARY,
-    }
-)
+def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str], exc: BaseException) -> None:
+    """A stage (or the planning of a job) failed for good: record it, then escalate or end the job."""
+    rt = runtime()
+    kind, message = classify_failure(exc)
+    cause = exc.__cause__ if isinstance(exc, StageFailedError) and exc.__cause__ is not None else exc
+    endpoint = public_endpoint(rt.settings.model_for_tenant(key.tenant_id).base_url)
+    described = message if kind == "internal" else f"{type(cause).__name__}: {message}"
+    log.error(
+        "stage %s of %s failed for good: kind=%s %s; endpoint %s",
+        stage or "planning",
+        key,
+        kind,
+        described,
+        endpoint,
+    )
+    if kind == "internal":
+        rt.metrics.inc("ctxcore_failures_total", kind="internal")
+    try:
+        rt.failures.record(key, kind, message, stage)
+        if not isinstance(exc, StageFailedError) or stage is None:
+            _finish(key)
+            return
+        failed = MODEL_STAGES if kind in _ENDPOINT_KINDS else (stage,)
+        try:
+            _plan_and_send(key, [*exhausted, *(k for k in failed if k not in exhausted)])
+        except Exception:
+            # Planning after the failed stage broke too: end the job rather than strand it.
+            _finish(key)
+            raise
+    except StoreUnavailable as err:
+        lease = rt.settings.worker.hard_time_limit * 4
+        log.error(
+            "could not record the failure of %s or end its job (%s); the scheduler's lease re-queues it within %.0f s",
+            key,
+            err,
+            lease,
+        )
+
+
+class StageTask(Task):
+    """Base of the stage tasks: a final failure is recorded and escalates or ends the job."""
+
+    # A classified model failure is expected: Celery logs it without a traceback (our own
+    # ERROR line names the cause); anything else is logged with its traceback.
+    throws = (StageFailedError,)
+
+    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        """Record ``last_error`` and send the next stage (model error) or end the job."""
+        tenant, conversation, stage, exhausted = args
+        _after_failure(ConversationKey(tenant, conversation), stage.get("kind"), list(exhausted), exc)
 
 
 def _make_stage_task(kind: str) -> Task:
@@ -180,7 +317,8 @@ def _make_stage_task(kind: str) -> Task:
 
     stage_task.__name__ = f"stage_{kind}"
     stage_task.__doc__ = f"Run one {kind} stage of a conversation under its lock and save it with CAS."
-    return app.task(name=f"ctxcore.stage.{kind}", bind=True, acks_late=True)(stage_task)  # type: ignore[no-any-return]
+    task = app.task(name=f"ctxcore.stage.{kind}", bind=True, acks_late=True, base=StageTask)(stage_task)
+    return task  # type: ignore[no-any-return]
 
 
 STAGE_TASKS: dict[str, Task] = {kind: _make_stage_task(kind) for kind in STAGE_ORDER}

@@ -53,6 +53,13 @@ def _retry_after_of(exc: BaseException) -> float | None:
 
 def _describe(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
+    # The openai client's connection errors say only "Connection error."; the cause says
+    # what happened ("[Errno 111] Connection refused"), which is what an operator needs.
+    cause = exc.__cause__
+    if cause is not None:
+        reason = " ".join(str(cause).split())
+        if reason and reason not in text:
+            text = f"{text} ({type(cause).__name__}: {reason})"
     if len(text) > _MAX_ERROR_CHARS:
         text = text[:_MAX_ERROR_CHARS] + "..."
     # Provider errors sometimes echo the rejected key back; never let it reach a log.

@@ -313,9 +313,18 @@ class RedisProcess:
         return path.read_text(errors="replace")[-2000:] if path.exists() else "(no log)"
 
 
+def deployment_queues(prefix: str) -> str:
+    """The ``-Q`` value of a worker of the deployment with key prefix ``prefix``."""
+    from ctxcore.config import Settings
+    from workers.app import queue_names
+
+    return ",".join(queue_names(Settings.load({"redis": {"key_prefix": prefix}})).consume_order())
+
+
 @dataclass
 class WorkerProcess:
-    """A real ``celery -A workers.app worker`` process group configured by environment."""
+    """A real ``celery -A workers.app worker`` process group configured by environment
+    (its queues follow ``CTXCORE_REDIS__KEY_PREFIX``)."""
 
     env: dict[str, str]
     log_path: Path
@@ -340,7 +349,7 @@ class WorkerProcess:
                 "workers.app",
                 "worker",
                 "-Q",
-                "ctxcore.stages,ctxcore.jobs",
+                deployment_queues(self.env.get("CTXCORE_REDIS__KEY_PREFIX", "ctxcore")),
                 "-P",
                 self.pool,
                 "-c",
@@ -444,10 +453,10 @@ def worker_env(redis_url: str, prefix: str, *, model_url: str | None = None, **w
 
 
 def broker_idle(client: redis.Redis, prefix: str) -> bool:
-    """True when no Celery message of ``prefix`` waits in the queues or sits unacknowledged
-    (kombu's keys carry ``<prefix>:``, the ``global_keyprefix`` of ``celery_config``)."""
+    """True when no Celery message of the deployment ``prefix`` waits in its queues or sits
+    unacknowledged (kombu's keys carry ``<prefix>:``, its global key prefix)."""
     waiting = 0
-    for name in ("ctxcore.jobs", "ctxcore.stages"):
+    for name in deployment_queues(prefix).split(","):
         for suffix in ("", "\x06\x163", "\x06\x166", "\x06\x169"):
             waiting += int(client.llen(f"{prefix}:{name}{suffix}"))
     return waiting == 0 and int(client.hlen(f"{prefix}:unacked")) == 0

@@ -130,9 +130,16 @@ def test_every_fault_at_every_model_stage_leaves_the_state_untouched(
 def worker_rt(db_url: str, server: OpenAIServer) -> Iterator[Runtime]:
     from celery.contrib.testing.worker import start_worker
 
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
 
-    settings = _settings(db_url, server.base_url, circuit_failure_threshold=3, circuit_reset_seconds=2.0)
+    settings = _settings(
+        db_url,
+        server.base_url,
+        circuit_failure_threshold=3,
+        circuit_reset_seconds=2.0,
+        failure_backoff_seconds=0.5,
+        failure_backoff_max_seconds=1.0,
+    )
     configure(settings)
     # Results are never read here; without them nothing subscribes to this test's private
     # Redis, which is gone once the test ends.
@@ -143,7 +150,7 @@ def worker_rt(db_url: str, server: OpenAIServer) -> Iterator[Runtime]:
             pool="threads",
             concurrency=2,
             perform_ping_check=False,
-            queues=[STAGES_QUEUE, JOBS_QUEUE],
+            queues=queue_names(settings).consume_order(),
             shutdown_timeout=20,
         ):
             yield runtime()

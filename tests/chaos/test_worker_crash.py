@@ -38,7 +38,7 @@ from tests.chaos.helpers import (
     conversation_problems,
     worker_env,
 )
-from workers.app import JOBS_QUEUE, celery_config
+from workers.app import celery_config, queue_names
 from workers.runtime import Runtime
 
 pytestmark = [
@@ -107,7 +107,7 @@ def test_kill_9_workers_during_model_calls_and_commits(
     def request(key: ConversationKey) -> None:
         # What the fast path does when a window is over its trigger.
         if rt.scheduler.request(key):
-            sender.send_task("ctxcore.drain", queue=JOBS_QUEUE, ignore_result=True)
+            sender.send_task("ctxcore.drain", queue=queue_names(settings).jobs, ignore_result=True)
 
     def append_round(r: int) -> None:
         for key in keys:

@@ -47,7 +47,7 @@ def settings(redis_url: str) -> Iterator[Settings]:
 def worker(settings: Settings) -> Iterator[Runtime]:
     from celery.contrib.testing.worker import start_worker
 
-    from workers.app import JOBS_QUEUE, STAGES_QUEUE, app, configure, runtime
+    from workers.app import app, configure, queue_names, runtime
 
     configure(settings)
     with start_worker(
@@ -55,7 +55,7 @@ def worker(settings: Settings) -> Iterator[Runtime]:
         pool="threads",
         concurrency=2,
         perform_ping_check=False,
-        queues=[STAGES_QUEUE, JOBS_QUEUE],
+        queues=queue_names(settings).consume_order(),
         shutdown_timeout=20,
     ):
         yield runtime()
@@ -140,9 +140,10 @@ def test_fifty_concurrent_requests_make_one_job(settings: Settings, redis_url: s
     # Requests while running coalesce into exactly one follow-up.
     assert [sched.request(key) for _ in range(10)] == [False] * 10
     assert sched.status(key) == "running"
-    assert sched.finish(key) is True
+    assert sched.finish(key) == 1  # finished, follow-up queued
     assert sched.status(key) == "queued"
-    assert sched.next_job() is not None and sched.finish(key) is False and sched.status(key) == "idle"
+    assert sched.next_job() is not None and sched.finish(key) == 0 and sched.status(key) == "idle"
+    assert sched.finish(key) == -1  # nothing running: nothing to finish
 
 
 def test_fairness_by_order_not_time(settings: Settings) -> None:

@@ -479,7 +479,14 @@ def test_state_with_provenance_and_history(api: Api) -> None:
     api.append("c1", [_user("task"), _assistant("step 1"), _user("more"), _assistant("step 2")])
     empty = api.client.get(f"{CONV}/c1/state", headers=AUTH_A)
     assert empty.status_code == 200
-    assert empty.json() == {"version": 0, "covered_until": None, "pinned": [], "blocks": [], "budget": None}
+    assert empty.json() == {
+        "version": 0,
+        "covered_until": None,
+        "pinned": [],
+        "blocks": [],
+        "budget": None,
+        "compaction_detail": {"last_error": None, "last_success_at": None},
+    }
 
     key = ConversationKey("tenant-a", "c1")
     store = api.runtime.state_store

@@ -180,3 +180,43 @@ def test_model_failure_in_stage_keeps_state() -> None:
     result = coord.run_stage(KEY, stage)
     assert result.outcome == "failed" and result.error_kind == "rate_limit"
     assert store.load(KEY) is None
+
+
+class _BuggyModel:
+    """A model client with a bug (not a classified model error)."""
+
+    name = "buggy"
+
+    def complete(self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: object = None) -> object:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+
+def test_an_unclassified_exception_propagates_and_keeps_state() -> None:
+    from ctxcore.messages import from_openai
+
+    conv = next(conversations("minisweagent_dev.jsonl"))
+    store, log = MemoryStateStore(), MemoryMessageLog()
+    log.append(KEY, [m for m in from_openai(conv["messages"]) if m.role != "system"])
+    coord = Coordinator(store, log, COUNTER, model_for=lambda k: _BuggyModel())  # type: ignore[arg-type,return-value]
+    store.set_budget(KEY, 12_000)
+    stage = coord.plan(KEY)
+    assert stage is not None
+    # Only ModelError is a "failed" outcome: a bug must surface, never degrade into truncation.
+    with pytest.raises(TypeError, match="unsupported operand"):
+        coord.run_stage(KEY, stage)
+    assert store.load(KEY) is None
+
+    def buggy_summarizer(*_: object) -> list[AnyMessage]:
+        raise KeyError("summary")
+
+    coord = Coordinator(
+        store,
+        log,
+        COUNTER,
+        model_for=lambda k: ExtractiveModel(COUNTER),
+        summarizer=buggy_summarizer,
+        trigger=lambda i: True,
+    )
+    with pytest.raises(KeyError):
+        coord.compress(KEY)
+    assert store.load(KEY) is None

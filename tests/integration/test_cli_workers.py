@@ -1,0 +1,88 @@
+"""``ctxcore worker``, ``ctxcore flower`` and ``ctxcore inspect`` use the deployment's settings.
+
+The README's old ``celery -A workers.app flower`` watched ``6379/0`` whatever
+``CTXCORE_REDIS_URL`` said; ``ctxcore flower`` configures the app from the environment first.
+Celery's and Flower's own start-up are replaced by recorders here (a real Flower and workers
+run in ``tests/chaos/test_deployments.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from ctxcore.config import Settings
+from ctxcore.state import ConversationKey
+from tests.integration.test_cli import run_cli
+
+
+@pytest.fixture()
+def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What ``worker_main`` / ``start`` were called with, and the app's broker at that moment."""
+    from workers.app import app
+
+    seen: dict[str, Any] = {}
+
+    def record(kind: str) -> Any:
+        def run(argv: list[str]) -> int:
+            seen[kind] = argv
+            seen["broker_url"] = app.conf.broker_url
+            seen["event_exchange"] = app.conf.event_exchange
+            seen["keyprefix"] = app.conf.broker_transport_options["global_keyprefix"]
+            return 0
+
+        return run
+
+    monkeypatch.setattr(app, "worker_main", record("worker"))
+    monkeypatch.setattr(app, "start", record("flower"))
+    yield seen
+    from workers.app import configure
+
+    configure(Settings())
+
+
+ENV = {"CTXCORE_REDIS_URL": "redis://127.0.0.1:6399/4", "CTXCORE_REDIS__KEY_PREFIX": "deploy1"}
+
+
+def test_worker_consumes_its_deployments_queues_under_the_given_hostname(recorded: dict[str, Any]) -> None:
+    code, _ = run_cli("worker", "--hostname", "w7@%h", "--concurrency", "3", env=ENV)
+    assert code == 0
+    argv = recorded["worker"]
+    assert argv[argv.index("-Q") + 1] == "deploy1.stages,deploy1.jobs"
+    assert argv[argv.index("--hostname") + 1] == "w7@%h" and argv[argv.index("--concurrency") + 1] == "3"
+    assert recorded["broker_url"] == ENV["CTXCORE_REDIS_URL"] and recorded["keyprefix"] == "deploy1:"
+    code, _ = run_cli("worker", env=ENV)
+    assert "--hostname" not in recorded["worker"]
+
+
+def test_flower_watches_the_configured_broker_and_passes_its_own_options(recorded: dict[str, Any]) -> None:
+    code, _ = run_cli("flower", "--", "--port=5566", "--address=127.0.0.1", env=ENV)
+    assert code == 0
+    assert recorded["flower"] == ["flower", "--port=5566", "--address=127.0.0.1"]
+    assert recorded["broker_url"] == ENV["CTXCORE_REDIS_URL"]
+    assert recorded["event_exchange"] == "deploy1.events" and recorded["keyprefix"] == "deploy1:"
+
+
+@pytest.mark.redis
+def test_inspect_shows_the_compaction_detail(redis_url: str) -> None:
+    from workers.runtime import Runtime
+
+    url = f"{redis_url.rsplit('/', 1)[0]}/9"
+    prefix = f"cliw{uuid.uuid4().hex[:6]}"
+    rt = Runtime(Settings.load({"redis": {"url": url, "key_prefix": prefix}}))
+    key = ConversationKey("acme", "failing")
+    rt.failures.record(key, "internal", "TypeError: boom", "l0_to_l1")
+    code, out = run_cli(
+        "inspect", "acme", "failing", env={"CTXCORE_REDIS_URL": url, "CTXCORE_REDIS__KEY_PREFIX": prefix}
+    )
+    assert code == 0
+    detail = json.loads(out)["compaction_detail"]
+    assert detail["last_error"]["kind"] == "internal" and detail["last_error"]["message"] == "TypeError: boom"
+    assert detail["last_success_at"] is None
+    client = redis.Redis.from_url(url)
+    for name in client.scan_iter(match=f"*{prefix}*"):
+        client.delete(name)

@@ -1,0 +1,221 @@
+"""How a conversation's compaction last failed, and the backoff that follows.
+
+One Redis hash per conversation, ``<prefix>:{<tenant>:<conversation>}:compaction`` (under
+the conversation's hash tag, deleted with it), written by workers without CAS like the
+budget (one job per conversation runs at a time):
+
+- ``last_error``: JSON ``{"kind", "message", "stage", "at"}`` of the last stage that failed
+  for good; ``last_success_at``: ISO time of the last job that ended without one;
+- ``run_failed``: set while the running job has had such a failure;
+- ``failures`` / ``retry_at``: consecutive failed jobs and the time (epoch seconds) before
+  which windows and ``POST .../compact`` do not queue the conversation again; the pause is
+  ``worker.failure_backoff_seconds`` doubled per consecutive failed job, capped at
+  ``worker.failure_backoff_max_seconds``, and reset by a success.
+
+A job that ends without a failed stage clears ``last_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from kombu.exceptions import OperationalError
+
+from ctxcore.errors import ModelError, StoreError, StoreUnavailable
+from ctxcore.state.keys import ConversationKey
+from ctxcore.status import CompactionDetail, LastError
+
+__all__ = [
+    "FailureRecord",
+    "FailureStore",
+    "StageFailedError",
+    "classify_failure",
+    "model_error_message",
+    "public_endpoint",
+]
+
+_MAX_MESSAGE_CHARS = 1000
+
+
+class StageFailedError(ModelError):
+    """A stage's classified model failure, raised as its Celery task's exception.
+
+    The args are exactly ``(kind, message)`` so the result backend can rebuild it from JSON
+    (``exc_message``) and Flower shows the kind and the cause.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(kind, message)
+        self.message = message
+        self.args = (kind, message)
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+def model_error_message(exc: BaseException) -> str:
+    """A model error's text without the ``kind: `` its ``str()`` starts with; any other
+    exception's class and text."""
+    if not isinstance(exc, ModelError):
+        return f"{type(exc).__name__}: {exc}"
+    message = getattr(exc, "message", None)
+    if isinstance(message, str) and message:
+        return message
+    return str(exc).removeprefix(f"{exc.kind}: ")
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """``(kind, message)`` of a failure: a model error keeps its kind and text, a store or
+    broker outage is ``store_unavailable``, anything else is ``internal`` (class and text)."""
+    if isinstance(exc, StageFailedError):
+        return exc.kind, exc.message
+    if isinstance(exc, ModelError):
+        return exc.kind, model_error_message(exc)
+    if isinstance(exc, StoreUnavailable | OperationalError):
+        return "store_unavailable", f"{type(exc).__name__}: {exc}"
+    return "internal", f"{type(exc).__name__}: {exc}"
+
+
+def public_endpoint(url: str | None) -> str:
+    """A model endpoint safe to log: scheme, host, port and path, never credentials or a query."""
+    if url is None:
+        return "offline ExtractiveModel"
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """What the API shows (``detail``) and whether requests are held back until ``retry_at``."""
+
+    detail: CompactionDetail
+    retry_at: float = 0.0
+
+    @property
+    def failing(self) -> bool:
+        """True while the last job ended with a failed stage."""
+        return self.detail.last_error is not None
+
+    def backing_off(self, now: float | None = None) -> bool:
+        """True while the conversation must not be queued again."""
+        return self.failing and self.retry_at > (time.time() if now is None else now)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parse(fields: dict[Any, Any]) -> FailureRecord:
+    data = {_text(k): _text(v) for k, v in fields.items()}
+    error = None
+    if "last_error" in data:
+        raw = json.loads(data["last_error"])
+        error = LastError(raw["kind"], raw["message"], raw.get("stage"), datetime.fromisoformat(raw["at"]))
+    success = datetime.fromisoformat(data["last_success_at"]) if "last_success_at" in data else None
+    return FailureRecord(CompactionDetail(error, success), float(data.get("retry_at", 0) or 0))
+
+
+class FailureStore:
+    """The per-conversation failure hash (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "ctxcore",
+        *,
+        backoff_seconds: float = 30.0,
+        backoff_max_seconds: float = 600.0,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.backoff_seconds = backoff_seconds
+        self.backoff_max_seconds = backoff_max_seconds
+
+    def key(self, key: ConversationKey) -> str:
+        """The conversation's hash."""
+        return f"{self.prefix}:{key.hash_tag}:compaction"
+
+    def _call(self, what: str, key: ConversationKey, fn: Any) -> Any:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"Redis unavailable during {what} of {key}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise StoreError(f"Redis error during {what} of {key}: {exc}") from exc
+
+    def get(self, key: ConversationKey) -> FailureRecord:
+        """The record (empty when nothing ever failed or succeeded)."""
+        return _parse(
+            self._call("reading the failure record", key, lambda: self.client.hgetall(self.key(key)))
+        )
+
+    def detail(self, key: ConversationKey) -> CompactionDetail:
+        """What ``GET .../state``, windows and ``ctxcore inspect`` show."""
+        return self.get(key).detail
+
+    def job_started(self, key: ConversationKey) -> None:
+        """A job of ``key`` starts: no failure in it yet."""
+        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed"))
+
+    def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
+        """Record a stage's final failure as ``last_error`` of the running job."""
+        if len(message) > _MAX_MESSAGE_CHARS:
+            message = message[:_MAX_MESSAGE_CHARS] + "..."
+        error = LastError(kind, message, stage, datetime.now(UTC))
+        value = json.dumps(error.as_dict(), ensure_ascii=False)
+        self._call(
+            "recording a failure",
+            key,
+            lambda: self.client.hset(self.key(key), mapping={"last_error": value, "run_failed": "1"}),
+        )
+        return error
+
+    def run_failed(self, key: ConversationKey) -> bool:
+        """True when the running job has had a failed stage."""
+        return bool(
+            self._call(
+                "reading the job's failures", key, lambda: self.client.hexists(self.key(key), "run_failed")
+            )
+        )
+
+    def job_finished(self, key: ConversationKey, failed: bool) -> float | None:
+        """Close the job's record: a failed job extends the backoff (returns its seconds), a
+        successful one clears ``last_error`` and the backoff and stamps ``last_success_at``."""
+        name = self.key(key)
+        if failed:
+            count = int(
+                self._call("counting failed jobs", key, lambda: self.client.hincrby(name, "failures", 1))
+            )
+            pause = min(self.backoff_seconds * float(2 ** min(count - 1, 32)), self.backoff_max_seconds)
+            retry_at = repr(time.time() + pause)
+
+            def close_failed() -> None:
+                pipe = self.client.pipeline()
+                pipe.hset(name, "retry_at", retry_at)
+                pipe.hdel(name, "run_failed")
+                pipe.execute()
+
+            self._call("starting the backoff", key, close_failed)
+            return pause
+        now = datetime.now(UTC).isoformat()
+
+        def close_succeeded() -> None:
+            pipe = self.client.pipeline()
+            pipe.hdel(name, "last_error", "failures", "retry_at", "run_failed")
+            pipe.hset(name, "last_success_at", now)
+            pipe.execute()
+
+        self._call("recording a success", key, close_succeeded)
+        return None
+
+    def delete(self, key: ConversationKey) -> None:
+        """Forget the record (the conversation is deleted)."""
+        self._call("deleting the failure record", key, lambda: self.client.delete(self.key(key)))

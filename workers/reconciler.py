@@ -1,0 +1,86 @@
+"""The scheduler's reconciler: no queued job waits without a drain token.
+
+A queued job only starts when a drain token reaches a worker, and a token can be lost: its
+send failed, or a consumer took it and did nothing with it. Every worker runs this
+reconciler as a bootstep timer (no extra process, unlike Celery beat) every
+``worker.requeue_after_seconds / 2``: one Lua call (``FairScheduler.stuck_jobs``) takes the
+queued jobs whose last token is older than ``requeue_after_seconds``, re-scores them to now
+and returns them, so N workers send at most one token per stuck job per interval.
+
+Tokens are interchangeable, so tokens still waiting in the jobs queue already stand for
+stuck jobs (a backlog that outlasts ``requeue_after_seconds`` is not a loss): only the
+difference is sent, which keeps a long backlog from piling up tokens that find the ring
+empty later. This module imports nothing from ``workers.app`` at import time (the app
+registers the step).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from kombu.exceptions import OperationalError
+
+from ctxcore.errors import StoreUnavailable
+
+__all__ = ["Reconciler", "reconcile_once"]
+
+log = logging.getLogger(__name__)
+
+
+def _waiting_tokens(jobs_queue: str) -> int:
+    """Messages waiting in the jobs queue (kombu counts every priority level)."""
+    from workers.app import app
+
+    with app.connection_for_read() as conn:
+        return int(conn.default_channel.queue_declare(queue=jobs_queue, passive=False).message_count)
+
+
+def reconcile_once() -> int:
+    """Send drain tokens for queued jobs that waited too long without one; returns how many."""
+    from workers.app import queue_names, runtime
+    from workers.tasks import send_drain_tokens
+
+    rt = runtime()
+    wait = rt.settings.worker.requeue_after_seconds
+    try:
+        stuck = rt.scheduler.stuck_jobs()
+        if not stuck:
+            return 0
+        missing = len(stuck) - _waiting_tokens(queue_names(rt.settings).jobs)
+    except (StoreUnavailable, OperationalError) as exc:
+        log.warning("reconciler: Redis unavailable (%s); trying again in %.0f s", exc, wait / 2)
+        return 0
+    sent = send_drain_tokens(missing) if missing > 0 else 0
+    log.warning(
+        "reconciler: %d queued job(s) had no drain token for %.0f s (e.g. %s); sent %d token(s)",
+        len(stuck),
+        wait,
+        stuck[0],
+        sent,
+    )
+    return sent
+
+
+class Reconciler(bootsteps.StartStopStep):
+    """Runs ``reconcile_once`` on the worker's timer every ``requeue_after_seconds / 2``."""
+
+    requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.tref: Any = None
+
+    def start(self, parent: Any) -> None:
+        """Start the timer (the interval comes from the app's settings)."""
+        from workers.app import settings
+
+        interval = settings().worker.requeue_after_seconds / 2
+        self.tref = parent.timer.call_repeatedly(interval, reconcile_once, priority=10)
+
+    def stop(self, parent: Any) -> None:
+        """Cancel the timer."""
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
