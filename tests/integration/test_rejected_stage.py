@@ -1,7 +1,13 @@
-"""A stage task whose result is ``rejected`` (invalid summary): no retry, the stage is exhausted.
+"""A stage task whose result is ``rejected`` (invalid summary) fails for good at once.
 
-Runs the real stage task in-process (``Task.apply``) over a real Redis (lock, lease, stores);
-only the hand-off to the next stage is recorded instead of sent to the broker.
+``invalid_summary`` is deterministic (the same view gives the same invalid summary), so the
+task ends as Celery ``FAILURE`` without a retry; ``on_failure`` records ``last_error`` (the
+API shows ``failing``), only that stage is exhausted and planning moves on, so the job
+finishes and the next window is served.
+
+Runs the real drain and stage tasks in-process (``Task.apply``) over a real Redis (lock,
+lease, scheduler, stores, failure record); only the hand-off of each next stage is recorded
+instead of sent to the broker, then applied in turn.
 """
 
 from __future__ import annotations
@@ -57,10 +63,13 @@ def configured(redis_url: str, redis_prefix: str) -> Iterator[Any]:
     app_module._state.update(saved)
 
 
-def test_a_rejected_stage_is_not_retried_and_planning_moves_on(
+def test_a_rejected_stage_fails_without_retry_shows_failing_and_planning_moves_on(
     configured: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ctxcore.window import check_window
     from workers import tasks
+    from workers.failures import StageFailedError
+    from workers.runtime import build_service
 
     rt = configured
     key = ConversationKey("acme", f"rej-{uuid.uuid4().hex[:6]}")
@@ -74,17 +83,38 @@ def test_a_rejected_stage_is_not_retried_and_planning_moves_on(
         )
     rt.state_store.set_budget(key, 1500)
     rt.coordinator.summarizer = OrphanSummarizer()
-    handed_on: list[list[str]] = []
-    monkeypatch.setattr(tasks, "_plan_and_send", lambda k, exhausted: handed_on.append(exhausted) or None)
-    stage = rt.coordinator.plan(key)
-    assert stage is not None and stage.kind == "l0_to_l1"
-
-    outcome = tasks.STAGE_TASKS["l0_to_l1"].apply(
-        args=[key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), []]
+    sent: list[tuple[str, dict[str, Any], list[str]]] = []
+    monkeypatch.setattr(
+        tasks,
+        "send_stage",
+        lambda k, stage, exhausted: sent.append((stage.kind, stage.model_dump(mode="json"), list(exhausted))),
     )
+    assert rt.scheduler.request(key) is True
+    started = tasks.drain.apply()
+    assert started.state == "SUCCESS" and started.result["stage"] == "l0_to_l1", started.traceback
+    assert rt.scheduler.status(key) == "running"
 
-    assert outcome.state == "SUCCESS", outcome.traceback  # issue 13 maps this to FAILURE
-    summary = outcome.result
-    assert summary["outcome"] == "rejected" and summary["error_kind"] == INVALID_SUMMARY
-    assert handed_on == [["l0_to_l1"]]  # exhausted at once: no retry of a deterministic failure
-    assert rt.state_store.load(key) is None
+    kind, stage, exhausted = sent.pop(0)
+    outcome = tasks.STAGE_TASKS[kind].apply(args=[key.tenant_id, key.conversation_id, stage, exhausted])
+
+    assert outcome.state == "FAILURE", outcome.traceback
+    assert isinstance(outcome.result, StageFailedError) and outcome.result.kind == INVALID_SUMMARY
+    assert "orphan_tool_result" in outcome.result.message
+    assert rt.state_store.load(key) is None  # the rejected summary was never saved
+    last_error = rt.failures.detail(key).last_error
+    assert last_error is not None and last_error.kind == INVALID_SUMMARY and last_error.stage == "l0_to_l1"
+    # No retry (that would resend l0_to_l1): only this stage is exhausted, planning moved on.
+    assert sent and sent[0][0] != "l0_to_l1" and sent[0][2] == ["l0_to_l1"]
+
+    while sent:  # the rest of the job, stage by stage, until planning ends
+        kind, stage, exhausted = sent.pop(0)
+        done = tasks.STAGE_TASKS[kind].apply(args=[key.tenant_id, key.conversation_id, stage, exhausted])
+        assert done.state == "SUCCESS", done.traceback
+    assert rt.scheduler.status(key) == "idle"  # the job finished
+
+    window = build_service(rt, tasks.CeleryQueue()).get_window(key, 1500)
+    assert window.compaction == "failing"  # until a later job succeeds
+    detail = window.compaction_detail.last_error
+    assert detail is not None and detail.kind == INVALID_SUMMARY
+    assert window.messages and check_window(window.messages) == []
+    assert window.stats.total_tokens <= 1500

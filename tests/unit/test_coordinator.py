@@ -194,7 +194,7 @@ class _BuggyModel:
 def test_an_unclassified_exception_propagates_and_keeps_state() -> None:
     from ctxcore.messages import from_openai
 
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     store, log = MemoryStateStore(), MemoryMessageLog()
     log.append(KEY, [m for m in from_openai(conv["messages"]) if m.role != "system"])
     coord = Coordinator(store, log, COUNTER, model_for=lambda k: _BuggyModel())  # type: ignore[arg-type,return-value]

@@ -100,7 +100,7 @@ def test_compress_rejects_a_breaking_summary_and_the_next_window_is_served(
 
 
 def test_run_stage_rejects_too_and_planning_moves_on() -> None:
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     store, log = MemoryStateStore(), MemoryMessageLog()
     log.append(KEY, [m for m in from_openai(conv["messages"]) if m.role != "system"])
     coord = Coordinator(
@@ -123,7 +123,7 @@ def test_run_stage_rejects_too_and_planning_moves_on() -> None:
 
 
 def test_compress_until_target_skips_a_breaking_result_and_exhausts_the_stage() -> None:
-    conv = next(conversations("minisweagent_dev.jsonl"))
+    conv = next(conversations("minisweagent.jsonl"))
     rest = [m for m in from_openai(conv["messages"]) if m.role != "system"]
     ids = MemoryMessageLog().append(KEY, rest)
     tail = tuple(m.model_copy(update={"context_message_id": i}) for m, i in zip(rest, ids, strict=True))
