@@ -77,6 +77,7 @@ from ctxcore.state.base import (
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
+from ctxcore.state.sqlite_wal import enable_wal
 
 __all__ = ["SqlOffloadStore", "SqlStateStore", "create_store_engine"]
 
@@ -209,7 +210,7 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     try:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         # WAL: readers do not block the writer nor the writer the readers (a no-op in memory).
-        cursor.execute("PRAGMA journal_mode = WAL")
+        enable_wal(cursor, SQLITE_BUSY_TIMEOUT_MS / 1000)
     finally:
         cursor.close()
 
