@@ -18,6 +18,7 @@ import redis
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey
 from tests.integration.test_cli import run_cli
+from workers.keyspace import delete_prefixed_keys
 
 
 @pytest.fixture()
@@ -84,5 +85,7 @@ def test_inspect_shows_the_compaction_detail(redis_url: str) -> None:
     assert detail["last_error"]["kind"] == "internal" and detail["last_error"]["message"] == "TypeError: boom"
     assert detail["last_success_at"] is None
     client = redis.Redis.from_url(url)
-    for name in client.scan_iter(match=f"*{prefix}*"):
-        client.delete(name)
+    try:
+        delete_prefixed_keys(client, prefix)
+    finally:
+        client.close()

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from ctxcore.config import Settings, hash_token
 from ctxcore.state import ConversationKey
 from workers.failures import FailureStore, StageFailedError, classify_failure, public_endpoint
+from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 from workers.scheduler import FairScheduler
 
@@ -48,9 +49,10 @@ def settings(redis_url: str) -> Iterator[Settings]:
         }
     )
     client = redis.Redis.from_url(url)
-    for name in client.scan_iter(match=f"*{prefix}*", count=1000):
-        client.delete(name)
-    client.close()
+    try:
+        delete_prefixed_keys(client, prefix)
+    finally:
+        client.close()
 
 
 def test_failure_record_backoff_doubles_is_capped_and_a_success_resets_it(settings: Settings) -> None:
