@@ -7,11 +7,14 @@ Guarantees, in precedence order: the window passes ``check_window`` (calls inter
 later message are answered first, see ``close_interrupted_tool_calls``; anything else is
 ``InvalidWindowError``, never served); both anchors are in it
 verbatim (or ``BudgetExceeded`` when system + tools + anchors alone are over budget); it is
-within the budget. When the blocks plus the rule-processed tail are over budget (workers
-behind), a deterministic fallback shapes the served window only, never the saved state:
-oldest whole tail steps are left out behind a marker naming their log-id range, then block
-text is truncated, then the longest non-anchor tail texts are cut, and as the very last
-resort only the anchors of the tail are served.
+within the budget. The rules see the room the tail has (the budget minus system messages,
+tools, pinned anchors and blocks), so the default chain serves the raw tail verbatim while
+it fits. When the blocks plus the rule-processed tail are still over budget (workers
+behind), ``fit_to_budget`` shapes the served window only, never the saved state, oldest
+content first: block text is truncated, then blocks are left out oldest first; then the
+oldest whole tail steps are left out behind a marker naming their log-id range; then tail
+texts are cut oldest first (the newest step last, anchors never); as the very last resort
+only the anchors of the tail are served.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from ctxcore.protocol import check_window, close_interrupted_tool_calls
 from ctxcore.state.models import CompressionState
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TokenCounter
-from ctxcore.turns import UserDetector, steps
+from ctxcore.turns import UserDetector, newest_step_start, steps
 from ctxcore.window import ContextStats, compute_stats
 
-__all__ = ["CompactionStatus", "RuleFn", "WindowResult", "assemble_window", "elided_marker"]
+__all__ = ["CompactionStatus", "RuleFn", "WindowResult", "assemble_window", "elided_marker", "fit_to_budget"]
 
-RuleFn = Callable[[Sequence[AnyMessage]], list[AnyMessage]]
+# (raw tail, the tokens it may use in the window or None) -> the tail to serve.
+RuleFn = Callable[[Sequence[AnyMessage], int | None], list[AnyMessage]]
 
 
 @dataclass
@@ -94,35 +98,15 @@ def assemble_window(
     # Answer interrupted calls before the rules and the budget see the tail: the added
     # results are part of what is served and counted.
     closed_tail = close_interrupted_tool_calls(tail)
-    ruled_tail = list(rules(closed_tail)) if rules is not None else closed_tail
+    tail_budget_tokens = budget_tokens - replace(view, tail=()).tokens(counter)
+    ruled_tail = list(rules(closed_tail, tail_budget_tokens)) if rules is not None else closed_tail
     current = replace(view, tail=tuple(ruled_tail))
-    fallback = False
+    fallback = current.tokens(counter) > budget_tokens
     elided: list[tuple[str, str]] = []
-    if current.tokens(counter) > budget_tokens:
-        fallback = True
-        current, elided = _elide_oldest_steps(current, anchor_ids, budget_tokens, counter)
-    if current.tokens(counter) > budget_tokens and current.blocks:
-        config = PipelineConfig(target_tokens=budget_tokens, truncate_head_ratio=truncate_head_ratio)
-        current = replace(current, blocks=tuple(truncate_blocks(current, config, counter, budget_tokens)))
-    if current.tokens(counter) > budget_tokens:
-        current = _cut_tail_texts(current, anchor_ids, budget_tokens, counter, truncate_head_ratio)
-    if current.tokens(counter) > budget_tokens and elided:
-        # Not even the note fits: serve the window without it.
-        current = replace(current, tail=tuple(m for m in current.tail if not _is_marker(m)))
-    if current.tokens(counter) > budget_tokens and current.tail:
-        # Last resort: only the anchors are owed a place; the unfinished step goes too.
-        kept = tuple(m for m in current.tail if m.context_message_id in anchor_ids)
-        elided.append((current.tail[0].context_message_id or "?", current.tail[-1].context_message_id or "?"))
-        current = replace(current, tail=kept)
-    if current.tokens(counter) > budget_tokens and current.blocks:
-        # Even blocks truncated to their bare marker do not fit beside the anchors (found by
-        # fuzzing: a tight budget after a hard truncate). Leave blocks out, oldest first:
-        # served window only, their ranges reported and still in the log.
-        blocks = list(current.blocks)
-        while blocks and replace(current, blocks=tuple(blocks)).tokens(counter) > budget_tokens:
-            dropped = blocks.pop(0)
-            elided.append((dropped.first_id, dropped.last_id))
-        current = replace(current, blocks=tuple(blocks))
+    if fallback:
+        current, elided = fit_to_budget(
+            current, budget_tokens, counter, anchor_ids=anchor_ids, truncate_head_ratio=truncate_head_ratio
+        )
 
     messages = current.messages()
     problems = check_window(messages)
@@ -140,12 +124,52 @@ def assemble_window(
     )
 
 
+def fit_to_budget(
+    view: View,
+    budget_tokens: int,
+    counter: TokenCounter,
+    *,
+    anchor_ids: frozenset[str],
+    truncate_head_ratio: float = 0.2,
+) -> tuple[View, list[tuple[str, str]]]:
+    """The served view within ``budget_tokens``, oldest content first, and the log-id ranges
+    it left out (see the module docstring for the order; each step stops once it fits)."""
+    elided: list[tuple[str, str]] = []
+    current = view
+    if current.tokens(counter) > budget_tokens and current.blocks:
+        config = PipelineConfig(target_tokens=budget_tokens, truncate_head_ratio=truncate_head_ratio)
+        current = replace(current, blocks=tuple(truncate_blocks(current, config, counter, budget_tokens)))
+    if current.tokens(counter) > budget_tokens and current.blocks:
+        blocks = list(current.blocks)
+        while blocks and replace(current, blocks=tuple(blocks)).tokens(counter) > budget_tokens:
+            dropped = blocks.pop(0)
+            elided.append((dropped.first_id, dropped.last_id))
+        current = replace(current, blocks=tuple(blocks))
+    if current.tokens(counter) > budget_tokens:
+        current, ranges = _elide_oldest_steps(current, anchor_ids, budget_tokens, counter)
+        elided.extend(ranges)
+    if current.tokens(counter) > budget_tokens:
+        current, cut = _cut_tail_texts(current, anchor_ids, budget_tokens, counter, truncate_head_ratio)
+        elided.extend((log_id, log_id) for log_id in cut)
+    if current.tokens(counter) > budget_tokens and any(_is_marker(m) for m in current.tail):
+        # Not even the note fits: serve the window without it.
+        current = replace(current, tail=tuple(m for m in current.tail if not _is_marker(m)))
+    if current.tokens(counter) > budget_tokens and current.tail:
+        # Last resort: only the anchors are owed a place; the unfinished step goes too.
+        kept = tuple(m for m in current.tail if m.context_message_id in anchor_ids)
+        elided.append((current.tail[0].context_message_id or "?", current.tail[-1].context_message_id or "?"))
+        current = replace(current, tail=kept)
+    return current, elided
+
+
 def _elide_oldest_steps(
     view: View, anchor_ids: frozenset[str], budget: int, counter: TokenCounter
 ) -> tuple[View, list[tuple[str, str]]]:
-    """Leave out the oldest whole tail steps (never an anchor, never the in-flight step)."""
+    """Leave out the oldest whole tail steps (never an anchor, never the newest step: the
+    model is about to read it; never the in-flight step)."""
     tail = list(view.tail)
-    units = [s for s in steps(tail) if s.complete]
+    newest = newest_step_start(tail)
+    units = [s for s in steps(tail) if s.complete and s.start < newest]
     if not units:
         return view, []
     removable: list[list[int]] = []
@@ -204,28 +228,38 @@ def _is_marker(message: AnyMessage) -> bool:
     return isinstance(message, UserMessage) and "elided" in message.metadata
 
 
+_CUT = "...[TRUNCATED]..."
+
+
 def _cut_tail_texts(
     view: View, anchor_ids: frozenset[str], budget: int, counter: TokenCounter, head_ratio: float
-) -> View:
-    """Last resort: shorten the longest non-anchor tail texts (served window only)."""
+) -> tuple[View, list[str]]:
+    """Shorten tail texts, oldest first and the newest step last, never an anchor (served
+    window only), each only as far as the window is still over; the log ids it cut."""
     tail = list(view.tail)
-    order = sorted(
-        (
-            i
-            for i, m in enumerate(tail)
-            if m.context_message_id not in anchor_ids and isinstance(m.content, str)
-        ),
-        key=lambda i: -len(message_text(tail[i])),
-    )
-    for i in order:
-        over = view.tokens(counter) - budget
-        if over <= 0:
-            break
-        text = message_text(tail[i])
-        # Characters to drop, with margin: ~4 characters per token.
-        keep = max(len(text) - over * 6 - 200, 0)
-        tail[i] = tail[i].model_copy(
-            update={"content": head_tail(text, keep, head_ratio, "...[TRUNCATED]...")}
-        )
-        view = replace(view, tail=tuple(tail))
-    return view
+    newest = newest_step_start(tail)
+    candidates = [
+        i
+        for i, m in enumerate(tail)
+        if m.context_message_id not in anchor_ids and isinstance(m.content, str) and not _is_marker(m)
+    ]
+    order = [i for i in candidates if i < newest] + [i for i in candidates if i >= newest]
+    cut_ids: list[str] = []
+    # The character estimate can fall short of the tokens it must save: a few passes.
+    for _ in range(3):
+        for i in order:
+            over = view.tokens(counter) - budget
+            if over <= 0:
+                return view, cut_ids
+            text = message_text(tail[i])
+            if text == _CUT:
+                continue
+            # Characters to drop, with margin: ~4 characters per token.
+            keep = max(len(text) - over * 6 - 200, 0)
+            cut = head_tail(text, keep, head_ratio, _CUT) if keep else _CUT
+            tail[i] = tail[i].model_copy(update={"content": cut})
+            view = replace(view, tail=tuple(tail))
+            log_id = tail[i].context_message_id
+            if log_id and log_id not in cut_ids:
+                cut_ids.append(log_id)
+    return view, cut_ids

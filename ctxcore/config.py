@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ctxcore.errors import ConfigError
 from ctxcore.state.keys import validate_id
+from ctxcore.turns import HARNESS_USER_PATTERNS, UserDetector, compile_patterns
 
 __all__ = [
     "DatabaseSettings",
@@ -93,14 +94,41 @@ class EngineSettings(BaseModel):
     tokenizer_model: str | None = None
     keep_recent_messages: int = Field(default=4, ge=0)
     internal_user_prefixes: tuple[str, ...] = ()
+    # Regexes of harness-written user messages (never an anchor); () turns the defaults off.
+    internal_user_patterns: tuple[str, ...] = HARNESS_USER_PATTERNS
+    # Also treat a user message right after a tool-using turn's final reply as internal.
+    harness_structure: bool = False
     rule_chain: Literal["default", "none"] = "default"
+    # The most of the window one tool result may take in the default chain (ToolResultCap).
+    max_result_ratio: float = Field(default=0.25, gt=0, le=1)
+
+    @field_validator("internal_user_patterns")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            compile_patterns(value, "engine.internal_user_patterns")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    def detector(self) -> UserDetector:
+        """The ``UserDetector`` these settings describe."""
+        return UserDetector(
+            extra_prefixes=self.internal_user_prefixes,
+            patterns=self.internal_user_patterns,
+            harness_structure=self.harness_structure,
+        )
 
 
 class ServiceSettings(BaseModel):
     """Fast path and compaction targets, as ratios of the budget a client asks for."""
 
     model_config = _STRICT
-    trigger_ratio: float = Field(default=0.9, gt=0, le=1)
+    # Compaction is asked for once the raw view is over the budget itself: until the worker
+    # lands it, the headroom-aware rules and the fallback fit the served window (oldest
+    # first), so the verbatim tail uses the whole budget and each compaction saves a
+    # quarter of it (fewer, larger summaries than a trigger below the budget would make).
+    trigger_ratio: float = Field(default=1.0, gt=0, le=1)
     target_ratio: float = Field(default=0.75, gt=0, le=1)
     default_budget: int = Field(default=128_000, gt=0)
     max_messages_per_append: int = Field(default=1000, gt=0)

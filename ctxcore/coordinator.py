@@ -93,12 +93,13 @@ class Coordinator:
         model_for: Callable[[ConversationKey], ModelClient],
         summarizer: Summarizer | None = None,
         trigger: Callable[[TriggerInput], bool] | None = None,
-        trigger_ratio: float = 0.9,
+        trigger_ratio: float = 1.0,
         target_ratio: float = 0.75,
         default_budget: int = DEFAULT_BUDGET,
         *,
         keep_recent_messages: int = 4,
         detector: UserDetector | None = None,
+        max_result_ratio: float | None = None,
     ) -> None:
         if not 0 < target_ratio <= trigger_ratio <= 1:
             raise ValueError(
@@ -115,6 +116,9 @@ class Coordinator:
         self.default_budget = default_budget
         self.keep_recent_messages = keep_recent_messages
         self.detector = detector or DEFAULT_DETECTOR
+        # The served window's per-result cap (the default chain's ToolResultCap), as a share
+        # of the budget; compaction does not make room for what the cap cuts anyway.
+        self.max_result_ratio = max_result_ratio
 
     # --- reading ----------------------------------------------------------------------
 
@@ -125,8 +129,11 @@ class Coordinator:
     def pipeline_config(self, key: ConversationKey, budget: int | None = None) -> PipelineConfig:
         """Pipeline targets for ``key`` derived from its budget."""
         b = budget or self.budget(key)
+        cap = max(int(b * self.max_result_ratio), 1) if self.max_result_ratio is not None else None
         return PipelineConfig(
-            target_tokens=max(int(b * self.target_ratio), 1), keep_recent_messages=self.keep_recent_messages
+            target_tokens=max(int(b * self.target_ratio), 1),
+            keep_recent_messages=self.keep_recent_messages,
+            result_cap_tokens=cap,
         )
 
     def load(self, key: ConversationKey) -> CompressionState:
@@ -222,6 +229,7 @@ class Coordinator:
             target_tokens=max(int(budget * self.target_ratio), 1),
             keep_recent_messages=self.keep_recent_messages,
             l1_source_tokens=10**12,
+            summarise_all_pending=True,
         )
         targets = build_targets("l0_to_l1", view, config, self.counter)
         raw_ids = [m.context_message_id for t in targets for m in t.raw if m.context_message_id]

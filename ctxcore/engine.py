@@ -20,18 +20,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+from ctxcore.assemble import fit_to_budget
 from ctxcore.counting import tolerant
 from ctxcore.engine_config import ContextEngineConfig, validate_config
 from ctxcore.engine_state import ContextSnapshot, dump_snapshot, load_snapshot, offload_handles
-from ctxcore.errors import ConfigError, CtxcoreError, InvalidMessageError
-from ctxcore.messages import AnyMessage, SystemMessage
+from ctxcore.errors import BudgetExceeded, ConfigError, CtxcoreError, InvalidMessageError
+from ctxcore.messages import AnyMessage, SystemMessage, messages_to_json
+from ctxcore.pipeline import View
 from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
-from ctxcore.processors.events import CompressionStateEvent, ProcessorFailure, StateReporter, Subscriber
+from ctxcore.processors.events import (
+    CompressionStateEvent,
+    ContextEvent,
+    ProcessorFailure,
+    StateReporter,
+    Subscriber,
+)
 from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME, reload_tool_definition
-from ctxcore.processors.rules import RuleEnv
+from ctxcore.processors.rules import RuleEnv, id_ranges
 from ctxcore.processors.runner import CANCELLATION, OperationReporter
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.filesystem import validate_handle
@@ -212,6 +221,16 @@ class ModelContext:
             new_ids=new_ids,
         )
 
+    def window_rule_env(self, window: ContextWindow) -> RuleEnv:
+        """``rule_env`` for a window: its context messages may use the context's window size
+        minus the window's system messages and tools (headroom-aware rules read that room)."""
+        room = (
+            self.context_max
+            - self.token_counter.count_messages(window.system_messages)
+            - self.token_counter.count_tools(window.tools)
+        )
+        return replace(self.rule_env(), tail_budget_tokens=room)
+
     def statistic(self) -> ContextStats:
         """Counts and exact tokens of the view (provider usage is not used: counts are exact)."""
         return compute_stats([], self.get_messages(), [], self.token_counter, self.detector)
@@ -367,13 +386,16 @@ class ModelContext:
             window = ContextWindow(
                 system_messages=system, context_messages=context, tools=[dict(t) for t in tools or []]
             )
-            for name, processor in self.processors:
-                window = self._run_window(name, processor, window, kwargs)
-            window.context_messages = served_context(window.context_messages, self.key)
+            # ctxcore's own tool goes in before the processors, so every budget counts it.
             if self.config.enable_reload and not any(
                 t.get("function", {}).get("name") == RELOAD_TOOL_NAME for t in window.tools
             ):
                 window.tools.append(reload_tool_definition())
+            for name, processor in self.processors:
+                window = self._run_window(name, processor, window, kwargs)
+            window.context_messages = served_context(window.context_messages, self.key)
+            if any(p.guarantees_budget() for _, p in self.processors):
+                window.context_messages = self._fit(window)
             window.statistic = compute_stats(
                 window.system_messages,
                 window.context_messages,
@@ -384,6 +406,70 @@ class ModelContext:
             self.last_window_access = self.clock()
         self._raise_if_strict()
         return window
+
+    def _fit(self, window: ContextWindow) -> list[AnyMessage]:
+        """The window's context messages within ``context_max`` (ctxcore's budget guarantee:
+        served only, never stored); ``BudgetExceeded`` if system, tools and anchors alone
+        do not fit.
+
+        Every context message counts as tail here, memory blocks included: oldest content
+        goes first, so a snapshot block after older raw steps outlives them.
+        """
+        counter = self.token_counter
+        budget = self.context_max
+        context = window.context_messages
+        tools_tokens = counter.count_tools(window.tools)
+        if counter.count_messages([*window.system_messages, *context]) + tools_tokens <= budget:
+            return context
+        # The fallback addresses messages by log id: messages written by processors get a
+        # temporary one that sorts in place, removed again afterwards.
+        ided: list[AnyMessage] = []
+        previous, suffix, temporary = "", 0, set()
+        for message in context:
+            if message.context_message_id is None:
+                suffix += 1
+                message = message.model_copy(update={"context_message_id": f"{previous}~{suffix:04d}"})
+                temporary.add(message.context_message_id)
+            else:
+                previous, suffix = message.context_message_id, 0
+            ided.append(message)
+        view = View(
+            version=0,
+            system=tuple(window.system_messages),
+            tools=tuple(window.tools),
+            tail=tuple(ided),
+            detector=self.detector,
+        )
+        anchor_ids = view.anchor_id_set()
+        anchor_msgs = [m for m in ided if m.context_message_id in anchor_ids]
+        if counter.count_messages([*window.system_messages, *anchor_msgs]) + tools_tokens > budget:
+            raise BudgetExceeded(
+                budget,
+                counter.count_messages(window.system_messages),
+                tools_tokens,
+                counter.count_messages(anchor_msgs),
+            )
+        fitted, _ = fit_to_budget(view, budget, counter, anchor_ids=anchor_ids)
+        served = fitted.context_messages()
+        # What the fallback left out or cut, as log-id ranges in a state event: recoverable
+        # from the log like any other processor's removals.
+        kept = {(m.context_message_id, messages_to_json([m])) for m in served}
+        lost = [i for i, m in enumerate(ided) if (m.context_message_id, messages_to_json([m])) not in kept]
+        self._ops.emit(
+            "completed",
+            "get_context_window",
+            "budget_fallback",
+            "budget",
+            event=ContextEvent(
+                event_type="budget_fallback",
+                messages_to_modify=lost,
+                removed_ranges=list(id_ranges(context, lost)),
+            ),
+        )
+        return [
+            m.model_copy(update={"context_message_id": None}) if m.context_message_id in temporary else m
+            for m in served
+        ]
 
     def _run_window(
         self, name: str, processor: ContextProcessor[Any], window: ContextWindow, extra: Mapping[str, Any]
@@ -638,7 +724,9 @@ class ContextEngine:
         self.clock = clock
         self.registry = registry if registry is not None else REGISTRY
         self.detector = UserDetector(
-            extra_prefixes=self.config.internal_user_prefixes, patterns=self.config.internal_user_patterns
+            extra_prefixes=self.config.internal_user_prefixes,
+            patterns=self.config.internal_user_patterns,
+            harness_structure=self.config.harness_structure,
         )
         self._contexts: dict[tuple[str, str], ModelContext] = {}
         self._lock = threading.Lock()

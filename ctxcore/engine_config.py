@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from ctxcore.errors import ConfigError
+from ctxcore.turns import HARNESS_USER_PATTERNS, compile_patterns
 
 __all__ = ["CompressionRecallConfig", "ContextEngineConfig", "StrictConfig", "validate_config"]
 
@@ -90,7 +91,10 @@ class ContextEngineConfig(StrictConfig):
     * ``strict_processors``: a processor failure is re-raised after the pipeline finished
       (still isolated, so the context stays consistent); tests turn this on.
     * ``internal_user_prefixes`` / ``internal_user_patterns``: more internal user-role
-      markers, on top of ctxcore's own, that never count as real user messages.
+      markers, on top of ctxcore's own, that never count as real user messages; the
+      patterns default to ``HARNESS_USER_PATTERNS`` (deviation from spec 1.4: harness
+      reminders are not the user's intent), ``()`` turns them off. ``harness_structure``
+      adds the structural rule of ``UserDetector`` (off: it also catches a person's reply).
     * ``enable_reload`` adds the ``reload_original_context_messages`` tool definition to
       every window's tools.
     """
@@ -109,4 +113,13 @@ class ContextEngineConfig(StrictConfig):
     context_debug_dir: str | None = None
     strict_processors: bool = False
     internal_user_prefixes: tuple[str, ...] = ()
-    internal_user_patterns: tuple[str, ...] = ()
+    internal_user_patterns: tuple[str, ...] = HARNESS_USER_PATTERNS
+    harness_structure: bool = False
+
+    @model_validator(mode="after")
+    def _patterns_compile(self) -> ContextEngineConfig:
+        try:
+            compile_patterns(self.internal_user_patterns)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self

@@ -16,18 +16,22 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ctxcore.errors import ConfigError
 from ctxcore.markers import INTERNAL_USER_PREFIXES
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage
 
 __all__ = [
+    "HARNESS_USER_PATTERNS",
     "Anchors",
     "Step",
     "Turn",
     "UserDetector",
     "adjust_keep_recent_for_tool_boundaries",
     "anchors",
+    "compile_patterns",
     "intent_anchor",
     "is_real_user",
+    "newest_step_start",
     "protect_tool_call_boundary",
     "steps",
     "task_anchor",
@@ -36,25 +40,63 @@ __all__ = [
 ]
 
 
+# User-role messages an agent harness writes, not a person: regexes matched at the start of
+# the left-stripped text. A deviation from spec 1.4, whose list has ctxcore's own markers
+# only: without these a harness reminder becomes the "intent" the window pins.
+HARNESS_USER_PATTERNS: tuple[str, ...] = (
+    # mini-swe-agent's format error (its ``format_error_template``), sent when a reply holds
+    # no or several bash blocks: "Please always provide EXACTLY ONE action in triple
+    # backticks, found 2 actions."
+    r"Please always provide EXACTLY ONE action in triple backticks",
+)
+
+
+def compile_patterns(
+    patterns: Iterable[str], what: str = "internal_user_patterns"
+) -> tuple[re.Pattern[str], ...]:
+    """The compiled patterns; ``ConfigError`` naming one that does not compile or matches
+    the empty string (it would make every user message internal)."""
+    compiled = []
+    for pattern in patterns:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{what}: pattern {pattern!r} does not compile: {exc}") from None
+        if regex.match(""):
+            raise ConfigError(f"{what}: pattern {pattern!r} matches the empty string, so every user message")
+        compiled.append(regex)
+    return tuple(compiled)
+
+
 @dataclass(frozen=True)
 class UserDetector:
     """Tells real user messages from internal user-role messages (memory blocks, reminders).
 
-    The built-in prefixes are every marker ctxcore writes; ``extra_prefixes`` and
-    ``patterns`` (regexes matched at the start of the left-stripped text) add more.
+    The built-in prefixes are every marker ctxcore writes; ``extra_prefixes`` add more, and
+    ``patterns`` (regexes matched at the start of the left-stripped text; by default
+    ``HARNESS_USER_PATTERNS``) catch harness messages. With ``harness_structure`` a user
+    message is internal too when it directly follows an assistant message without tool
+    calls in a turn whose assistant already made tool calls (a harness nudging its agent;
+    it also catches a person's short reply there, which is why it is off by default).
+
+    A message is classified from itself and the messages before it only, so appending
+    never reclassifies an earlier message (pinned ids stay valid).
+
+    Raises:
+        ConfigError: a pattern that does not compile or matches the empty string.
     """
 
     extra_prefixes: tuple[str, ...] = ()
-    patterns: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = HARNESS_USER_PATTERNS
+    harness_structure: bool = False
     _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
     _prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", tuple(re.compile(p) for p in self.patterns))
+        object.__setattr__(self, "_compiled", compile_patterns(self.patterns))
         object.__setattr__(self, "_prefixes", INTERNAL_USER_PREFIXES + tuple(self.extra_prefixes))
 
-    def is_real(self, message: AnyMessage) -> bool:
-        """True for a user message written by the user, not by ctxcore or the harness."""
+    def _by_text(self, message: AnyMessage) -> bool:
         if not isinstance(message, UserMessage):
             return False
         # Deviation from spec 1.4: list content is checked by its text too, so a memory
@@ -63,6 +105,31 @@ class UserDetector:
         if text.startswith(self._prefixes):
             return False
         return not any(p.match(text) for p in self._compiled)
+
+    def is_real(self, message: AnyMessage, before: Sequence[AnyMessage] = ()) -> bool:
+        """True for a user message written by the user, not by ctxcore or the harness;
+        ``before`` are the messages logged before it (read by ``harness_structure`` only)."""
+        if not self._by_text(message):
+            return False
+        if not self.harness_structure or not before:
+            return True
+        return self.real_flags([*before, message])[-1]
+
+    def real_flags(self, messages: Sequence[AnyMessage]) -> list[bool]:
+        """``is_real`` of every message, each from the messages before it: one pass."""
+        flags: list[bool] = []
+        tools_in_turn = False
+        for i, message in enumerate(messages):
+            real = self._by_text(message)
+            if real and self.harness_structure and tools_in_turn and i > 0:
+                previous = messages[i - 1]
+                real = not (isinstance(previous, AssistantMessage) and not previous.tool_calls)
+            flags.append(real)
+            if real:
+                tools_in_turn = False
+            elif isinstance(message, AssistantMessage) and message.tool_calls:
+                tools_in_turn = True
+        return flags
 
 
 DEFAULT_DETECTOR = UserDetector()
@@ -96,11 +163,10 @@ class Anchors:
 def anchors(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> Anchors:
     """Both anchors of a conversation."""
     det = detector or DEFAULT_DETECTOR
-    task = next((i for i, m in enumerate(messages) if det.is_real(m)), None)
-    if task is None:
+    real = [i for i, flag in enumerate(det.real_flags(messages)) if flag]
+    if not real:
         return Anchors(None, None)
-    intent = next(i for i in range(len(messages) - 1, -1, -1) if det.is_real(messages[i]))
-    return Anchors(task, intent)
+    return Anchors(real[0], real[-1])
 
 
 def task_anchor(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> int | None:
@@ -193,6 +259,15 @@ def steps(messages: Sequence[AnyMessage]) -> list[Step]:
     return out
 
 
+def newest_step_start(messages: Sequence[AnyMessage]) -> int:
+    """Index where the newest step begins (its assistant message); headroom rules never
+    touch it, the model is about to read it."""
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], AssistantMessage):
+            return i
+    return len(messages)
+
+
 # --- turns ------------------------------------------------------------------------------
 
 
@@ -216,8 +291,7 @@ def turns(messages: Sequence[AnyMessage], detector: UserDetector | None = None) 
     det = detector or DEFAULT_DETECTOR
     starts: list[int] = []
     previous_real = False
-    for i, message in enumerate(messages):
-        real = det.is_real(message)
+    for i, (message, real) in enumerate(zip(messages, det.real_flags(messages), strict=True)):
         if real and not previous_real:
             starts.append(i)
         # Internal user messages between real ones do not split a run of user input.
@@ -293,4 +367,4 @@ def protect_tool_call_boundary(messages: Sequence[AnyMessage], start: int, end: 
 def iter_real_user_indices(messages: Iterable[AnyMessage], detector: UserDetector | None = None) -> list[int]:
     """Indices of all real user messages."""
     det = detector or DEFAULT_DETECTOR
-    return [i for i, m in enumerate(messages) if det.is_real(m)]
+    return [i for i, flag in enumerate(det.real_flags(list(messages))) if flag]

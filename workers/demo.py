@@ -7,6 +7,7 @@ in-process Celery worker compacts their conversations in the background with the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -168,14 +169,18 @@ def _run(
 
     configure(settings)
     started = time.monotonic()
-    with start_worker(
+    with contextlib.ExitStack() as stack, start_worker(
         app,
         pool="threads",
         concurrency=2,
         perform_ping_check=False,
         queues=queue_names(settings).consume_order(),
         shutdown_timeout=30,
-    ):
+    ) as worker:
+        # Celery's test worker stops cold: a stage already running in the thread pool goes
+        # on after the worker thread ended. Wait for it, so no task writes a key after the
+        # demo deleted its own (or reads a conversation that is gone).
+        stack.callback(_wait_for_running_tasks, worker)
         rt = runtime()
         service = build_service(rt, CeleryQueue())
         tracks = _load(sample_path, settings.redis.key_prefix)
@@ -195,6 +200,12 @@ def _run(
         out.write(f"no window was checked within the {timeout:g} s timeout: nothing was shown to work\n")
         return 1
     return 0 if all(_valid(t) for t in tracks) else 1
+
+
+def _wait_for_running_tasks(worker: Any) -> None:
+    executor = getattr(getattr(worker, "pool", None), "executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True)
 
 
 def _valid(track: Track) -> bool:

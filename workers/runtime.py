@@ -108,7 +108,7 @@ class Runtime:
     @cached_property
     def detector(self) -> UserDetector:
         """Real-user detection with the configured extra prefixes."""
-        return UserDetector(extra_prefixes=self.settings.engine.internal_user_prefixes)
+        return self.settings.engine.detector()
 
     def model_for(self, key: ConversationKey) -> ModelClient:
         """The tenant's summarisation model (cached per configuration).
@@ -156,6 +156,9 @@ class Runtime:
             default_budget=service.default_budget,
             keep_recent_messages=self.settings.engine.keep_recent_messages,
             detector=self.detector,
+            max_result_ratio=(
+                self.settings.engine.max_result_ratio if self.settings.engine.rule_chain == "default" else None
+            ),
         )
 
     @cached_property

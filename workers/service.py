@@ -83,7 +83,7 @@ class ContextService:
         self.offloads = offloads
         self.queue = enqueue
         self.counter = counter or TiktokenCounter(settings.engine.tokenizer_model)
-        self.detector = detector or UserDetector(extra_prefixes=settings.engine.internal_user_prefixes)
+        self.detector = detector or settings.engine.detector()
         self._clock = clock
         self.failures = failures
         self._chains: dict[int, list[Any]] = {}
@@ -173,15 +173,24 @@ class ContextService:
             return None
         chain = self._chains.get(budget)
         if chain is None:
-            chain = build_rule_chain(default_rule_chain(budget))
+            chain = build_rule_chain(
+                default_rule_chain(budget, max_result_ratio=self.settings.engine.max_result_ratio)
+            )
             if len(self._chains) > 256:
                 self._chains.clear()
             self._chains[budget] = chain
         built = chain
 
-        def rules(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+        def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None) -> list[AnyMessage]:
             return apply_rules(
-                messages, built, self.counter, self.offloads, key, context_max=budget, detector=self.detector
+                messages,
+                built,
+                self.counter,
+                self.offloads,
+                key,
+                context_max=budget,
+                detector=self.detector,
+                tail_budget_tokens=tail_budget_tokens,
             )
 
         return rules

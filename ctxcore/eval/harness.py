@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxcore.errors import BudgetExceeded
+from ctxcore.errors import BudgetExceeded, InvalidWindowError
 from ctxcore.eval.baselines import truncate_window
 from ctxcore.eval.data import Conversation, QAItem, groups, window_points
 from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy
@@ -184,7 +184,11 @@ class _Replay:
 
 
 def _failure_kind(exc: Exception) -> str:
-    return "budget_exceeded" if isinstance(exc, BudgetExceeded) else "internal"
+    if isinstance(exc, BudgetExceeded):
+        return "budget_exceeded"
+    if isinstance(exc, InvalidWindowError):
+        return "invalid_window"
+    return "internal"
 
 
 def _replay_policy(
@@ -217,7 +221,7 @@ def _replay_policy(
             served = policy.window()
         except Exception as exc:  # every failure is a row of the report, never a skipped window
             kind = _failure_kind(exc)
-            if kind == "internal":
+            if kind != "budget_exceeded":
                 logger.exception("%s on %s: window %d raised", name, conv.id, result.windows)
             result.failed += 1
             result.failure_kinds[kind] += 1
@@ -264,7 +268,7 @@ def evaluate_conversation(
     detector: UserDetector = DEFAULT_DETECTOR,
     step_stride: int = 1,
     keep_recent_messages: int = 4,
-    trigger_ratio: float = 0.9,
+    trigger_ratio: float = 1.0,
     target_ratio: float = 0.75,
     control_qa: Sequence[QAItem] = (),
 ) -> dict[str, ConversationResult]:

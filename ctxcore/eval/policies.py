@@ -6,11 +6,11 @@ The baselines (``truncate``, ``steps``, ``mask``, ``lossless``) live in ``baseli
   deterministic fallback leaves out the oldest steps when the rules are not enough).
 * ``full``: what the distributed service runs. Every window comes from ``assemble_window``
   with the default rule chain on the raw tail after the cursor; when the view is over the
-  trigger (0.9 of the budget) the compaction pipeline runs first, synchronously, stage by
+  trigger (the budget itself) the compaction pipeline runs first, synchronously, stage by
   stage through a ``Coordinator`` on memory stores (target 0.75 of the budget), exactly as
   the workers loop ``plan`` / ``run_stage``.
 * ``round_level``, ``current_round``, ``dialogue``: the embedded LLM compressors through a
-  ``ContextEngine`` (no rule chain), triggered at 0.9 of the budget.
+  ``ContextEngine`` (no rule chain), triggered at 0.9 of the budget (their own default).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ctxcore.engine import ContextEngine, ContextEngineConfig
 from ctxcore.errors import ConfigError
 from ctxcore.eval.baselines import LosslessPolicy, MaskPolicy, StepsPolicy, TruncatePolicy
 from ctxcore.eval.policy_base import (
+    EMBEDDED_TRIGGER_RATIO,
     CountingModel,
     Policy,
     PolicySetup,
@@ -31,7 +32,12 @@ from ctxcore.eval.policy_base import (
     conversation_key,
 )
 from ctxcore.messages import AnyMessage
-from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.processors.chain import (
+    DEFAULT_MAX_RESULT_RATIO,
+    apply_rules,
+    build_rule_chain,
+    default_rule_chain,
+)
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
 from ctxcore.processors.round_level import RoundLevelCompressor
@@ -54,7 +60,7 @@ def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadSt
     # Built once per policy instance, as the service caches one chain per budget.
     chain = build_rule_chain(default_rule_chain(setup.budget))
 
-    def rules(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+    def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None) -> list[AnyMessage]:
         return apply_rules(
             messages,
             chain,
@@ -63,6 +69,7 @@ def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadSt
             key,
             context_max=setup.budget,
             detector=setup.detector,
+            tail_budget_tokens=tail_budget_tokens,
         )
 
     return rules
@@ -120,6 +127,7 @@ class FullPolicy(Policy):
             default_budget=setup.budget,
             keep_recent_messages=setup.keep_recent_messages,
             detector=setup.detector,
+            max_result_ratio=DEFAULT_MAX_RESULT_RATIO,
         )
 
     def append(self, messages: Sequence[AnyMessage]) -> None:
@@ -186,6 +194,8 @@ class EnginePolicy(Policy):
             ContextEngineConfig(
                 context_window_tokens=setup.budget,
                 internal_user_prefixes=tuple(setup.detector.extra_prefixes),
+                internal_user_patterns=tuple(setup.detector.patterns),
+                harness_structure=setup.detector.harness_structure,
             )
         )
         self.context = self.engine.create_context(
@@ -196,7 +206,7 @@ class EnginePolicy(Policy):
 
     def processor_config(self) -> dict[str, Any]:
         """The processor's config: the shared trigger and the counting model."""
-        return {"trigger_context_ratio": self.setup.trigger_ratio, "model_client": self.setup.model}
+        return {"trigger_context_ratio": EMBEDDED_TRIGGER_RATIO, "model_client": self.setup.model}
 
     def append(self, messages: Sequence[AnyMessage]) -> None:
         """``ModelContext.add_messages``."""

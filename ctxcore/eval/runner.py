@@ -62,7 +62,7 @@ class EvalConfig:
     ids: Sequence[str] | None = None
     step_stride: int = 1
     keep_recent_messages: int = 4
-    trigger_ratio: float = 0.9
+    trigger_ratio: float = 1.0
     target_ratio: float = 0.75
     model: ModelClient | None = None
     counter: TokenCounter | None = None

@@ -29,8 +29,10 @@ class PipelineConfig(BaseModel):
     """Targets and knobs of the compaction pipeline.
 
     Pass targets left unset default to 30/160, 20/160 and 10/160 of ``target_tokens``
-    (the reference's 30k/20k/10k of 160k). They bound the summary tokens one pass
-    produces; every block also has to be at most half of what it replaces.
+    (the reference's 30k/20k/10k of 160k): the least one pass may produce; a pass may use
+    the room left under ``target_tokens``. L0->L1 summarises only the oldest whole steps it
+    needs to reach the target (``summarise_all_pending``: every eligible step, as the
+    incremental ``Coordinator.compress`` API promises).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -44,6 +46,11 @@ class PipelineConfig(BaseModel):
     compression_call_max_tokens: int = Field(default=250_000, gt=0)
     # Raw tokens one L1 block stands for at most: bounds what one summary must hold.
     l1_source_tokens: int | None = Field(default=None, gt=0)
+    summarise_all_pending: bool = False
+    # The most tokens one tool result of the tail takes in a served window (the default
+    # chain's ``ToolResultCap``): the excess is never served, so compaction does not try
+    # to make room for it (None: results are served whole).
+    result_cap_tokens: int | None = Field(default=None, gt=0)
     compression_marker: str = ROUND_LEVEL_MEMORY_BLOCK
     truncated_marker: str = TRUNCATED
     # Secrets (API keys, tokens, passwords, private keys) are cut from the prompt sent to

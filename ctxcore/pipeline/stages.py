@@ -20,7 +20,7 @@ from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_tex
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
 from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageResult
 from ctxcore.pipeline.render import head_tail, serialize_messages
-from ctxcore.pipeline.targets import Target, build_targets, message_tokens, targets_for_stage
+from ctxcore.pipeline.targets import Target, build_targets, message_tokens, served_tokens, targets_for_stage
 from ctxcore.pipeline.view import BLOCK_META, View, block_message
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
@@ -77,7 +77,7 @@ def plan_next_stage(
     ``exhausted`` lists stage kinds that already failed to improve this view; they are
     skipped so the pipeline escalates instead of repeating itself.
     """
-    if view.tokens(counter) <= config.target_tokens:
+    if served_tokens(view, config, counter) <= config.target_tokens:
         return None
     for kind in STAGE_ORDER:
         if kind in exhausted:
@@ -566,7 +566,7 @@ def truncate_blocks(
         covered_until=view.covered_until,
         detector=view.detector,
     )
-    fixed = fixed_view.tokens(counter)
+    fixed = served_tokens(fixed_view, cfg, counter)
 
     def build(fraction: float | None) -> list[SummaryBlock]:
         blocks = []

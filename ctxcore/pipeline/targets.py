@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ctxcore.messages import AnyMessage, AssistantMessage
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
 from ctxcore.pipeline.view import View, block_message
 from ctxcore.state.models import SummaryBlock
 from ctxcore.tokens import TokenCounter
-from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, steps
+from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, newest_step_start, steps
 
-__all__ = ["Target", "build_targets", "eligible_raw", "message_tokens"]
+__all__ = ["Target", "build_targets", "eligible_raw", "message_tokens", "served_tokens"]
 
 Item = SummaryBlock | AnyMessage
 
@@ -70,21 +70,61 @@ class Target:
         return out
 
 
-def eligible_raw(view: View, keep_recent: int) -> list[AnyMessage]:
+def eligible_raw(view: View, keep_recent: int, *, newest_step: bool = True) -> list[AnyMessage]:
     """The tail's leading complete steps, minus the last ``keep_recent`` messages.
 
     Keep-recent is widened so no kept tool result loses its call; a step still waiting for
-    a tool result is never summarised.
+    a tool result is never summarised. With ``newest_step`` False the newest step is never
+    eligible either, whatever ``keep_recent`` says (only aggressive stages may take it).
     """
     tail = list(view.tail)
     keep = adjust_keep_recent_for_tool_boundaries(tail, keep_recent) if keep_recent > 0 else 0
     limit = len(tail) - keep
+    if not newest_step:
+        limit = min(limit, newest_step_start(tail))
     end = 0
     for step in steps(tail):
         if step.end > limit or not step.complete:
             break
         end = step.end
     return tail[:end]
+
+
+# A summary keeps at least this share of what it replaces: below it too much is lost, so
+# compaction then summarises a few more old steps into a better-kept summary instead.
+MIN_SUMMARY_SHARE = 0.25
+
+
+def _oldest_needed(
+    raw: Sequence[AnyMessage], need: int, floor: int, counter: TokenCounter
+) -> list[AnyMessage]:
+    """The oldest whole steps of ``raw`` to summarise so the view saves ``need`` tokens while
+    the summary keeps ``floor`` tokens and ``MIN_SUMMARY_SHARE`` of them at the least; all of
+    ``raw`` when even that is not enough.
+
+    Compaction summarises only what it must: everything newer stays verbatim in the tail.
+    """
+    source = 0
+    for step in steps(raw):
+        source += message_tokens(counter, raw[step.start : step.end])
+        if source - need >= max(floor, source * MIN_SUMMARY_SHARE):
+            return list(raw[: step.end])
+    return list(raw)
+
+
+def served_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
+    """What the view costs as a window serves it: tail tool results over
+    ``config.result_cap_tokens`` count at the cap (the served window caps them)."""
+    total = view.tokens(counter)
+    cap = config.result_cap_tokens
+    if cap is None:
+        return total
+    for message in view.tail:
+        if isinstance(message, ToolMessage):
+            excess = message_tokens(counter, [message]) - cap
+            if excess > 0:
+                total -= excess
+    return total
 
 
 def _segments(items: Sequence[Item], barriers: frozenset[str]) -> list[list[Item]]:
@@ -141,8 +181,9 @@ def _make(
         raw_tokens = message_tokens(counter, raw)
     block_tokens = sum(message_tokens(counter, b.messages) for b in blocks)
     source = raw_tokens + block_tokens
-    # A summary must at least halve what it replaces, or it is not worth a model call.
-    target = max(1, min(int(budget), source // 2))
+    # The target is what reaching the stage target needs (no fixed ratio: a merge that must
+    # save a few percent keeps the rest of its detail); callers drop targets that save nothing.
+    target = max(1, int(budget))
     stood_for = raw_tokens + sum(b.tokens_before or b.tokens_after for b in blocks)
     return Target(target_id, scope, blocks, raw, level, source, target, stood_for)
 
@@ -203,7 +244,7 @@ def _build_targets(
     # Only the current anchors split targets: a former intent anchor pinned earlier is an
     # ordinary message now, and later merges may fold it into a block.
     barriers = view.anchor_id_set()
-    window = view.tokens(counter)
+    window = served_tokens(view, config, counter)
     header = _header_tokens(counter, config)
 
     def budget(pass_target: int, source_tokens: int, n_blocks: int) -> int:
@@ -214,7 +255,9 @@ def _build_targets(
         return max(pass_target, room)
 
     if kind == "l0_to_l1":
-        raw = eligible_raw(view, config.keep_recent_messages)
+        raw = eligible_raw(view, config.keep_recent_messages, newest_step=config.summarise_all_pending)
+        if not config.summarise_all_pending:
+            raw = _oldest_needed(raw, window - config.target_tokens, first_pass + header, counter)
         chunks: list[list[AnyMessage]] = []
         for segment in _segments(raw, barriers):
             chunks.extend(
@@ -263,12 +306,13 @@ def _build_targets(
             lv = max(max(b.level, 1) for b in run)
             share = room * size / (sum(run_sizes) or 1)
             targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", group, lv + 1, share, counter))
-        return targets
+        return [t for t in targets if t.target_tokens < t.source_tokens]
 
     if kind in ("aggressive_keep_recent", "aggressive_full_context"):
         keep = config.keep_recent_messages if kind == "aggressive_keep_recent" else 0
         pass_target = second_pass if kind == "aggressive_keep_recent" else third_pass
-        items: list[Item] = [*view.prefix(), *eligible_raw(view, keep)]
+        # Even the most aggressive pass leaves the newest step verbatim: the model acts on it.
+        items: list[Item] = [*view.prefix(), *eligible_raw(view, keep, newest_step=False)]
         segments = _segments(items, barriers)
         total = sum(_item_tokens(counter, seg) for seg in segments) or 1
         room = budget(pass_target, total, len(segments))

@@ -34,6 +34,7 @@ from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv, RuleResult
 from ctxcore.processors.summary_offloader import MessageSummaryOffloader, MessageSummaryOffloaderConfig
 from ctxcore.processors.tool_result_budget import ToolResultBudgetConfig, ToolResultBudgetProcessor
+from ctxcore.processors.tool_result_cap import ToolResultCap, ToolResultCapConfig
 from ctxcore.processors.tool_result_window import ToolResultWindowConfig, ToolResultWindowProcessor
 from ctxcore.processors.window_limit import WindowLimit, WindowLimitConfig
 
@@ -67,6 +68,8 @@ __all__ = [
     "Sizes",
     "ToolResultBudgetConfig",
     "ToolResultBudgetProcessor",
+    "ToolResultCap",
+    "ToolResultCapConfig",
     "ToolResultWindowConfig",
     "ToolResultWindowProcessor",
     "WindowLimit",

@@ -75,6 +75,13 @@ class ContextProcessor(Generic[C]):
         """The summarisation model this processor calls, for state events ("" when none)."""
         return ""
 
+    def guarantees_budget(self) -> bool:
+        """True if a context holding this processor promises windows within its window size:
+        the engine then shapes a window still over it (``assemble.fit_to_budget``), or raises
+        ``BudgetExceeded`` when system messages, tools and anchors alone are over. Other
+        contexts serve what they hold (spec 2.4). Default False."""
+        return False
+
     # --- add ---------------------------------------------------------------------------
 
     def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:

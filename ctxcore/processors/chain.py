@@ -39,43 +39,45 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
+DEFAULT_MAX_RESULT_RATIO = 0.25
+
+
 def default_rule_chain(
     context_window_tokens: int = DEFAULT_CONTEXT_MAX_TOKENS,
+    *,
+    max_result_ratio: float = DEFAULT_MAX_RESULT_RATIO,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The default chain as (name, config) pairs, scaled to the model's window.
+    """The default chain as (name, config) pairs, scaled to the model's window: headroom first.
 
-    ``MessageSummaryOffloader -> ToolResultBudgetProcessor -> MicroCompactProcessor ->
-    CompactCompletedToolTurns -> WindowLimit``. At 200k tokens the figures are the
-    reference defaults (50k tokens of tool output per turn, 15 recent results per tool)
-    with 20 full turns and at most 2000 messages attached; smaller windows get
-    proportionally smaller ones (16k: 4k per turn, 3 results per tool, 2 full turns).
-    Pass the same window to ``apply_rules(context_max=...)``: the offloader's thresholds
-    are ratios of it.
+    ``ToolResultCap -> ToolResultBudgetProcessor -> MicroCompactProcessor ->
+    CompactCompletedToolTurns``. The cap holds every tool result to ``max_result_ratio`` of
+    the window (head and tail kept, the original offloaded); the other three run with
+    ``act_only_over_budget``: while the messages fit ``RuleEnv.tail_budget_tokens`` they
+    are served verbatim, and once over, each rule works oldest first and stops as soon as
+    they fit (large results offloaded to a preview, then results cleared one at a time,
+    then old completed tool turns reduced to request and answer). Only the cap touches the
+    newest step. Pass the same window to ``apply_rules(context_max=...)`` and the room the
+    messages have as ``tail_budget_tokens``; without it those three do nothing.
+
+    Raises:
+        ConfigError: ``max_result_ratio`` outside (0, 1].
     """
+    if not 0 < max_result_ratio <= 1:
+        raise ConfigError(f"default_rule_chain: max_result_ratio must be in (0, 1], got {max_result_ratio}")
     m = context_window_tokens
     large = max(m // 20, 2)
     return [
-        ("MessageSummaryOffloader", {"add_message_threshold_ratio": 0.1}),
+        ("ToolResultCap", {"max_result_ratio": max_result_ratio}),
         (
             "ToolResultBudgetProcessor",
             {
-                "tokens_threshold": max(m // 4, 2),
                 "large_message_threshold": large,
                 "trim_size": min(_clamp(m // 64, 200, 3000), large - 1),
+                "act_only_over_budget": True,
             },
         ),
-        (
-            "MicroCompactProcessor",
-            {
-                "compactable_tool_names": ["*"],
-                "keep_recent_per_tool": _clamp(m // 8000, 3, 15),
-                "trigger_threshold": _clamp(m // 40000, 1, 5),
-            },
-        ),
-        # Big windows can afford many full turns; only small ones need the shrinking early.
-        ("CompactCompletedToolTurns", {"keep_recent_turns": _clamp(m // 10000, 2, 20)}),
-        # About 100 tokens per message: a safety cap on message count, not the budget.
-        ("WindowLimit", {"max_attached_messages": max(m // 100, 50)}),
+        ("MicroCompactProcessor", {"compactable_tool_names": ["*"], "act_only_over_budget": True}),
+        ("CompactCompletedToolTurns", {"act_only_over_budget": True}),
     ]
 
 
@@ -120,11 +122,14 @@ def apply_rules_result(
     context_max: int = DEFAULT_CONTEXT_MAX_TOKENS,
     detector: UserDetector = DEFAULT_DETECTOR,
     originals: Mapping[str, AnyMessage] | None = None,
+    tail_budget_tokens: int | None = None,
 ) -> ChainResult:
     """Apply a chain in passive mode (as on every add), collecting what each rule reported.
 
     ``originals`` maps log ids to the messages as logged; by default the input messages
     are taken as the originals (the fast path passes raw log messages).
+    ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
+    the reference behaviour; headroom-aware rules then do nothing).
     """
     current = list(messages)
     if originals is None:
@@ -136,6 +141,7 @@ def apply_rules_result(
         detector=detector,
         originals=originals,
         context_max=context_max,
+        tail_budget_tokens=tail_budget_tokens,
     )
     ranges: list[IdRange] = []
     handles: list[str] = []

@@ -6,6 +6,10 @@ in between are left out (whole steps, so the window stays protocol-valid) and re
 as log-id ranges. The current turn, failed turns (a result with ``metadata.is_error``)
 and cancelled turns (``metadata.cancelled``) are never touched: their details are what
 the model still needs.
+
+With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the turns are
+compacted oldest first, one at a time, only while the messages are over
+``RuleEnv.tail_budget_tokens``; ``keep_recent_turns`` is unused (the current turn never is).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pydantic import NonNegativeInt
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import ProcessorConfig, register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
-from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult
+from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 from ctxcore.turns import Turn, turns
 
 __all__ = ["CompactCompletedToolTurns", "CompactCompletedToolTurnsConfig", "apply", "triggers"]
@@ -26,9 +30,11 @@ class CompactCompletedToolTurnsConfig(ProcessorConfig):
 
     Attributes:
         keep_recent_turns: newest turns served in full (the current turn always is).
+        act_only_over_budget: headroom-aware mode (see the module docstring).
     """
 
     keep_recent_turns: NonNegativeInt = 2
+    act_only_over_budget: bool = False
 
 
 def _uses_tools(messages: list[AnyMessage], turn: Turn) -> bool:
@@ -39,8 +45,11 @@ def _compactable(
     messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv
 ) -> list[Turn]:
     found = turns(messages, env.detector)
+    if config.act_only_over_budget and not HeadroomBudget(messages, env).over:
+        return []
+    keep = 1 if config.act_only_over_budget else max(config.keep_recent_turns, 1)
     # The current (last) turn is never compacted, even with keep_recent_turns=0.
-    older = found[: max(len(found) - max(config.keep_recent_turns, 1), 0)]
+    older = found[: max(len(found) - keep, 0)]
     return [t for t in older if t.complete and not t.failed and not t.cancelled and _uses_tools(messages, t)]
 
 
@@ -56,12 +65,17 @@ def apply(
     *,
     force: bool = False,
 ) -> RuleResult:
-    """Serve each older completed tool turn as its user messages + final reply."""
+    """Serve each older completed tool turn as its user messages + final reply (headroom
+    mode: the oldest first, while over the tail budget)."""
     rewrite = Rewrite(messages)
+    budget = HeadroomBudget(messages, env)
     for turn in _compactable(messages, config, env):
+        if config.act_only_over_budget and not budget.over:
+            break
         for i in range(turn.start, turn.end):
             if i != turn.final and not isinstance(messages[i], UserMessage):
                 rewrite.remove(i)
+                budget.saved(messages[i], None)
     return rewrite.result()
 
 

@@ -97,6 +97,10 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         """The configured summarisation model's name."""
         return client_name(self.config.model_client)
 
+    def guarantees_budget(self) -> bool:
+        """LLM compressors promise windows within the context's window (ctxcore's guarantee)."""
+        return True
+
     def _threshold(self, ctx: ModelContext) -> int:
         if self.config.trigger_total_tokens is not None:
             return self.config.trigger_total_tokens

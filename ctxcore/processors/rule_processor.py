@@ -4,6 +4,11 @@ Offloaders and compressors act when messages are added: the rule sees the stored
 plus the new batch, the rewritten stored part is saved with ``ctx.set_messages`` and the
 rewritten batch is returned for appending. Views act on each window and never persist:
 what they leave out stays in the view and in the log.
+
+A rule with ``act_only_over_budget`` (the default chain's) is a view whatever its ``kind``:
+it needs the room of a window, which only ``get_context_window`` knows (the context's window
+size minus system messages and tools, ctxcore's own included), so it runs there only and
+never persists; at add time and in active compression it does nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,20 @@ def _ids(messages: list[AnyMessage]) -> frozenset[str]:
 class RuleProcessor(ContextProcessor[C]):
     """A processor whose work is one pure rule (``rule``) guarded by a cheap ``triggers``."""
 
+    @property
+    def headroom_aware(self) -> bool:
+        """True for a rule configured with ``act_only_over_budget``."""
+        return bool(getattr(self.config, "act_only_over_budget", False))
+
+    @property
+    def acts_on_windows(self) -> bool:
+        """Views and headroom-aware rules act on each window, never on the stored view."""
+        return self.kind == "view" or self.headroom_aware
+
+    def guarantees_budget(self) -> bool:
+        """The default chain (its headroom-aware rules) promises windows within budget."""
+        return self.headroom_aware
+
     def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
         """Whether the rule would act on ``messages`` in passive mode (cheap)."""
         raise NotImplementedError
@@ -44,7 +63,7 @@ class RuleProcessor(ContextProcessor[C]):
 
     def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
         """Passive trigger over the stored view plus the batch."""
-        if self.kind == "view":
+        if self.acts_on_windows:
             return False
         return self.triggers([*ctx.get_messages(), *messages], ctx.rule_env(new_ids=_ids(messages)))
 
@@ -52,7 +71,7 @@ class RuleProcessor(ContextProcessor[C]):
         self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Run the rule over view + batch; persist the stored part, return the batch part."""
-        if self.kind == "view":
+        if self.acts_on_windows:
             return None, messages
         view = ctx.get_messages()
         batch_ids = _ids(messages)
@@ -69,15 +88,15 @@ class RuleProcessor(ContextProcessor[C]):
 
     def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Views trigger when their rule would act on the window's messages."""
-        return self.kind == "view" and self.triggers(window.context_messages, ctx.rule_env())
+        return self.acts_on_windows and self.triggers(window.context_messages, ctx.window_rule_env(window))
 
     def on_get_context_window(
         self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Views rewrite the served window only (nothing is persisted)."""
-        if self.kind != "view":
+        if not self.acts_on_windows:
             return None, window
-        result = self.rule(window.context_messages, ctx.rule_env())
+        result = self.rule(window.context_messages, ctx.window_rule_env(window))
         if not result.changed:
             return None, window
         served = ContextWindow(
@@ -93,6 +112,9 @@ class RuleProcessor(ContextProcessor[C]):
     def on_compress(
         self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
-        """Run the rule over the whole view with thresholds bypassed."""
+        """Run the rule over the whole view with thresholds bypassed (headroom-aware rules:
+        nothing, they never persist)."""
+        if self.headroom_aware:
+            return None, messages
         result = self.rule(messages, ctx.rule_env(), force=True)
         return self._event(result), result.messages

@@ -24,6 +24,7 @@ from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, anchors, tool_callers,
 from ctxcore.window import DEFAULT_CONTEXT_MAX_TOKENS
 
 __all__ = [
+    "HeadroomBudget",
     "ProtectedTools",
     "Rewrite",
     "RuleEnv",
@@ -60,6 +61,10 @@ class RuleEnv:
             original, never another processor's placeholder.
         context_max: the model's window in tokens (ratio thresholds are relative to it).
         new_ids: log ids of the batch being added (add hooks); None = every message is new.
+        tail_budget_tokens: the tokens the messages a rule sees may use in the window
+            (the budget minus system messages, tools, anchors and blocks). Rules with
+            ``act_only_over_budget`` act only while the messages are over it, and not at
+            all when it is None (the reference behaviour: no budget is known).
     """
 
     counter: TokenCounter
@@ -69,6 +74,7 @@ class RuleEnv:
     originals: Mapping[str, AnyMessage] = field(default_factory=dict)
     context_max: int = DEFAULT_CONTEXT_MAX_TOKENS
     new_ids: frozenset[str] | None = None
+    tail_budget_tokens: int | None = None
 
     def original(self, message: AnyMessage) -> AnyMessage:
         """The message as it entered the log (itself when it has no known log id)."""
@@ -78,6 +84,10 @@ class RuleEnv:
     def tokens(self, message: AnyMessage) -> int:
         """Tokens of one message."""
         return message_tokens(self.counter, message)
+
+    def tail_tokens(self, messages: Sequence[AnyMessage]) -> int:
+        """What ``messages`` cost in the window (the sum of their tokens)."""
+        return sum(self.tokens(m) for m in messages)
 
     def is_new(self, message: AnyMessage) -> bool:
         """True if the message belongs to the batch being added."""
@@ -193,6 +203,38 @@ class Rewrite:
             removed_ranges=id_ranges(self.messages, self.removed | self.cut),
             offloaded=tuple(self.offloaded),
         )
+
+
+class HeadroomBudget:
+    """The running size of a rule's input against ``env.tail_budget_tokens``.
+
+    Headroom-aware rules act one message at a time, oldest first, and stop as soon as the
+    messages fit: ``over`` says whether they still do not, ``saved`` records a rewrite.
+    """
+
+    def __init__(self, messages: Sequence[AnyMessage], env: RuleEnv) -> None:
+        self.limit = env.tail_budget_tokens
+        self.total = env.tail_tokens(messages) if self.limit is not None else 0
+        self._env = env
+
+    @property
+    def over(self) -> bool:
+        """True while the messages are over the tail budget (False when there is none)."""
+        return self.limit is not None and self.total > self.limit
+
+    def saved(self, before: AnyMessage, after: AnyMessage | None) -> None:
+        """``before`` became ``after`` (None: removed)."""
+        self.total -= self._env.tokens(before) - (self._env.tokens(after) if after is not None else 0)
+
+    def rewrite_oldest_first(
+        self, rewrite: Rewrite, candidates: Iterable[int], act: Callable[[int], object]
+    ) -> None:
+        """``act`` on each candidate in order while still over, recording what each saved."""
+        for i in candidates:
+            if not self.over:
+                return
+            act(i)
+            self.saved(rewrite.messages[i], rewrite.current(i))
 
 
 def anchor_indices(messages: Sequence[AnyMessage], detector: UserDetector) -> frozenset[int]:

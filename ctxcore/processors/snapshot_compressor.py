@@ -89,6 +89,11 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
 
     config_model: ClassVar[type[ProcessorConfig]] = SnapshotCompressorConfig
     kind = "compressor"
+
+    def guarantees_budget(self) -> bool:
+        """LLM compressors promise windows within the context's window (ctxcore's guarantee)."""
+        return True
+
     tag: ClassVar[str] = ""
     meaning: ClassVar[str] = ""
     prompt: ClassVar[str] = ""

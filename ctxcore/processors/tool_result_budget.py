@@ -4,6 +4,11 @@ While the tool results of one turn add up to more than ``tokens_threshold`` toke
 largest offloadable one is replaced by a ``<persisted-output>`` placeholder. Sizes are
 tokens (the counter's); the preview length ``trim_size`` is characters.
 
+With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the turn
+budget is unused: results over ``large_message_threshold`` are offloaded oldest first,
+across turns, only while the messages are over ``RuleEnv.tail_budget_tokens``, and never
+in the newest step.
+
 Not carried over from the reference: ``offload_message_type`` (only tool results are ever
 handled), ``offload_file_prefix`` (offloads are named by content handle) and the
 compatibility-only ``messages_threshold`` / ``messages_to_keep``.
@@ -11,6 +16,7 @@ compatibility-only ``messages_threshold`` / ``messages_to_keep``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from pydantic import PositiveInt, model_validator
@@ -19,7 +25,16 @@ from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.processors.base import ProcessorConfig, register_processor
 from ctxcore.processors.offload import has_offload_marker
 from ctxcore.processors.rule_processor import RuleProcessor
-from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, rounds, tool_calls_of_results, tool_name
+from ctxcore.processors.rules import (
+    HeadroomBudget,
+    Rewrite,
+    RuleEnv,
+    RuleResult,
+    rounds,
+    tool_calls_of_results,
+    tool_name,
+)
+from ctxcore.turns import newest_step_start
 
 __all__ = [
     "ToolResultBudgetConfig",
@@ -38,12 +53,14 @@ class ToolResultBudgetConfig(ProcessorConfig):
         large_message_threshold: only results above this many tokens are offloaded.
         trim_size: **characters** of preview kept in the placeholder.
         tool_name_allowlist: tools whose results are never offloaded.
+        act_only_over_budget: headroom-aware mode (see the module docstring).
     """
 
     tokens_threshold: PositiveInt = 50000
     large_message_threshold: PositiveInt = 10000
     trim_size: PositiveInt = 3000
     tool_name_allowlist: tuple[str, ...] | None = None
+    act_only_over_budget: bool = False
 
     @model_validator(mode="after")
     def _trim_below_large(self) -> ToolResultBudgetConfig:
@@ -65,49 +82,77 @@ def persisted_output(content: str, marker: str, trim_size: int) -> str:
     )
 
 
+def _offloadable(
+    messages: list[AnyMessage], indices: Iterable[int], config: ToolResultBudgetConfig, env: RuleEnv
+) -> list[int]:
+    calls = tool_calls_of_results(messages)
+    allow = set(config.tool_name_allowlist or ())
+    return [
+        i
+        for i in indices
+        if isinstance(messages[i], ToolMessage)
+        and isinstance(messages[i].content, str)
+        and not has_offload_marker(messages[i])
+        and tool_name(messages[i], calls.get(i)) not in allow
+        and env.tokens(messages[i]) > config.large_message_threshold
+    ]
+
+
 def _plan(
     messages: list[AnyMessage], config: ToolResultBudgetConfig, env: RuleEnv
 ) -> list[tuple[int, list[int]]]:
     """Per round over budget: (its tool-result tokens, its candidates largest first)."""
-    calls = tool_calls_of_results(messages)
-    allow = set(config.tool_name_allowlist or ())
     plans = []
     for span in rounds(messages, env.detector):
         results = [i for i in span if isinstance(messages[i], ToolMessage)]
         total = sum(env.tokens(messages[i]) for i in results)
         if total <= config.tokens_threshold:
             continue
-        candidates = [
-            i
-            for i in results
-            if isinstance(messages[i].content, str)
-            and not has_offload_marker(messages[i])
-            and tool_name(messages[i], calls.get(i)) not in allow
-            and env.tokens(messages[i]) > config.large_message_threshold
-        ]
+        candidates = _offloadable(messages, results, config, env)
         if candidates:
             plans.append((total, sorted(candidates, key=lambda i: (-env.tokens(messages[i]), i))))
     return plans
 
 
+def _headroom_candidates(
+    messages: list[AnyMessage], config: ToolResultBudgetConfig, env: RuleEnv
+) -> list[int]:
+    if not HeadroomBudget(messages, env).over:
+        return []
+    return _offloadable(messages, range(newest_step_start(messages)), config, env)
+
+
 def triggers(messages: list[AnyMessage], config: ToolResultBudgetConfig, env: RuleEnv) -> bool:
-    """True if some turn is over budget and has a result that could be offloaded."""
+    """True if some turn is over budget and has a result that could be offloaded (headroom
+    mode: the messages are over the tail budget and an older result is large)."""
+    if config.act_only_over_budget:
+        return bool(_headroom_candidates(messages, config, env))
     return bool(_plan(messages, config, env))
+
+
+def _render(content: str, trim_size: int) -> Callable[[str], str]:
+    return partial(persisted_output, content, trim_size=trim_size)
 
 
 def apply(
     messages: list[AnyMessage], config: ToolResultBudgetConfig, env: RuleEnv, *, force: bool = False
 ) -> RuleResult:
     """Offload the largest results of each over-budget turn until it fits (``force`` is moot:
-    the budget is the rule)."""
+    the budget is the rule). Headroom mode: oldest large results first, while over."""
     rewrite = Rewrite(messages)
+    if config.act_only_over_budget:
+        HeadroomBudget(messages, env).rewrite_oldest_first(
+            rewrite,
+            _headroom_candidates(messages, config, env),
+            lambda i: rewrite.offload_replace(i, env, _render(str(messages[i].content), config.trim_size)),
+        )
+        return rewrite.result()
     for total, candidates in _plan(messages, config, env):
         for i in candidates:
             if total <= config.tokens_threshold:
                 break
             before = env.tokens(messages[i])
-            render = partial(persisted_output, str(messages[i].content), trim_size=config.trim_size)
-            if rewrite.offload_replace(i, env, render):
+            if rewrite.offload_replace(i, env, _render(str(messages[i].content), config.trim_size)):
                 total -= before - env.tokens(rewrite.current(i))
     return rewrite.result()
 

@@ -61,11 +61,12 @@ _PATH = re.compile(
 )
 _IDENT = re.compile(r"`[^`\n]{1,80}`|\b[A-Za-z]\w*_\w+\b|\b[a-z]+[A-Z]\w+\b|\b\w+\(\)|\b[A-Z]{2,}\d*\b")
 # Error lines as tools print them. Anchored forms ("ValueError: ...", "Traceback ...",
-# "FAILED ...", "error: ...") are strong; the unanchored ones still need a colon and a
-# message, so source code such as "except ValueError:" or "raise TypeError(" is not one.
+# "FAILED ...", unittest's "FAIL: test (Case)", "error: ...") are strong; the unanchored
+# ones still need a colon and a message, so source code such as "except ValueError:" or
+# "raise TypeError(" is not one.
 _ERROR_STRONG = re.compile(
     r"^(?:E\s+)?(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)(?::|$)"
-    r"|FAILED\b|ERROR\b|(?:error|fatal|panic)(?:\[\w+\])?:)"
+    r"|FAILED\b|FAIL:|ERROR\b|(?:error|fatal|panic)(?:\[\w+\])?:)"
 )
 _ERROR_WEAK = re.compile(r"\b[\w.]*(?:Error|Exception|error):\s|\bfailed\b|\bFAILED\b")
 _COMMENT = ("#", "//", "/*", "* ")
@@ -681,6 +682,25 @@ def _extract(
                 ex.add((index, 0), "tool", f"tool result: {_result_line(ex.scanned(index, message))}")
             ex.tool_output(index, message, used_lines.get(index, ""))
 
+    newest = _newest_error(source, ex, real_set)
+    if newest is not None:
+        index, line = newest
+        # The newest failure is what the agent acts on next: kept whatever else competes (a
+        # bounded share), under the same key as its ordinary candidate so it prints once.
+        # An earlier summary in the source counts too, so the line survives later merges.
+        ex.items.append(
+            _Item(
+                (index, 10**6),
+                "error",
+                line,
+                _BASE_SCORE.get("error", 10.0),
+                _collapse(line).casefold(),
+                frozenset(ex.features(line)[1]),
+                must=True,
+                share=0.25,
+            )
+        )
+
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):
             static = _BASE_SCORE["paths"] * weight
@@ -706,6 +726,25 @@ def _extract(
             item.static += _RECENCY * item.order[0] / span
     kept.sort(key=lambda it: it.order)
     return kept, _idf(kept), frozenset(context_words)
+
+
+def _newest_error(
+    source: Sequence[AnyMessage], ex: _Extractor, real: frozenset[int]
+) -> tuple[int, str] | None:
+    """(index, line) of the last line this summariser's error detector flags: in a tool
+    output, or among the lines of an earlier summary in the source."""
+    for index in range(len(source) - 1, -1, -1):
+        message = source[index]
+        if isinstance(message, ToolMessage):
+            found = [line for line, is_error in ex.scanned(index, message) if is_error]
+        elif isinstance(message, UserMessage) and index not in real:
+            lines = (raw.strip().lstrip("-*• ").strip() for raw in message.text.splitlines())
+            found = [line for line in lines if line and _is_error(line)]
+        else:
+            continue
+        if found:
+            return index, found[-1]
+    return None
 
 
 def _idf(items: Sequence[_Item]) -> dict[str, float]:

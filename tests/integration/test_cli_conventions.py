@@ -95,7 +95,7 @@ def test_the_help_epilog_lists_every_settings_leaf_and_the_aliases(
     assert "CTXCORE_HTTP__PORT" in listed and "CTXCORE_TENANTS__<ID>__MODEL__NAME" in listed
     assert (
         "  CTXCORE_SERVICE__TRIGGER_RATIO" in text
-        and "0.9" in text.split("CTXCORE_SERVICE__TRIGGER_RATIO")[1]
+        and "1.0" in text.split("CTXCORE_SERVICE__TRIGGER_RATIO")[1]
     )
 
 

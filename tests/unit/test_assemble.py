@@ -67,7 +67,13 @@ def test_fallback_on_every_swe_run(budget: int) -> None:
         assert result.fallback_applied == (COUNTER.count_messages([*system, *rest]) > budget)
         if result.elided_ranges:
             markers = [m for m in result.messages if message_text(m).startswith(ELIDED_STEPS)]
-            assert markers and result.elided_ranges[0][0] in message_text(markers[0])
+            if markers:
+                assert result.elided_ranges[0][0] in message_text(markers[0])
+            else:
+                # Not even the note fits beside the anchors: everything else was cut first.
+                kept = [rest[i] for i in anchors(rest).indices()]
+                others = [m for m in result.messages[len(system) :] if m not in kept]
+                assert all(len(message_text(m)) <= len("...[TRUNCATED]...") for m in others)
         assert state == CompressionState()  # the fallback is never saved
 
 
@@ -88,14 +94,17 @@ def test_fallback_truncates_blocks_when_tail_is_not_enough() -> None:
 
 def test_rules_apply_to_tail_only() -> None:
     system, rest = logged(next(conversations("tau_bench.jsonl"))["messages"])
-    seen: list[int] = []
+    seen: list[tuple[int, int | None]] = []
 
-    def rules(messages: list[AnyMessage]) -> list[AnyMessage]:
-        seen.append(len(messages))
+    def rules(messages: list[AnyMessage], tail_budget: int | None) -> list[AnyMessage]:
+        seen.append((len(messages), tail_budget))
         return list(messages)
 
     assemble_window(CompressionState(), rest[5:], 10**6, system, [], rules, COUNTER)
-    assert seen == [len(rest) - 5]
+    # The rules see the tail and the room it has: the budget minus everything else.
+    room = 10**6 - COUNTER.count_messages(system)
+    assert len(seen) == 1 and seen[0][0] == len(rest) - 5
+    assert seen[0][1] is not None and room - 10 <= seen[0][1] <= room
 
 
 @given(generated(), st.integers(min_value=50, max_value=6000))

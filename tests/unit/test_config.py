@@ -13,7 +13,7 @@ from ctxcore.errors import ConfigError
 
 def test_defaults() -> None:
     s = Settings()
-    assert s.service.trigger_ratio == 0.9 and s.service.target_ratio == 0.75
+    assert s.service.trigger_ratio == 1.0 and s.service.target_ratio == 0.75
     assert s.redis.url == "redis://127.0.0.1:6379/0"
     assert s.model.offline and s.model.api_key_env == "OPENAI_API_KEY"
 
@@ -51,7 +51,7 @@ def test_file_then_env_then_aliases(tmp_path: Path) -> None:
     ("env", "field"),
     [
         ({"CTXCORE_SERVICE__TRIGGER_RATIO": "1.5"}, "service.trigger_ratio"),
-        ({"CTXCORE_SERVICE__TARGET_RATIO": "0.95"}, "service"),
+        ({"CTXCORE_SERVICE__TRIGGER_RATIO": "0.8", "CTXCORE_SERVICE__TARGET_RATIO": "0.9"}, "service"),
         ({"CTXCORE_SERVICE__NOPE": "1"}, "service.nope"),
         ({"CTXCORE_HTTP__TOKENS": '{"plaintext": "acme"}'}, "http.tokens"),
         ({"CTXCORE_TENANTS__bad:id__DEFAULT_BUDGET": "5"}, "tenants"),

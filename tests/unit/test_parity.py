@@ -105,7 +105,9 @@ def test_image_with_stamped_size_is_priced_from_it() -> None:
     big = {"type": "image_url", "image_url": remote, "width": 2048, "height": 1024}
     assert image_part_tokens(big) == image_tokens_for_size(2048, 1024) == 1568
     # Low detail stays flat; nonsense sizes fall back to the unknown price
-    assert image_part_tokens({"type": "image_url", "image_url": {**remote, "detail": "low"}, "width": 999}) == 85
+    assert (
+        image_part_tokens({"type": "image_url", "image_url": {**remote, "detail": "low"}, "width": 999}) == 85
+    )
     for bad in ({"width": 0, "height": 100}, {"width": "x", "height": 1}, {"dimensions": "100"}):
         assert image_part_tokens({"type": "image_url", "image_url": remote, **bad}) == 1445, bad
 
@@ -131,7 +133,9 @@ def test_state_events_carry_model_times_and_statistic() -> None:
         ],
     )
     for i in range(12):
-        ctx.add_messages([UserMessage(content=f"question {i} " + "words " * 40), AssistantMessage(content="ok " * 30)])
+        ctx.add_messages(
+            [UserMessage(content=f"question {i} " + "words " * 40), AssistantMessage(content="ok " * 30)]
+        )
     ctx.get_context_window()
     completed = [e for e in events if e.status == "completed"]
     assert completed, [e.status for e in events]
@@ -165,7 +169,9 @@ def replied(total_tokens: int) -> list[AnyMessage]:
         AssistantMessage(
             content="",
             tool_calls=[ToolCall(id="c1", name="read")],
-            usage_metadata=UsageMetadata(input_tokens=total_tokens - 10, output_tokens=10, total_tokens=total_tokens),
+            usage_metadata=UsageMetadata(
+                input_tokens=total_tokens - 10, output_tokens=10, total_tokens=total_tokens
+            ),
         ),
         ToolMessage(content="x" * 400, tool_call_id="c1"),
     ]
@@ -180,7 +186,10 @@ def test_trigger_tokens_use_the_newest_usage_plus_later_text_and_no_tools_twice(
     assert trigger_tokens(messages, tools, COUNTER, usage_aware=False) == exact
     assert trigger_tokens(messages, tools, COUNTER, usage_aware=True) == 5000 + 400 // 4
     # No valid usage (absent or 0): exact
-    bare = [m.model_copy(update={"usage_metadata": None}) if isinstance(m, AssistantMessage) else m for m in messages]
+    bare = [
+        m.model_copy(update={"usage_metadata": None}) if isinstance(m, AssistantMessage) else m
+        for m in messages
+    ]
     assert trigger_tokens(bare, tools, COUNTER, usage_aware=True) == exact
     zero = replied(0)
     assert trigger_tokens(zero, [], COUNTER, usage_aware=True) == COUNTER.count_messages(zero)
@@ -205,7 +214,12 @@ def test_usage_aware_trigger_is_off_by_default_and_stale_after_a_rewrite() -> No
     exact_proc, aware_proc = exact_ctx.processors[0][1], aware_ctx.processors[0][1]
     window = ContextWindow(context_messages=exact_ctx.get_messages())
     assert exact_proc.trigger_get_context_window(exact_ctx, window) is False  # ~150 exact tokens
-    assert aware_proc.trigger_get_context_window(aware_ctx, ContextWindow(context_messages=aware_ctx.get_messages())) is True
+    assert (
+        aware_proc.trigger_get_context_window(
+            aware_ctx, ContextWindow(context_messages=aware_ctx.get_messages())
+        )
+        is True
+    )
     # Budgets stay exact: the compressor finds the view within target and changes nothing
     assert aware_ctx.get_context_window().context_messages == aware_ctx.get_messages()
     # After a rewrite of the view the reported usage describes an old request: ignored

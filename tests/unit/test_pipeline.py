@@ -102,7 +102,10 @@ def test_incremental_l1_blocks_have_provenance_and_summarise_only_new_range() ->
     first = compress_until_target(view, cfg, extractive, COUNTER)
     cursor = first.view.covered_until
     assert cursor is not None and first.view.blocks
-    assert all(b.level == 1 and b.tokens_before > b.tokens_after > 0 for b in first.view.blocks)
+    l1 = first.results[0]
+    assert l1.stage.kind == "l0_to_l1" and l1.changed
+    assert all(b.level == 1 and b.tokens_before > b.tokens_after > 0 for b in l1.blocks)
+    assert all(b.tokens_before > b.tokens_after > 0 for b in first.view.blocks)
     # New messages arrive; the next L0->L1 sees only what is after the cursor.
     grown = View(
         version=1,
@@ -236,8 +239,13 @@ def test_from_messages_recovers_blocks_from_rendered_context() -> None:
 
 def test_recursive_merge_raises_level() -> None:
     view = raw_view(next(conversations("dialogue_qa.jsonl"))["messages"])
-    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2, l1_source_tokens=1500)
-    first = compress_until_target(view, cfg, ExtractiveModel(COUNTER), COUNTER).view
+    cfg = PipelineConfig(
+        target_tokens=view.tokens(COUNTER) // 2, l1_source_tokens=1500, summarise_all_pending=True
+    )
+    stage = plan_next_stage(view, cfg, COUNTER)
+    assert stage is not None and stage.kind == "l0_to_l1"
+    l1 = run_stage(stage, view, ExtractiveModel(COUNTER), COUNTER, config=cfg)
+    first = view.with_blocks(l1.blocks, l1.covered_until, version=1)
     assert len(first.blocks) > 2
     tighter = PipelineConfig(target_tokens=first.tokens(COUNTER) * 2 // 3, l1_source_tokens=1500)
     stage = plan_next_stage(first, tighter, COUNTER)

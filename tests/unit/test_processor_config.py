@@ -113,9 +113,17 @@ def test_the_default_chain_is_valid_for_any_window(window: int) -> None:
         "c", processors=default_rule_chain(window)
     )
     assert [name for name, _ in ctx.processors] == [
-        "MessageSummaryOffloader",
+        "ToolResultCap",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
         "CompactCompletedToolTurns",
-        "WindowLimit",
     ]
+    assert all(p.config.act_only_over_budget for _, p in ctx.processors[1:])
+
+
+@pytest.mark.parametrize("ratio", [0.0, -0.1, 1.5])
+def test_the_cap_ratio_is_validated(ratio: float) -> None:
+    with pytest.raises(ConfigError, match="max_result_ratio"):
+        default_rule_chain(16_000, max_result_ratio=ratio)
+    with pytest.raises(ConfigError, match="max_result_ratio"):
+        ContextEngine().create_context("c", processors=[("ToolResultCap", {"max_result_ratio": ratio})])

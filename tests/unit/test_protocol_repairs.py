@@ -80,7 +80,9 @@ def test_an_interrupted_step_is_complete_and_cancelled_so_the_cursor_can_pass_it
     assert found[0].complete and found[0].interrupted and (found[0].start, found[0].end) == (0, 2)
     assert all(s.complete for s in found)
     assert turns(interrupted())[0].cancelled
-    messages = [m.model_copy(update={"context_message_id": f"{i + 1:012d}"}) for i, m in enumerate(interrupted())]
+    messages = [
+        m.model_copy(update={"context_message_id": f"{i + 1:012d}"}) for i, m in enumerate(interrupted())
+    ]
     # Every step is eligible for a summary, the interrupted one included
     assert eligible_raw(View(version=0, tail=tuple(messages)), 0) == messages
     # A step still waiting for its result is not

@@ -120,7 +120,9 @@ def test_a_raising_counter_does_not_stop_the_distributed_window_or_the_coordinat
     log.append(key, [UserMessage(content="task " * 50), AssistantMessage(content="answer " * 50)])
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
-            result = assemble_window(CompressionState(), log.read_after(key, None), 10_000, [], [], None, counter)
+            result = assemble_window(
+                CompressionState(), log.read_after(key, None), 10_000, [], [], None, counter
+            )
         coord = Coordinator(MemoryStateStore(), log, counter, model_for=lambda k: ExtractiveModel())
         coord.plan(key)
     assert result.stats.total_tokens > 0 and len(result.messages) == 2

@@ -75,19 +75,18 @@ def assert_sound(
 def test_default_chain_order_and_scaling() -> None:
     chain = default_rule_chain()
     assert [name for name, _ in chain] == [
-        "MessageSummaryOffloader",
+        "ToolResultCap",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
         "CompactCompletedToolTurns",
-        "WindowLimit",
     ]
     big, small = dict(default_rule_chain(200_000)), dict(default_rule_chain(16_000))
-    assert big["ToolResultBudgetProcessor"]["tokens_threshold"] == 50_000
-    assert big["MicroCompactProcessor"]["keep_recent_per_tool"] == 15
-    assert small["MicroCompactProcessor"]["keep_recent_per_tool"] == 3
-    assert small["WindowLimit"]["max_attached_messages"] < big["WindowLimit"]["max_attached_messages"]
-    assert small["CompactCompletedToolTurns"]["keep_recent_turns"] == 2
-    assert big["CompactCompletedToolTurns"]["keep_recent_turns"] == 20
+    assert big["ToolResultCap"]["max_result_ratio"] == 0.25
+    assert dict(default_rule_chain(16_000, max_result_ratio=0.5))["ToolResultCap"]["max_result_ratio"] == 0.5
+    assert small["ToolResultBudgetProcessor"]["large_message_threshold"] == 800
+    assert big["ToolResultBudgetProcessor"]["large_message_threshold"] == 10_000
+    for name in ("ToolResultBudgetProcessor", "MicroCompactProcessor", "CompactCompletedToolTurns"):
+        assert small[name]["act_only_over_budget"] is True
 
 
 def test_apply_rules_runs_rule_processors_only() -> None:
@@ -106,9 +105,14 @@ def test_same_input_twice_gives_the_same_window_and_writes_once() -> None:
     store = CountingStore()
     chain = build_rule_chain(default_rule_chain(16_000))
     counter = TiktokenCounter()
-    first = apply_rules_result(messages, chain, counter, store, KEY, context_max=16_000)
+    room = 16_000 - counter.count_messages(messages[:1])
+    first = apply_rules_result(
+        messages, chain, counter, store, KEY, context_max=16_000, tail_budget_tokens=room
+    )
     writes = store.writes
-    second = apply_rules_result(messages, chain, counter, store, KEY, context_max=16_000)
+    second = apply_rules_result(
+        messages, chain, counter, store, KEY, context_max=16_000, tail_budget_tokens=room
+    )
     assert first.changed and writes > 0
     assert messages_to_json(first.messages) == messages_to_json(second.messages)
     assert first.offloaded == second.offloaded and first.removed_ranges == second.removed_ranges

@@ -1,0 +1,229 @@
+"""Headroom-aware windows: the raw tail is verbatim while it fits; rules and the fallback act
+only to bring the window under the budget, oldest content first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxcore.assemble import assemble_window, fit_to_budget
+from ctxcore.engine import ContextEngine
+from ctxcore.errors import BudgetExceeded, ConfigError
+from ctxcore.messages import (
+    AnyMessage,
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    message_text,
+)
+from ctxcore.pipeline import View
+from ctxcore.processors import apply_rules_result, build_rule_chain, default_rule_chain
+from ctxcore.processors.offload import OFFLOAD_MARKER_RE
+from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME
+from ctxcore.state import CompressionState, ConversationKey
+from ctxcore.state.memory import MemoryOffloadStore
+from ctxcore.tokens import TiktokenCounter
+from ctxcore.window import check_window
+from tests.datasets import swe_runs
+from tests.pipeline_helpers import logged
+
+COUNTER = TiktokenCounter()
+KEY = ConversationKey("t", "c")
+SYSTEM = [SystemMessage(content="You are a coding agent.")]
+
+
+def run(steps: int, size: int, *, first_id: int = 1) -> list[AnyMessage]:
+    """A task, then ``steps`` bash steps with outputs of about ``size`` words, with log ids."""
+    out: list[AnyMessage] = [UserMessage(content="Fix the crash in core.py.")]
+    for i in range(steps):
+        call = ToolCall(id=f"c{i}", name="bash", arguments=json.dumps({"command": f"cat f{i}.py"}))
+        out.append(AssistantMessage(content=f"step {i}", tool_calls=[call]))
+        out.append(ToolMessage(tool_call_id=f"c{i}", content=f"output {i}\n" + "word " * size))
+    return [m.model_copy(update={"context_message_id": f"{n:012d}"}) for n, m in enumerate(out, first_id)]
+
+
+def rules(budget: int, store: MemoryOffloadStore):  # type: ignore[no-untyped-def]
+    chain = build_rule_chain(default_rule_chain(budget))
+
+    def apply(messages: list[AnyMessage], room: int | None) -> list[AnyMessage]:
+        return apply_rules_result(
+            messages, chain, COUNTER, store, KEY, context_max=budget, tail_budget_tokens=room
+        ).messages
+
+    return apply
+
+
+def test_a_tail_that_fits_is_served_verbatim() -> None:
+    tail = run(30, 40)
+    budget = COUNTER.count_messages([*SYSTEM, *tail]) + 200
+    result = assemble_window(
+        CompressionState(), tail, budget, SYSTEM, [], rules(budget, MemoryOffloadStore()), COUNTER
+    )
+    assert result.messages == [*SYSTEM, *tail] and not result.fallback_applied
+
+
+def test_over_budget_the_rules_act_oldest_first_and_stop_when_it_fits() -> None:
+    tail = run(30, 200)
+    total = COUNTER.count_messages([*SYSTEM, *tail])
+    budget = total - 1500
+    store = MemoryOffloadStore()
+    result = assemble_window(CompressionState(), tail, budget, SYSTEM, [], rules(budget, store), COUNTER)
+    served = result.messages
+    assert check_window(served) == [] and COUNTER.count_messages(served) <= budget
+    outputs = [m for m in served if isinstance(m, ToolMessage)]
+    changed = [i for i, m in enumerate(outputs) if OFFLOAD_MARKER_RE.search(message_text(m))]
+    # The oldest outputs went, as few as needed, and the newest ones are untouched.
+    assert changed and changed == list(range(len(changed))) and len(changed) < len(outputs) // 2
+    assert outputs[-1] == tail[-1]
+    assert budget - COUNTER.count_messages(served) < 600  # it stopped once the window fit
+    for message in outputs[: len(changed)]:
+        handle = OFFLOAD_MARKER_RE.search(message_text(message)).group(1)  # type: ignore[union-attr]
+        assert store.get(KEY, handle) is not None
+
+
+def test_the_cap_keeps_head_and_tail_of_a_huge_result_and_offloads_it() -> None:
+    tail = run(2, 10)
+    huge = "first line of the log\n" + "noise " * 400_000 + "\nTraceback ...\nValueError: the end"
+    tail[-1] = tail[-1].model_copy(update={"content": huge})
+    store = MemoryOffloadStore()
+    budget = 8000
+    result = assemble_window(CompressionState(), tail, budget, SYSTEM, [], rules(budget, store), COUNTER)
+    text = message_text(result.messages[-1])
+    assert text.startswith("first line of the log") and text.endswith("ValueError: the end")
+    assert COUNTER.count_messages([result.messages[-1]]) <= budget // 4
+    assert COUNTER.count_messages([result.messages[-1]]) > budget // 4 - 300  # it fills the cap
+    handle = OFFLOAD_MARKER_RE.search(text).group(1)  # type: ignore[union-attr]
+    stored = store.get(KEY, handle)
+    assert stored is not None and message_text(stored[0]) == huge
+    assert not result.fallback_applied
+
+
+def test_the_cap_reads_list_content_by_its_text_parts() -> None:
+    tail = run(1, 10)
+    parts = [{"type": "text", "text": "head " + "x " * 20_000}, {"type": "text", "text": "tail end"}]
+    tail[-1] = tail[-1].model_copy(update={"content": parts})
+    result = assemble_window(
+        CompressionState(), tail, 4000, SYSTEM, [], rules(4000, MemoryOffloadStore()), COUNTER
+    )
+    text = message_text(result.messages[-1])
+    assert text.startswith("head") and text.endswith("tail end") and "OFFLOAD" in text
+
+
+def test_the_switch_off_keeps_the_reference_behaviour() -> None:
+    tail = run(12, 40)
+    off = build_rule_chain(
+        [
+            (
+                "MicroCompactProcessor",
+                {"compactable_tool_names": ["*"], "keep_recent_per_tool": 3, "trigger_threshold": 1},
+            )
+        ]
+    )
+    on = build_rule_chain(
+        [("MicroCompactProcessor", {"compactable_tool_names": ["*"], "act_only_over_budget": True})]
+    )
+    store = MemoryOffloadStore()
+    # Reference: keep the newest K per tool, whatever the room.
+    kept = apply_rules_result(tail, off, COUNTER, store, KEY, tail_budget_tokens=10**6).messages
+    assert sum("cleared" in message_text(m) for m in kept) == 12 - 3
+    # Headroom-aware: nothing while it fits, nothing without a budget.
+    assert apply_rules_result(tail, on, COUNTER, store, KEY, tail_budget_tokens=10**6).messages == tail
+    assert apply_rules_result(tail, on, COUNTER, store, KEY).messages == tail
+
+
+def test_a_tail_budget_at_or_below_zero_leaves_the_fallback_to_fit() -> None:
+    tail = run(10, 100)
+    pinned_heavy = [UserMessage(content="task " * 10, context_message_id="000000000001")]
+    budget = COUNTER.count_messages([*SYSTEM, *pinned_heavy]) + 60
+    result = assemble_window(
+        CompressionState(),
+        [*pinned_heavy, *tail[1:]],
+        budget,
+        SYSTEM,
+        [],
+        rules(budget, MemoryOffloadStore()),
+        COUNTER,
+    )
+    assert COUNTER.count_messages(result.messages) <= budget and check_window(result.messages) == []
+    assert result.fallback_applied
+
+
+def test_the_fallback_drops_blocks_before_tail_steps_and_cuts_the_newest_step_last() -> None:
+    from ctxcore.pipeline.view import block_message
+    from ctxcore.state.models import SummaryBlock
+
+    tail = run(8, 150, first_id=20)
+    block = SummaryBlock(
+        block_id="L1-000000000002-000000000019",
+        messages=[
+            block_message(
+                "old work " * 300,
+                block_id="L1-000000000002-000000000019",
+                first_id="000000000002",
+                last_id="000000000019",
+                level=1,
+                scope="completed_react",
+            )
+        ],
+        first_id="000000000002",
+        last_id="000000000019",
+        level=1,
+    )
+    task = UserMessage(content="Fix the crash.", context_message_id="000000000001")
+    view = View(
+        version=1,
+        system=tuple(SYSTEM),
+        pinned=(task,),
+        blocks=(block,),
+        tail=tuple(tail[1:]),
+        covered_until="000000000019",
+    )
+    budget = View(version=1, system=tuple(SYSTEM), pinned=(task,), tail=tuple(tail[1:])).tokens(COUNTER) - 100
+    fitted, elided = fit_to_budget(view, budget, COUNTER, anchor_ids=frozenset({"000000000001"}))
+    assert fitted.tokens(COUNTER) <= budget
+    # Blocks first (truncated, then dropped); the tail's newest step untouched.
+    assert fitted.tail[-1] == tail[-1] and fitted.tail[-2] == tail[-2]
+    assert ("000000000002", "000000000019") in elided or fitted.blocks[0].messages != block.messages
+
+
+def test_embedded_default_chain_is_headroom_aware_and_within_budget() -> None:
+    record = next(swe_runs())
+    system, rest = logged(record["messages"])
+    budget = 12_000
+    engine = ContextEngine(
+        {"context_window_tokens": budget, "strict_processors": True, "enable_reload": True}
+    )
+    ctx = engine.create_context("swe", processors=default_rule_chain(budget))
+    for start in range(0, len(rest), 7):
+        ctx.add_messages([m.model_copy(update={"context_message_id": None}) for m in rest[start : start + 7]])
+    # At add time only the cap acts: the view holds every message, raw unless capped.
+    view = ctx.get_messages()
+    assert len(view) == len(rest)
+    assert all(
+        m.content == r.content or "OFFLOAD" in message_text(m) for m, r in zip(view, rest, strict=True)
+    )
+    window = ctx.get_context_window(system_messages=system)
+    tokens = COUNTER.count_messages(window.get_messages()) + COUNTER.count_tools(window.get_tools())
+    assert tokens <= budget and check_window(window.get_messages()) == []
+    # The reload tool is in the window and was counted.
+    assert [t["function"]["name"] for t in window.get_tools()] == [RELOAD_TOOL_NAME]
+
+
+def test_embedded_budget_below_system_and_anchors_raises() -> None:
+    engine = ContextEngine({"context_window_tokens": 300})
+    ctx = engine.create_context("c", processors=default_rule_chain(300))
+    ctx.add_messages([UserMessage(content="a long task " * 100)])
+    with pytest.raises(BudgetExceeded) as info:
+        ctx.get_context_window(system_messages=SYSTEM)
+    assert info.value.anchor_tokens > 300 and "anchors" in str(info.value)
+
+
+def test_the_engine_setting_validates_the_cap_ratio() -> None:
+    from ctxcore.config import Settings
+
+    with pytest.raises(ConfigError, match="max_result_ratio"):
+        Settings.load({"engine": {"max_result_ratio": 1.5}})
+    assert Settings.load({"engine": {"max_result_ratio": 0.5}}).engine.max_result_ratio == 0.5
