@@ -13,6 +13,11 @@ pinned), so only the history's length differs between sizes. Per size, p50/p99 o
 * recomputing the window from the whole history (read the whole log, then rules and
   ``assemble_window`` over every raw message, nothing summarised): what get_window avoids.
 
+With ``--recall auto`` the covered messages are archived (as a compaction with recall on
+would have) and each size is also served by a service with auto-recall on: ``auto p50``
+and ``auto/get_window`` in the same run, then the miss path (one new message appended
+before each window, plain and auto alternately): ``miss auto/get_window``, goal <= 2x.
+
 Goal: flat, p50(largest)/p50(smallest) <= 1.2 for get_window. Redis: 127.0.0.1:6379 db 10
 (or an embedded server when none answers), a unique key prefix, deleted afterwards. Prints
 tables; asserts nothing.
@@ -41,9 +46,10 @@ from store_latency import percentiles
 
 from ctxcore.assemble import assemble_window
 from ctxcore.config import Settings
-from ctxcore.messages import AnyMessage, SystemMessage, from_openai
+from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, from_openai
 from ctxcore.pipeline import block_message
 from ctxcore.pipeline.render import head_tail, serialize_messages
+from ctxcore.recall import ChunkingConfig, archive_messages
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
 from ctxcore.turns import steps
 from workers.embedded import ensure_redis
@@ -183,6 +189,9 @@ class Size:
     bare: list[int] = field(default_factory=list)
     floor: list[int] = field(default_factory=list)
     recompute: list[int] = field(default_factory=list)
+    auto: list[int] = field(default_factory=list)
+    miss: list[int] = field(default_factory=list)
+    miss_auto: list[int] = field(default_factory=list)
     tokens: int = 0
 
 
@@ -192,6 +201,20 @@ def sample(into: list[int], n: int, call: Callable[[], object]) -> None:
         started = time.perf_counter_ns()
         call()
         into.append(time.perf_counter_ns() - started)
+
+
+def miss_calls(
+    runtime: Runtime, size: Size, n: int, plain: Callable[[], object], auto: Callable[[], object]
+) -> None:
+    """The miss path: one new user message appended (untimed, straight to the log, so no
+    compaction is triggered) before each window, plain and auto-recall alternately."""
+    for i in range(n):
+        for into, call in ((size.miss, plain), (size.miss_auto, auto)):
+            note = f"ran the check again ({i}): {len(into)} results, status ok, see the earlier output"
+            runtime.log.append(size.key, [UserMessage(content=note)])
+            started = time.perf_counter_ns()
+            call()
+            into.append(time.perf_counter_ns() - started)
 
 
 def floor_call(client: redis.Redis, prefix: str, size: Size) -> Callable[[], object]:
@@ -221,6 +244,7 @@ def main() -> None:
     parser.add_argument("--no-tools", action="store_true", help="send no tool definitions with the requests")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/10")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA / "tau_bench.jsonl")
+    parser.add_argument("--recall", choices=("off", "auto"), default="off", help="also measure auto-recall")
     args = parser.parse_args()
     calls = args.calls or (2000 if args.long else 300)
     sizes = args.sizes or ([100, 1_000, 10_000, 50_000] if args.long else [100, 1_000, 10_000])
@@ -231,6 +255,12 @@ def main() -> None:
     prefix = f"ctxcore-bench-{uuid.uuid4().hex[:8]}"
     runtime = Runtime(Settings.load({"redis": {"url": url, "key_prefix": prefix}}))
     service = build_service(runtime, InlineQueue())
+    recalling = None
+    if args.recall == "auto":
+        auto_settings = Settings.load(
+            {"redis": {"url": url, "key_prefix": prefix}, "recall": {"enabled": True, "auto": True}}
+        )
+        recalling = build_service(Runtime(auto_settings), InlineQueue())
     client = runtime.redis
     tools = [] if args.no_tools else tau_tools()
     print(
@@ -248,7 +278,16 @@ def main() -> None:
             ids: list[str] = []
             for i in range(0, len(body), 1000):
                 ids += runtime.log.append(key, body[i : i + 1000])
-            assert runtime.state_store.save(key, covered_state(body, ids), expected_version=0)
+            state = covered_state(body, ids)
+            archive = None
+            if recalling is not None:
+                covered = [
+                    m.model_copy(update={"context_message_id": i}) for m, i in zip(body, ids, strict=True)
+                ]
+                cut = ids.index(str(state.covered_until)) + 1
+                _, archive = archive_messages(None, covered[1:cut], runtime.counter, ChunkingConfig())
+                state = state.model_copy(update={"archive_version": archive.version if archive else 0})
+            assert runtime.state_store.save(key, state, expected_version=0, archive=archive)
             state = runtime.state_store.load(key)
             assert state is not None and state.covered_until is not None
             tail = len(body) - ids.index(state.covered_until) - 1
@@ -264,6 +303,12 @@ def main() -> None:
                 sample(size.window, calls // rounds, with_tools)
                 sample(size.bare, calls // rounds, partial(service.get_window, size.key, BUDGET, size.system))
                 sample(size.floor, calls // rounds, floor_call(client, prefix, size))
+                if recalling is not None:
+                    sample(
+                        size.auto,
+                        calls // rounds,
+                        partial(recalling.get_window, size.key, BUDGET, size.system, tools),
+                    )
         rules = service._rules(measured[0].key, BUDGET)
         for size in measured:
 
@@ -282,6 +327,16 @@ def main() -> None:
             # The same window all along: nothing else touched the keys while we measured.
             if service.get_window(size.key, BUDGET, size.system, tools).stats.total_tokens != size.tokens:
                 raise RuntimeError(f"the state of {size.key} changed under the bench (db flushed?)")
+        if recalling is not None:
+            # Last: the appends change the keys the checks above compare against.
+            for size in measured:
+                miss_calls(
+                    runtime,
+                    size,
+                    calls // 2,
+                    partial(service.get_window, size.key, BUDGET, size.system, tools),
+                    partial(recalling.get_window, size.key, BUDGET, size.system, tools),
+                )
     finally:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         if keys:
@@ -306,6 +361,19 @@ def main() -> None:
             f"{percentiles(size.bare)[0]:>12.2f} | {f50:>9.3f} | {f99:>6.3f} | {w50 / f50:>16.1f} | "
             f"{r50:>13.1f} | {r99:>7.1f} | {r50 / w50:>20.0f} |"
         )
+    if recalling is not None:
+        print(
+            "\n| log messages | get_window p50 | auto-recall p50 | auto/get_window | "
+            "miss get_window p50 | miss auto-recall p50 | miss auto/get_window |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for size in measured:
+            w50, a50 = percentiles(size.window)[0], percentiles(size.auto)[0]
+            m50, ma50 = percentiles(size.miss)[0], percentiles(size.miss_auto)[0]
+            print(
+                f"| {size.n:,} | {w50:.2f} | {a50:.2f} | {a50 / w50:.2f} | {m50:.2f} | {ma50:.2f} | "
+                f"{ma50 / m50:.2f} (goal <= 2) |"
+            )
     first, last = percentiles(measured[0].window)[0], percentiles(measured[-1].window)[0]
     print(
         f"\nflatness: get_window p50({measured[-1].n:,}) / p50({measured[0].n:,}) = {last / first:.2f} "

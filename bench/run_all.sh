@@ -43,6 +43,7 @@ if [[ $LONG -eq 1 ]]; then
     run compressors bench/compressors.py --long
     run incremental bench/incremental.py --long
     run fast_path bench/fast_path.py --long
+    run recall bench/recall.py --chunks 5000
     run soak bench/soak.py --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py --long
     run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
@@ -52,7 +53,8 @@ else
     run store_latency bench/store_latency.py
     run compressors bench/compressors.py
     run incremental bench/incremental.py
-    run fast_path bench/fast_path.py
+    run fast_path bench/fast_path.py --recall auto
+    run recall bench/recall.py
     run soak bench/soak.py --duration 20 --conversations 20 --drain 20 --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py
     run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"

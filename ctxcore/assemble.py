@@ -31,6 +31,7 @@ from ctxcore.pipeline import PipelineConfig, View
 from ctxcore.pipeline.render import head_tail
 from ctxcore.pipeline.stages import truncate_blocks
 from ctxcore.protocol import check_window, close_interrupted_tool_calls
+from ctxcore.recall.auto import AutoRecall, RecallStats, recall_query, recalled_message
 from ctxcore.state.models import CompressionState
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TokenCounter
@@ -55,6 +56,10 @@ class WindowResult:
     fallback_applied: bool = False
     elided_ranges: list[tuple[str, str]] = field(default_factory=list)
     raw_tokens: int = 0
+    # Every tool definition the window was counted with (the request's, then ctxcore's own).
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    # What auto-recall added (None: off, or the fallback applied).
+    recall: RecallStats | None = None
 
 
 def elided_marker(first_id: str, last_id: str, count: int) -> UserMessage:
@@ -77,11 +82,14 @@ def assemble_window(
     pinned: Sequence[AnyMessage] = (),
     detector: UserDetector | None = None,
     truncate_head_ratio: float = 0.2,
+    auto_recall: AutoRecall | None = None,
 ) -> WindowResult:
     """Serve ``state`` + ``tail`` within ``budget_tokens`` (see the module docstring).
 
     ``tail`` are the raw log messages after ``state.covered_until`` and ``pinned`` the log
     messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
+    With ``auto_recall`` the room left (at most its share of the budget) holds archived
+    passages near the intent (``ctxcore.recall.auto``), unless the fallback applied.
     """
     counter = tolerant(counter)  # a counter that raises must not stop the window being served
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
@@ -109,10 +117,15 @@ def assemble_window(
         )
 
     messages = current.messages()
+    context = current.context_messages()
+    recalled: RecallStats | None = None
+    if auto_recall is not None and not fallback:
+        messages, context, recalled = _with_recall(
+            auto_recall, current, messages, context, by_id, budget_tokens, counter
+        )
     problems = check_window(messages)
     if problems:  # e.g. a state saved by an older version: never serve that
         raise InvalidWindowError(problems, state.version)
-    context = current.context_messages()
     stats = compute_stats(list(system_messages), context, list(tools), counter, detector)
     return WindowResult(
         messages=messages,
@@ -121,6 +134,37 @@ def assemble_window(
         fallback_applied=fallback,
         elided_ranges=elided,
         raw_tokens=raw_tokens,
+        tools=[dict(t) for t in tools],
+        recall=recalled,
+    )
+
+
+def _with_recall(
+    auto: AutoRecall,
+    current: View,
+    messages: list[AnyMessage],
+    context: list[AnyMessage],
+    by_id: Mapping[str, AnyMessage],
+    budget: int,
+    counter: TokenCounter,
+) -> tuple[list[AnyMessage], list[AnyMessage], RecallStats]:
+    """The window with the recalled-context message between the blocks and the tail."""
+    room = min(
+        budget - counter.count_messages(messages) - counter.count_tools(list(current.tools)),
+        int(budget * auto.max_ratio),
+    )
+    intent_id = current.anchor_ids()[1]
+    query = recall_query(by_id.get(intent_id) if intent_id else None, current.tail, counter)
+    held = frozenset(m.context_message_id for m in context if m.context_message_id)
+    message, stats = recalled_message(auto, query, room, held, counter)
+    if message is None:
+        return messages, context, stats
+    at = len(context) - len(current.tail)
+    shift = len(messages) - len(context)  # the system messages before the context
+    return (
+        [*messages[: shift + at], message, *messages[shift + at :]],
+        [*context[:at], message, *context[at:]],
+        stats,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ctxcore.errors import ConfigError
+from ctxcore.recall.index import require_fts5
 from ctxcore.state.keys import validate_id
 from ctxcore.turns import HARNESS_USER_PATTERNS, UserDetector, compile_patterns
 
@@ -167,11 +168,42 @@ class HttpSettings(BaseModel):
         return value
 
 
+class RecallSettings(BaseModel):
+    """Compression recall: archive what compaction folds, search it, spend headroom on it."""
+
+    model_config = _STRICT
+    enabled: bool = False
+    # Auto-recall: windows spend leftover room on the archived passages closest to the intent.
+    auto: bool = False
+    chunk_size_tokens: int = Field(default=3000, gt=0)
+    chunk_overlap_tokens: int = Field(default=300, ge=0)
+    auto_passage_tokens: int = Field(default=256, gt=0)
+    auto_max_ratio: float = Field(default=0.25, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.chunk_overlap_tokens >= self.chunk_size_tokens:
+            raise ValueError(
+                f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be below chunk_size_tokens "
+                f"({self.chunk_size_tokens})"
+            )
+        if self.auto and not self.enabled:
+            raise ValueError("auto needs enabled: set recall.enabled = true as well")
+        if self.enabled:
+            try:
+                require_fts5("recall.enabled")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+
 class TenantSettings(BaseModel):
     """Per-tenant overrides."""
 
     model_config = _STRICT
     model: ModelSettings | None = None
+    # Replaces the global recall section whole for this tenant's conversations.
+    recall: RecallSettings | None = None
     default_budget: int | None = Field(default=None, gt=0)
     requests_per_second: float | None = Field(default=None, gt=0)
     max_conversations: int | None = Field(default=None, gt=0)
@@ -222,6 +254,7 @@ class Settings(BaseModel):
     http: HttpSettings = Field(default_factory=HttpSettings)
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    recall: RecallSettings = Field(default_factory=RecallSettings)
 
     @field_validator("tenants")
     @classmethod
@@ -233,6 +266,10 @@ class Settings(BaseModel):
     def tenant(self, tenant_id: str) -> TenantSettings:
         """Overrides of one tenant (empty when none are configured)."""
         return self.tenants.get(tenant_id) or TenantSettings()
+
+    def recall_for_tenant(self, tenant_id: str) -> RecallSettings:
+        """A tenant's recall settings (its own section, else the global one)."""
+        return self.tenant(tenant_id).recall or self.recall
 
     def model_for_tenant(self, tenant_id: str) -> ModelSettings:
         """The model a tenant's conversations are summarised with."""

@@ -25,7 +25,11 @@ from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
 from ctxcore.pipeline.stages import Summarizer
 from ctxcore.pipeline.targets import build_targets, eligible_raw, message_tokens
-from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore
+from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
+from ctxcore.recall.index import RecallIndex
+from ctxcore.recall.marking import is_verbatim, mark_archived
+from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore, SummaryBlock
+from ctxcore.state.archive import ArchiveWrite
 from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.strategies import model as model_strategy
 from ctxcore.tokens import TokenCounter
@@ -100,6 +104,7 @@ class Coordinator:
         keep_recent_messages: int = 4,
         detector: UserDetector | None = None,
         max_result_ratio: float | None = None,
+        recall_for: Callable[[ConversationKey], ChunkingConfig | None] | None = None,
     ) -> None:
         if not 0 < target_ratio <= trigger_ratio <= 1:
             raise ValueError(
@@ -119,6 +124,8 @@ class Coordinator:
         # The served window's per-result cap (the default chain's ToolResultCap), as a share
         # of the budget; compaction does not make room for what the cap cuts anyway.
         self.max_result_ratio = max_result_ratio
+        # Recall on for a conversation: what each stage folds is archived with its state.
+        self.recall_for = recall_for
 
     # --- reading ----------------------------------------------------------------------
 
@@ -285,7 +292,8 @@ class Coordinator:
         )
         if not result.changed:
             return out
-        new_view = view.with_blocks(result.blocks, result.covered_until, version=state.version + 1)
+        blocks, archive = self._archive(key, view, state, result)
+        new_view = view.with_blocks(blocks, result.covered_until, version=state.version + 1)
         violations = view_violations(new_view)
         if violations:
             error = rejected_view_error(view, stage.kind, key, violations)
@@ -293,15 +301,47 @@ class Coordinator:
             out.detail = f"{len(violations)} protocol violation(s); first: {violations[0].rule}"
             return out
         new_state = CompressionState(
-            blocks=result.blocks, covered_until=result.covered_until, pinned=result.pinned
+            blocks=blocks,
+            covered_until=result.covered_until,
+            pinned=result.pinned,
+            archive_version=archive.version if archive is not None else state.archive_version,
         )
-        if not self.state_store.save(key, new_state, expected_version=state.version):
+        # A failed archive write fails the save (StoreError propagates): the state stays.
+        if not self.state_store.save(key, new_state, expected_version=state.version, archive=archive):
             out.outcome, out.state, out.detail = "conflict", self.load(key), "another writer saved first"
             return out
         saved = new_state.model_copy(update={"version": state.version + 1})
         out.view = new_view
         out.state, out.outcome, out.tokens_after = saved, "compressed", result.tokens_after
         return out
+
+    def _archive(
+        self, key: ConversationKey, view: View, state: CompressionState, result: StageResult
+    ) -> tuple[list[SummaryBlock], ArchiveWrite | None]:
+        """With recall on: archive what the stage folds (log messages the view held raw that
+        the new state covers) and mark each new block whose range is all archived."""
+        chunking = self.recall_for(key) if self.recall_for is not None else None
+        if chunking is None:
+            return list(result.blocks), None
+        kept = {*result.pinned}
+        held = {m.context_message_id: m for m in (*view.pinned, *view.tail)}
+        covered = result.covered_until or ""
+        folded = [m for i, m in held.items() if i is not None and i <= covered and i not in kept]
+        stored = self.state_store.load_archive(key)
+        index = RecallIndex.from_bytes(stored) if stored is not None else None
+        index, archive = archive_messages(index, folded, self.counter, chunking)
+        old = {b.block_id for b in view.blocks}
+        pinned = frozenset(result.pinned)
+        # A verbatim block is raw messages, not a summary: nothing of it was lost to mark.
+        blocks = [
+            mark_archived(b)
+            if b.block_id not in old
+            and not is_verbatim(b)
+            and fully_archived(index, b.first_id, b.last_id, pinned)
+            else b
+            for b in result.blocks
+        ]
+        return blocks, archive
 
     @staticmethod
     def _failed(

@@ -28,9 +28,9 @@ from ctxcore.assemble import fit_to_budget
 from ctxcore.counting import tolerant
 from ctxcore.engine_config import ContextEngineConfig, validate_config
 from ctxcore.engine_state import ContextSnapshot, dump_snapshot, load_snapshot, offload_handles
-from ctxcore.errors import BudgetExceeded, ConfigError, CtxcoreError, InvalidMessageError
+from ctxcore.errors import BudgetExceeded, ConfigError, CtxcoreError, InvalidMessageError, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage, messages_to_json
-from ctxcore.pipeline import View
+from ctxcore.pipeline import View, block_provenance
 from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
 from ctxcore.processors.events import (
     CompressionStateEvent,
@@ -39,16 +39,20 @@ from ctxcore.processors.events import (
     StateReporter,
     Subscriber,
 )
+from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME, reload_tool_definition
 from ctxcore.processors.rules import RuleEnv, id_ranges
 from ctxcore.processors.runner import CANCELLATION, OperationReporter
+from ctxcore.recall.archive import ChunkingConfig, RecallAnswer
+from ctxcore.recall.auto import recall_query
+from ctxcore.recall.embedded import ContextArchive
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.memory import MemoryOffloadStore
 from ctxcore.summarize.errors import is_context_overflow_error
 from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
-from ctxcore.turns import UserDetector
+from ctxcore.turns import UserDetector, anchors
 from ctxcore.window import (
     ContextStats,
     ContextWindow,
@@ -151,6 +155,22 @@ class ModelContext:
         self._ops = OperationReporter(
             self._states, tolerant(token_counter), self.context_max, context_id, detector
         )
+        recall_config = config.compression_recall_config
+        # What the compressors fold is archived here when recall is on (spec 2.2).
+        self.archive: ContextArchive | None = (
+            ContextArchive(
+                self.key,
+                tolerant(token_counter),
+                ChunkingConfig(
+                    recall_config.chunk_size_tokens,
+                    recall_config.chunk_overlap_tokens,
+                    recall_config.auto_passage_tokens,
+                ),
+                offload_store,
+            )
+            if recall_config.enabled
+            else None
+        )
 
     # --- ids and the log ---------------------------------------------------------------
 
@@ -234,6 +254,32 @@ class ModelContext:
     def statistic(self) -> ContextStats:
         """Counts and exact tokens of the view (provider usage is not used: counts are exact)."""
         return compute_stats([], self.get_messages(), [], self.token_counter, self.detector)
+
+    def recall(self, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS) -> RecallAnswer:
+        """Search what this context's compressors folded: at most two archived chunks within
+        ``max_tokens`` (a miss says so). The window's ``recall_compressed_context`` tool
+        calls this.
+
+        Raises:
+            RecallDisabled: ``compression_recall_config.enabled`` is off.
+            InvalidMessageError: an empty query or ``max_tokens`` below 1.
+        """
+        if self.archive is None:
+            raise RecallDisabled("compression_recall_config.enabled")
+        if not query.strip():
+            raise InvalidMessageError(-1, "query", "must name the words to look for")
+        if max_tokens <= 0:
+            raise InvalidMessageError(-1, "max_tokens", "must be a positive number of tokens")
+        return self.archive.recall(query, max_tokens)
+
+    def archive_folded(self, messages: Sequence[AnyMessage]) -> None:
+        """Archive what a compressor is about to fold (their originals as logged); a no-op
+        with recall off. Compressors call it after their benefit check."""
+        if self.archive is None:
+            return
+        with self._data_lock:
+            originals = [self._by_id[i] for m in messages if (i := m.context_message_id) in self._by_id]
+        self.archive.fold(originals)
 
     def reload(self, handle: str) -> list[AnyMessage]:
         """The original messages stored under an offload handle ([] if unknown).
@@ -387,15 +433,18 @@ class ModelContext:
                 system_messages=system, context_messages=context, tools=[dict(t) for t in tools or []]
             )
             # ctxcore's own tool goes in before the processors, so every budget counts it.
-            if self.config.enable_reload and not any(
-                t.get("function", {}).get("name") == RELOAD_TOOL_NAME for t in window.tools
-            ):
+            names = {t.get("function", {}).get("name") for t in window.tools}
+            if self.config.enable_reload and RELOAD_TOOL_NAME not in names:
                 window.tools.append(reload_tool_definition())
+            if self.archive is not None and RECALL_TOOL_NAME not in names:
+                window.tools.append(recall_tool_definition())
             for name, processor in self.processors:
                 window = self._run_window(name, processor, window, kwargs)
             window.context_messages = served_context(window.context_messages, self.key)
             if any(p.guarantees_budget() for _, p in self.processors):
                 window.context_messages = self._fit(window)
+            if self.archive is not None and self.config.compression_recall_config.auto:
+                window.context_messages = self._with_recall(window)
             window.statistic = compute_stats(
                 window.system_messages,
                 window.context_messages,
@@ -470,6 +519,28 @@ class ModelContext:
             m.model_copy(update={"context_message_id": None}) if m.context_message_id in temporary else m
             for m in served
         ]
+
+    def _with_recall(self, window: ContextWindow) -> list[AnyMessage]:
+        """Auto-recall (served only): archived passages near the intent in the room left,
+        right after the last summary block; nothing when no block is in the window."""
+        context = window.context_messages
+        at = max((i + 1 for i, m in enumerate(context) if block_provenance(m) is not None), default=0)
+        if self.archive is None or at == 0:
+            return context
+        counter = self.token_counter
+        used = counter.count_messages([*window.system_messages, *context]) + counter.count_tools(window.tools)
+        found = anchors(context, self.detector)
+        intent = context[found.intent] if found.intent is not None else None
+        held = frozenset(m.context_message_id for m in context if m.context_message_id)
+        recall_config = self.config.compression_recall_config
+        message, _ = self.archive.recalled(
+            recall_query(intent, context[at:], counter),
+            self.context_max - used,
+            held,
+            recall_config.auto_max_ratio,
+            self.context_max,
+        )
+        return context if message is None else [*context[:at], message, *context[at:]]
 
     def _run_window(
         self, name: str, processor: ContextProcessor[Any], window: ContextWindow, extra: Mapping[str, Any]
@@ -588,6 +659,7 @@ class ModelContext:
                 last_window_access=self.last_window_access,
                 processors=[{"type": name, "state": p.save_state()} for name, p in self.processors],
                 usage_fresh_after=self.usage_fresh_after,
+                archive=self.archive.dump() if self.archive is not None else None,
             )
         for handle in offload_handles(view):
             found = self.offload_store.get(self.key, handle)
@@ -617,6 +689,8 @@ class ModelContext:
             self.usage_fresh_after = snapshot.usage_fresh_after
         for (_, processor), entry in zip(self.processors, snapshot.processors, strict=True):
             processor.load_state(entry.get("state", {}))
+        if self.archive is not None:
+            self.archive.load(snapshot.archive)
 
 
 class AsyncModelContext:
@@ -687,6 +761,10 @@ class AsyncModelContext:
     async def load_state(self, state: Mapping[str, Any]) -> None:
         """See ``ModelContext.load_state``."""
         await self._call(self.context.load_state, state)
+
+    async def recall(self, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS) -> RecallAnswer:
+        """See ``ModelContext.recall``."""
+        return await self._call(self.context.recall, query, max_tokens)
 
     async def reload(self, handle: str) -> list[AnyMessage]:
         """See ``ModelContext.reload``."""

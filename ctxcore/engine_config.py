@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from ctxcore.errors import ConfigError
+from ctxcore.recall.index import require_fts5
 from ctxcore.turns import HARNESS_USER_PATTERNS, compile_patterns
 
 __all__ = ["CompressionRecallConfig", "ContextEngineConfig", "StrictConfig", "validate_config"]
@@ -65,11 +66,19 @@ def validate_config(model: type[M], raw: M | Mapping[str, Any] | None, component
 
 
 class CompressionRecallConfig(StrictConfig):
-    """Chunking of archived originals for recall by LLM compressors (spec 2.2)."""
+    """Chunking of archived originals for recall by LLM compressors (spec 2.2).
+
+    With ``enabled`` what the compressors fold is archived in the context and searchable
+    (``ModelContext.recall``, the ``recall_compressed_context`` tool in every window).
+    """
 
     enabled: bool = False
     chunk_size_tokens: PositiveInt = 3000
     chunk_overlap_tokens: PositiveInt = 300
+    # ctxcore's own: windows spend leftover room on archived passages near the intent.
+    auto: bool = False
+    auto_passage_tokens: PositiveInt = 256
+    auto_max_ratio: float = Field(default=0.25, gt=0, le=1)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> CompressionRecallConfig:
@@ -78,6 +87,13 @@ class CompressionRecallConfig(StrictConfig):
                 f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be smaller than "
                 f"chunk_size_tokens ({self.chunk_size_tokens})"
             )
+        if self.auto and not self.enabled:
+            raise ValueError("auto needs enabled: set compression_recall_config.enabled too")
+        if self.enabled:
+            try:
+                require_fts5("compression_recall_config.enabled")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         return self
 
 

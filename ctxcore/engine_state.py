@@ -34,6 +34,8 @@ class ContextSnapshot:
     processors: list[dict[str, Any]] = field(default_factory=list)
     offloads: dict[str, list[AnyMessage]] = field(default_factory=dict)
     usage_fresh_after: str | None = None
+    # The recall archive's index (``ContextArchive.dump``), when recall is on.
+    archive: dict[str, Any] | None = None
 
 
 def _dump(messages: Sequence[AnyMessage]) -> list[Any]:
@@ -53,9 +55,7 @@ def offload_handles(messages: Sequence[AnyMessage]) -> list[str]:
     return list(found)
 
 
-def dump_snapshot(
-    snapshot: ContextSnapshot, context_id: str, session_id: str | None
-) -> dict[str, Any]:
+def dump_snapshot(snapshot: ContextSnapshot, context_id: str, session_id: str | None) -> dict[str, Any]:
     """The JSON-ready dict of ``snapshot`` (format ``STATE_FORMAT``)."""
     return {
         "format": STATE_FORMAT,
@@ -69,6 +69,7 @@ def dump_snapshot(
         "processors": snapshot.processors,
         "offloads": {handle: _dump(messages) for handle, messages in snapshot.offloads.items()},
         "usage_fresh_after": snapshot.usage_fresh_after,
+        "archive": snapshot.archive,
     }
 
 
@@ -98,4 +99,5 @@ def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> C
         processors=saved,
         offloads={str(handle): _load(messages) for handle, messages in offloads.items()},
         usage_fresh_after=state.get("usage_fresh_after"),
+        archive=state.get("archive"),
     )

@@ -119,3 +119,15 @@ class InvalidWindowError(CtxcoreError):
         more = f" (+{len(self.violations) - 3} more)" if len(self.violations) > 3 else ""
         where = where or f"window of state version {state_version}"
         super().__init__(f"the {where} breaks the chat protocol: {shown}{more}; {remedy}")
+
+
+class RecallDisabled(CtxcoreError):
+    """Recall was asked for while it is off for the conversation's tenant.
+
+    ``setting`` names what to turn on (``recall.enabled``, ``tenants.<id>.recall.enabled``
+    or ``compression_recall_config.enabled``).
+    """
+
+    def __init__(self, setting: str) -> None:
+        self.setting = setting
+        super().__init__(f"recall is off: set {setting} = true to archive compactions and search them")

@@ -26,7 +26,6 @@ __all__ = [
 INTERRUPTED_TOOL_RESULT = "[Tool execution interrupted]"
 
 
-
 @dataclass(frozen=True)
 class Violation:
     """One protocol rule a message list breaks, at ``index``."""

@@ -29,7 +29,14 @@ import tiktoken
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, AssistantMessage, ContentPart, content_text
 
-__all__ = ["UNKNOWN_MODELS", "EstimateCounter", "TiktokenCounter", "TokenCounter", "WarnOnce", "encoding_for_model"]
+__all__ = [
+    "UNKNOWN_MODELS",
+    "EstimateCounter",
+    "TiktokenCounter",
+    "TokenCounter",
+    "WarnOnce",
+    "encoding_for_model",
+]
 
 log = logging.getLogger(__name__)
 

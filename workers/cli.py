@@ -39,6 +39,7 @@ EVAL_POLICIES = (
     "dialogue",
     "round_level",
     "full",
+    "full+recall",
 )
 
 
@@ -84,6 +85,7 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         policies=[p.strip() for p in args.policy.split(",") if p.strip()],
         baseline=None if args.baseline == "none" else args.baseline,
         windows_out=args.windows_out,
+        recall=args.recall,
         budget=args.budget,
         budget_ratio=args.budget_ratio,
         limit=args.limit,
@@ -302,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--windows-out",
         metavar="FILE",
         help="write each conversation's final window per policy here, JSONL (default: not written)",
+    )
+    ev.add_argument(
+        "--recall",
+        choices=("off", "auto"),
+        default="off",
+        help="auto: every listed full also runs as full+recall (archive, recall tool, auto-recall)",
     )
     size = ev.add_mutually_exclusive_group(required=True)
     size.add_argument(

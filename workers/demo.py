@@ -169,14 +169,17 @@ def _run(
 
     configure(settings)
     started = time.monotonic()
-    with contextlib.ExitStack() as stack, start_worker(
-        app,
-        pool="threads",
-        concurrency=2,
-        perform_ping_check=False,
-        queues=queue_names(settings).consume_order(),
-        shutdown_timeout=30,
-    ) as worker:
+    with (
+        contextlib.ExitStack() as stack,
+        start_worker(
+            app,
+            pool="threads",
+            concurrency=2,
+            perform_ping_check=False,
+            queues=queue_names(settings).consume_order(),
+            shutdown_timeout=30,
+        ) as worker,
+    ):
         # Celery's test worker stops cold: a stage already running in the thread pool goes
         # on after the worker thread ended. Wait for it, so no task writes a key after the
         # demo deleted its own (or reads a conversation that is gone).

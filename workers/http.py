@@ -67,6 +67,7 @@ from ctxcore.messages import from_openai, message_text, to_openai
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock, validate_id
 from ctxcore.state.filesystem import validate_handle
 from workers.bodylimit import BodyLimitMiddleware
+from workers.http_recall import install_recall_route
 from workers.http_status import CompactionDetailOut, CompactionStatusOut, detail_out
 from workers.locks import LockBusy, conversation_lock
 from workers.ratelimit import RateLimiter
@@ -849,6 +850,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
             runtime.metrics.render(extra=extra), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    install_recall_route(app, api, Tenant, conv, _errors(401, 404, 409, 422, 429, 503))
     return app
 
 

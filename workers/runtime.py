@@ -16,6 +16,7 @@ from redis.retry import Retry
 
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
+from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import ModelClient
@@ -157,8 +158,20 @@ class Runtime:
             keep_recent_messages=self.settings.engine.keep_recent_messages,
             detector=self.detector,
             max_result_ratio=(
-                self.settings.engine.max_result_ratio if self.settings.engine.rule_chain == "default" else None
+                self.settings.engine.max_result_ratio
+                if self.settings.engine.rule_chain == "default"
+                else None
             ),
+            recall_for=self.chunking_for,
+        )
+
+    def chunking_for(self, key: ConversationKey) -> ChunkingConfig | None:
+        """How ``key``'s compactions archive for recall (None: recall off for its tenant)."""
+        recall = self.settings.recall_for_tenant(key.tenant_id)
+        if not recall.enabled:
+            return None
+        return ChunkingConfig(
+            recall.chunk_size_tokens, recall.chunk_overlap_tokens, recall.auto_passage_tokens
         )
 
     @cached_property

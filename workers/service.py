@@ -15,10 +15,15 @@ from typing import Any, Protocol
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
-from ctxcore.errors import InvalidMessageError
-from ctxcore.messages import AnyMessage, SystemMessage, message_text
+from ctxcore.errors import InvalidMessageError, RecallDisabled
+from ctxcore.markers import RECALLED_CONTEXT
+from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.protocol import drop_leading_tool_messages, interrupted_by_user
+from ctxcore.recall.archive import RecallAnswer, recall
+from ctxcore.recall.auto import AutoRecall
+from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
 from ctxcore.status import CompactionDetail, CompactionStatus
@@ -88,6 +93,7 @@ class ContextService:
         self.failures = failures
         self._chains: dict[int, list[Any]] = {}
         self._counters: dict[str, TokenCounter] = {}
+        self._indexes = IndexCache()
         self.last_latency_ms = 0.0
 
     # --- appends ----------------------------------------------------------------------
@@ -115,6 +121,14 @@ class ContextService:
                 )
             if len(message_text(message)) > limits.max_message_chars:
                 raise InvalidMessageError(i, "content", f"longer than {limits.max_message_chars} characters")
+            if isinstance(message, UserMessage) and message_text(message).lstrip().startswith(
+                RECALLED_CONTEXT
+            ):
+                # Auto-recall's message is served, never logged: logging it would archive
+                # the archive and pin it as history.
+                raise InvalidMessageError(
+                    i, "content", f"{RECALLED_CONTEXT} messages are ctxcore's own; do not send them back"
+                )
         state = self.state_store.load(key)
         tail = self._validation_tail(key, state.covered_until if state else None, expected_last_id)
         logged_ids = {t.message_id for t in tail if t.message_id}
@@ -195,6 +209,29 @@ class ContextService:
 
         return rules
 
+    def recall(
+        self, key: ConversationKey, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS
+    ) -> RecallAnswer:
+        """Search what compaction folded in ``key`` (at most two chunks within ``max_tokens``).
+
+        Raises ``RecallDisabled`` (naming the setting) when recall is off for the tenant and
+        ``InvalidMessageError`` for an empty query or a non-positive ``max_tokens``.
+        """
+        if not self.settings.recall_for_tenant(key.tenant_id).enabled:
+            scope = (
+                f"tenants.{key.tenant_id}.recall.enabled"
+                if key.tenant_id in self.settings.tenants
+                else "recall.enabled"
+            )
+            raise RecallDisabled(scope)
+        if not query.strip():
+            raise InvalidMessageError(-1, "query", "must name the words to look for")
+        if max_tokens <= 0:
+            raise InvalidMessageError(-1, "max_tokens", "must be a positive number of tokens")
+        state = self.state_store.load(key) or CompressionState()
+        index = self._indexes.get(key, state.archive_version, lambda: self.state_store.load_archive(key))
+        return recall(index, query, max_tokens, self.counter)
+
     def get_window(
         self,
         key: ConversationKey,
@@ -218,10 +255,20 @@ class ContextService:
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
         started = self._clock()
         counter = self._counter_for(model)
+        if self.settings.recall_for_tenant(key.tenant_id).enabled and not any(
+            t.get("function", {}).get("name") == RECALL_TOOL_NAME for t in tools
+        ):
+            # The agent can search what compaction folded; the tool is counted in the budget.
+            tools = [*tools, recall_tool_definition()]
         state = self.state_store.load(key) or CompressionState()
         self.state_store.set_budget(key, budget_tokens)
         pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
         tail = self.log.read_after(key, state.covered_until)
+        recall_settings = self.settings.recall_for_tenant(key.tenant_id)
+        auto: AutoRecall | None = None
+        if recall_settings.auto:
+            index = self._indexes.get(key, state.archive_version, lambda: self.state_store.load_archive(key))
+            auto = AutoRecall(index, recall_settings.auto_max_ratio) if index is not None else None
         result = assemble_window(
             state,
             tail,
@@ -232,6 +279,7 @@ class ContextService:
             counter,
             pinned=pinned,
             detector=self.detector,
+            auto_recall=auto,
         )
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
         detail = self.failures.detail(key) if self.failures is not None else CompactionDetail()

@@ -147,6 +147,14 @@ def aggregate(
             mine.add(a)
             base.add(b)
         out["control"] = control_figures(mine, base)
+    queries = sorted(ms for r in results for ms in r.recall_query_ms)
+    if queries:
+        out["recall"] = {
+            "windows": sum(r.recall_windows for r in results),
+            "passages": sum(r.recall_passages for r in results),
+            "tokens": sum(r.recall_tokens for r in results),
+            "query_p50_ms": round(statistics.median(queries), 3),
+        }
     probes = _probes(results)
     if probes:
         out["probes"] = probes

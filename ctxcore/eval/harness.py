@@ -93,6 +93,10 @@ class ConversationResult:
     probes_final: dict[str, float] = field(default_factory=dict)
     probes_windows: dict[str, float] = field(default_factory=dict)
     malformed_calls: int = 0
+    recall_windows: int = 0
+    recall_passages: int = 0
+    recall_tokens: int = 0
+    recall_query_ms: list[float] = field(default_factory=list)
     series: list[tuple[int, int]] = field(default_factory=list)
     final: FinalWindow = field(default_factory=FinalWindow)
 
@@ -143,6 +147,12 @@ class ConversationResult:
         }
         if self.qa is not None:
             out["qa"] = self.qa.rates()
+        if self.recall_query_ms:
+            out["recall"] = {
+                "windows": self.recall_windows,
+                "passages": self.recall_passages,
+                "tokens": self.recall_tokens,
+            }
         if self.probes_final or self.probes_windows:
             out["probes"] = {
                 name: {"final": round(self.probes_final[name], 4), "windows": self.probes_windows.get(name)}
@@ -243,6 +253,12 @@ def _replay_policy(
         result.peak_tokens = max(result.peak_tokens, tokens)
         result.final_tokens = tokens
         stages.update(served.stages)
+        if served.recall is not None:
+            result.recall_query_ms.append(served.recall.query_ms)
+            if served.recall.passages:
+                result.recall_windows += 1
+                result.recall_passages += served.recall.passages
+                result.recall_tokens += served.recall.tokens
         result.failures.extend(served.failures)
         result.stage_failures += len(served.failures)
         if probes is not None:

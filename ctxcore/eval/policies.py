@@ -40,7 +40,11 @@ from ctxcore.processors.chain import (
 )
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
+from ctxcore.processors.recall_tool import recall_tool_definition
 from ctxcore.processors.round_level import RoundLevelCompressor
+from ctxcore.recall.archive import ChunkingConfig
+from ctxcore.recall.auto import AutoRecall
+from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
 
@@ -183,6 +187,47 @@ class FullPolicy(Policy):
         return PolicyWindow(result.messages, list(s.tools), result.fallback_applied, stages, failures)
 
 
+class FullRecallPolicy(FullPolicy):
+    """``full`` with recall on: stages archive what they fold, windows carry the recall tool
+    and spend their leftover room on archived passages near the intent (auto-recall)."""
+
+    name = "full+recall"
+
+    def __init__(self, setup: PolicySetup) -> None:
+        super().__init__(setup)
+        self.coordinator.recall_for = lambda _key: ChunkingConfig()
+        self.indexes = IndexCache(size=4)
+
+    def window(self) -> PolicyWindow:
+        """``full``'s window with the recall tool counted and auto-recall applied."""
+        s = self.setup
+        tools: list[dict[str, Any]] = [*(dict(t) for t in s.tools), recall_tool_definition()]
+        self.states.set_budget(self.key, s.budget)
+        view = self.coordinator.view(self.key, system=list(s.system), tools=tools)
+        stages: list[str] = []
+        failures: list[str] = []
+        if view.tokens(s.counter) > int(s.budget * s.trigger_ratio):
+            stages, failures = self.compact()
+        state = self.states.load(self.key) or CompressionState()
+        index = self.indexes.get(self.key, state.archive_version, lambda: self.states.load_archive(self.key))
+        pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]
+        result = assemble_window(
+            state,
+            self.log.read_after(self.key, state.covered_until),
+            s.budget,
+            list(s.system),
+            tools,
+            self.rules,
+            s.counter,
+            pinned=pinned,
+            detector=s.detector,
+            auto_recall=AutoRecall(index) if index is not None else None,
+        )
+        return PolicyWindow(
+            result.messages, list(tools), result.fallback_applied, stages, failures, recall=result.recall
+        )
+
+
 class EnginePolicy(Policy):
     """One embedded LLM compressor in a ``ContextEngine`` context (no rule chain)."""
 
@@ -261,6 +306,7 @@ POLICIES: dict[str, type[Policy]] = {
         DialoguePolicy,
         RoundLevelPolicy,
         FullPolicy,
+        FullRecallPolicy,
     )
 }
 

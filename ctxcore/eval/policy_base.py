@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.recall.auto import RecallStats
 from ctxcore.state import ConversationKey
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract
 from ctxcore.tokens import TokenCounter
@@ -86,6 +87,8 @@ class PolicyWindow:
     fallback: bool = False
     stages: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    # What auto-recall added to this window (policies with recall only).
+    recall: RecallStats | None = None
 
 
 class Policy(ABC):

@@ -87,6 +87,12 @@ def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
         cols.update(_qa_columns(overall))
     if overall.get("probes"):
         cols.update(_probe_columns(overall["probes"], windows=True))
+    recall = overall.get("recall")
+    if recall:
+        cols["recall_w"] = _fmt(recall.get("windows"))
+        cols["passages"] = _fmt(recall.get("passages"))
+        cols["recall_tok"] = _fmt(recall.get("tokens"))
+        cols["q_p50_ms"] = _fmt(recall.get("query_p50_ms"), 2)
     wl = overall.get("vs_baseline")
     cols["W/L/T"] = f"{wl['win']}/{wl['loss']}/{wl['tie']}" if wl else "-"
     cols["calls"] = _fmt(overall.get("summariser_calls"))

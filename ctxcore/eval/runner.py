@@ -68,6 +68,8 @@ class EvalConfig:
     counter: TokenCounter | None = None
     detector: UserDetector | None = None
     windows_out: str | Path | None = None
+    # "auto": every listed ``full`` also runs as ``full+recall`` (archives and auto-recall).
+    recall: str = "off"
     run_policies: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +83,13 @@ class EvalConfig:
             raise ConfigError(f"step_stride must be >= 1, got {self.step_stride}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {self.limit}")
+        if self.recall not in ("off", "auto"):
+            raise ConfigError(f"recall must be off or auto, got {self.recall!r}")
         names = list(self.policies)
+        if self.recall == "auto":
+            at = names.index("full") + 1 if "full" in names else len(names)
+            if "full+recall" not in names:
+                names.insert(at, "full+recall")
         if not names:
             raise ConfigError(f"name at least one policy; choices: {', '.join(POLICIES)}")
         for name in [*names, *([self.baseline] if self.baseline else [])]:

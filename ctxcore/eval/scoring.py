@@ -6,7 +6,8 @@ QA (LoCoMo-style ``qa``): the gold answer and the window text are normalised the
 (NFKC, case-folded, runs of anything but letters and digits become one space). The
 *substring hit* asks for the whole normalised answer between word boundaries; *answer
 recall* is the share of the answer's distinct content words (stopwords removed, all words
-when nothing else is left) found among the window's words. A question is *compacted* when
+when nothing else is left) found among the window's words; a date answer recalls only as
+one whole date (its day, month and year together in one date of the window: ``dates``). A question is *compacted* when
 none of its evidence messages is verbatim (as a message of the same text) in the final
 window of ``full`` at the same budget: one fixed set of questions for every policy of a run,
 so policies are compared on the same questions.
@@ -20,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ctxcore.eval.data import QAItem
+from ctxcore.eval.dates import DateParts, dates_in, whole_date_match
 from ctxcore.messages import AnyMessage, AssistantMessage, message_text
 from ctxcore.turns import UserDetector, anchors
 from ctxcore.window import check_window
@@ -159,9 +161,12 @@ class _WindowIndex:
     """A window's normalised text and word set, built once for many questions."""
 
     def __init__(self, messages: Sequence[AnyMessage]) -> None:
-        words = normalise_words(window_text(messages))
+        text = window_text(messages)
+        words = normalise_words(text)
         self.padded = f" {' '.join(words)} "
         self.words = frozenset(words)
+        self._text = text
+        self._dates: set[DateParts] | None = None
 
     def score(self, answer: str) -> tuple[bool, float]:
         norm = normalise(answer)
@@ -169,6 +174,12 @@ class _WindowIndex:
         if not norm or not wanted:
             return False, 0.0
         hit = f" {norm} " in self.padded
+        answer_dates = dates_in(answer)
+        if answer_dates:
+            # A date answer recalls only as a whole date (see ``ctxcore.eval.dates``).
+            if self._dates is None:
+                self._dates = dates_in(self._text)
+            return hit, float(whole_date_match(answer_dates, self._dates))
         return hit, len(wanted & self.words) / len(wanted)
 
 

@@ -15,6 +15,7 @@ re-injection.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import Field, model_validator
@@ -26,6 +27,7 @@ from ctxcore.processors.base import ContextProcessor, ProcessorConfig, register_
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
 from ctxcore.processors.usage_trigger import window_trigger_tokens
+from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.window import ContextWindow
 
@@ -148,9 +150,20 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
             if run.errors:
                 raise run.errors[0][1]  # surfaced as the processor's failed event
             return None, messages
-        new = run.view.context_messages()
         before_ids = {b.block_id for b in view.blocks}
         fresh = [b for b in run.view.blocks if b.block_id not in before_ids]
+        if ctx.archive is not None:
+            # Archived after the benefit check, before the messages change (spec 4.1 step 5).
+            kept = {m.context_message_id for m in (*run.view.pinned, *run.view.tail)}
+            ctx.archive_folded([m for m in (*view.pinned, *view.tail) if m.context_message_id not in kept])
+            pinned = frozenset(str(m.context_message_id) for m in run.view.pinned)
+            marked = {
+                b.block_id: mark_archived(b)
+                for b in fresh
+                if not is_verbatim(b) and ctx.archive.covers(b.first_id, b.last_id, pinned)
+            }
+            run.view = replace(run.view, blocks=tuple(marked.get(b.block_id, b) for b in run.view.blocks))
+        new = run.view.context_messages()
         summary = "\n\n".join(
             message_text(m)
             for b in run.view.blocks

@@ -22,6 +22,7 @@ from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ModelClientSpec, client_name, resolve_client, usage_dict
 from ctxcore.processors.reinjection import build_recovered_context
 from ctxcore.processors.usage_trigger import window_trigger_tokens
+from ctxcore.recall.marking import mark_snapshot
 from ctxcore.summarize.dump import CompressionDump
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
@@ -230,6 +231,16 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
         new.extend(tail)
         if counter.count_messages(new) >= counter.count_messages(original):
             return original, None  # no benefit: keep the context as it was
+        if ctx.archive is not None:
+            # Archived after the benefit check, before the messages change (spec 4.1 step 5);
+            # the marker goes after </summary> once the range is archived (spec 6).
+            ctx.archive_folded(target)
+            if ctx.archive.covers(first, last):
+                marked = memory.model_copy(
+                    update={"content": mark_snapshot(str(memory.content), first, last)}
+                )
+                new = [marked if m is memory else m for m in new]
+                memory = marked
         event = ContextEvent(
             event_type=self.processor_type(),
             messages_to_modify=list(range(len(original))),

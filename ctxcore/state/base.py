@@ -7,6 +7,7 @@ from typing import Protocol, runtime_checkable
 
 from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError
 from ctxcore.messages import AnyMessage, messages_from_json
+from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 
@@ -44,9 +45,27 @@ class StateStore(Protocol):
         """The current state, or None if nothing was saved."""
         ...
 
-    def save(self, key: ConversationKey, state: CompressionState, expected_version: int) -> bool:
+    def save(
+        self,
+        key: ConversationKey,
+        state: CompressionState,
+        expected_version: int,
+        archive: ArchiveWrite | None = None,
+    ) -> bool:
         """Store ``state`` as version ``expected_version + 1`` iff the current version is
-        ``expected_version`` (0 = none yet). False when another writer saved first."""
+        ``expected_version`` (0 = none yet). False when another writer saved first.
+
+        With ``archive``, its chunks and index are written in the same atomic step: a lost
+        race writes neither, a failed write fails the save.
+        """
+        ...
+
+    def load_archive(self, key: ConversationKey) -> bytes | None:
+        """The conversation's recall index as stored (``RecallIndex.to_bytes``), or None."""
+        ...
+
+    def archive_chunks(self, key: ConversationKey) -> list[ArchiveChunk]:
+        """Every archived chunk of the conversation, in log order."""
         ...
 
     def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
@@ -58,7 +77,7 @@ class StateStore(Protocol):
         ...
 
     def delete(self, key: ConversationKey) -> None:
-        """Remove the state, its history and its budget."""
+        """Remove the state, its history, its budget and its recall archive."""
         ...
 
     def get_budget(self, key: ConversationKey) -> int | None:

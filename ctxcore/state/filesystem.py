@@ -78,6 +78,48 @@ class FilesystemOffloadStore:
             raise StoreUnavailable(f"cannot read offload file {path}: {exc}") from exc
         return messages_from_json(json.dumps(data["messages"]))
 
+    def archive_path(self, key: ConversationKey) -> Path:
+        """Where the conversation's recall index is kept (``archive.sqlite`` in its folder)."""
+        return self._dir(key) / "archive.sqlite"
+
+    def _checked(self, path: Path) -> Path:
+        # Ids are validated, but a symlink planted under the root could still lead outside.
+        for part in (path, *path.parents):
+            if part == self.root:
+                break
+            if part.is_symlink():
+                raise InvalidKeyError(f"refusing {path}: {part} is a symbolic link")
+        if not path.resolve().is_relative_to(self.root):
+            raise InvalidKeyError(f"refusing {path}: it resolves outside {self.root}")
+        return path
+
+    def put_archive(self, key: ConversationKey, data: bytes) -> None:
+        """Replace the conversation's recall index (atomic: temp file + rename, mode 0600)."""
+        path = self._checked(self.archive_path(key))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._checked(path.parent)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".sqlite")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot write archive file {path}: {exc}") from exc
+
+    def get_archive(self, key: ConversationKey) -> bytes | None:
+        """The conversation's recall index, or None."""
+        path = self._checked(self.archive_path(key))
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read archive file {path}: {exc}") from exc
+
     def delete(self, key: ConversationKey) -> None:
         """Remove the conversation's folder."""
         shutil.rmtree(self._dir(key), ignore_errors=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ctxcore.messages import AnyMessage
+from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
     HISTORY_LIMIT,
     append_conflict,
@@ -40,6 +41,9 @@ class MemoryStateStore:
         # Per conversation: the kept versions' JSON, newest first (the head is the current state).
         self._history: dict[ConversationKey, deque[tuple[int, str]]] = {}
         self._budgets: dict[ConversationKey, int] = {}
+        # Per conversation: chunk id -> chunk JSON, and the index bytes.
+        self._chunks: dict[ConversationKey, dict[str, str]] = {}
+        self._indexes: dict[ConversationKey, bytes] = {}
         self._lock = threading.Lock()
 
     def load(self, key: ConversationKey) -> CompressionState | None:
@@ -49,8 +53,15 @@ class MemoryStateStore:
             data = kept[0][1] if kept else None
         return CompressionState.model_validate_json(data) if data is not None else None
 
-    def save(self, key: ConversationKey, state: CompressionState, expected_version: int) -> bool:
-        """Store ``state`` as version ``expected_version + 1`` iff the current version is ``expected_version``."""
+    def save(
+        self,
+        key: ConversationKey,
+        state: CompressionState,
+        expected_version: int,
+        archive: ArchiveWrite | None = None,
+    ) -> bool:
+        """Store ``state`` as version ``expected_version + 1`` iff the current version is
+        ``expected_version``; ``archive`` is written under the same lock."""
         data = encode_state(state, expected_version + 1)
         with self._lock:
             kept = self._history.get(key)
@@ -60,7 +71,23 @@ class MemoryStateStore:
             if kept is None:
                 kept = self._history[key] = deque(maxlen=HISTORY_LIMIT)
             kept.appendleft((expected_version + 1, data))
+            if archive is not None:
+                chunks = self._chunks.setdefault(key, {})
+                for chunk in archive.chunks:
+                    chunks.setdefault(chunk.chunk_id, encode_chunk(chunk))
+                self._indexes[key] = archive.index
             return True
+
+    def load_archive(self, key: ConversationKey) -> bytes | None:
+        """The stored recall index, or None."""
+        with self._lock:
+            return self._indexes.get(key)
+
+    def archive_chunks(self, key: ConversationKey) -> list[ArchiveChunk]:
+        """Every archived chunk, in log order."""
+        with self._lock:
+            stored = dict(self._chunks.get(key, {}))
+        return [decode_chunk(stored[i]) for i in sorted(stored)]
 
     def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
         """The kept versions, newest first."""
@@ -73,10 +100,12 @@ class MemoryStateStore:
         return rollback_by_save(self, key, to_version, expected_version)
 
     def delete(self, key: ConversationKey) -> None:
-        """Forget the state, its history and its budget."""
+        """Forget the state, its history, its budget and its archive."""
         with self._lock:
             self._history.pop(key, None)
             self._budgets.pop(key, None)
+            self._chunks.pop(key, None)
+            self._indexes.pop(key, None)
 
     def get_budget(self, key: ConversationKey) -> int | None:
         """The budget last recorded for ``key``."""

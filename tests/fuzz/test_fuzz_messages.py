@@ -27,7 +27,7 @@ from ctxcore.config import Settings
 from ctxcore.coordinator import Coordinator
 from ctxcore.engine import ContextEngine
 from ctxcore.errors import BudgetExceeded, InvalidMessageError
-from ctxcore.markers import INTERNAL_USER_PREFIXES, OFFLOAD_PREFIX, TRUNCATED
+from ctxcore.markers import INTERNAL_USER_PREFIXES, OFFLOAD_PREFIX, RECALLED_CONTEXT, TRUNCATED
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -52,9 +52,10 @@ KEY = ConversationKey("fuzz", "conv")
 # --- raw content ------------------------------------------------------------------------
 
 _unicode = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
-_markers = st.sampled_from(
-    [*INTERNAL_USER_PREFIXES, OFFLOAD_PREFIX, TRUNCATED, "<state_snapshot>", "</summary>"]
-)
+# Recalled context is the one internal prefix an append refuses (ctxcore adds it to windows
+# and never logs it): these sequences must all be accepted, so it is left out.
+_LOGGABLE_PREFIXES = [p for p in INTERNAL_USER_PREFIXES if p != RECALLED_CONTEXT]
+_markers = st.sampled_from([*_LOGGABLE_PREFIXES, OFFLOAD_PREFIX, TRUNCATED, "<state_snapshot>", "</summary>"])
 _DATA_URL = "data:image/png;base64," + "iVBORw0KGgo" * 40
 
 
@@ -120,7 +121,7 @@ def valid_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
             out.append(
                 {
                     "role": "user",
-                    "content": f"{draw(st.sampled_from(INTERNAL_USER_PREFIXES))} {draw(_text())}",
+                    "content": f"{draw(st.sampled_from(_LOGGABLE_PREFIXES))} {draw(_text())}",
                 }
             )
         for _ in range(draw(st.integers(0, 3))):

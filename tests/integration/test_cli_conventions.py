@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ctxcore.config import ModelSettings, Settings, TenantSettings
+from ctxcore.config import ModelSettings, RecallSettings, Settings, TenantSettings
 from tests.datasets import require_data
 from workers import cli
 from workers.cli import build_parser, main
@@ -73,7 +73,9 @@ def _leaf_names() -> set[str]:
         return out
 
     top = walk(Settings().model_dump(exclude={"tenants"}), "CTXCORE")
-    tenant = walk(TenantSettings(model=ModelSettings()).model_dump(), "CTXCORE_TENANTS__<ID>")
+    tenant = walk(
+        TenantSettings(model=ModelSettings(), recall=RecallSettings()).model_dump(), "CTXCORE_TENANTS__<ID>"
+    )
     return {n.replace("CTXCORE__", "CTXCORE_", 1) for n in top} | tenant
 
 

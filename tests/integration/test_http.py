@@ -428,7 +428,9 @@ def test_rate_limit_is_per_tenant_with_retry_after(make_api: Callable[..., Api])
 
 
 def test_window_on_a_tau_bench_conversation_fits_the_budget(api: Api) -> None:
-    record = max(conversations("tau_bench.jsonl"), key=lambda c: len(c["messages"]))  # 48 messages, 6.4K tokens
+    record = max(
+        conversations("tau_bench.jsonl"), key=lambda c: len(c["messages"])
+    )  # 48 messages, 6.4K tokens
     system = [m for m in record["messages"] if m["role"] == "system"]
     rest = [m for m in record["messages"] if m["role"] != "system"]
     appended = api.append("tau", rest)

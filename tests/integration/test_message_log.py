@@ -253,7 +253,7 @@ def test_one_expected_last_id_lets_exactly_one_of_16_writers_in(
     assert not errors, errors[0]
     # Then exactly one appended, the 15 others got a conflict naming where the log ends
     assert len(won) == 1 and len(lost) == writers - 1
-    (winner, ids), = won.items()
+    ((winner, ids),) = won.items()
     assert ids == ["000000000002", "000000000003"]
     assert {exc.last_id for exc in lost.values()} == {"000000000003"}
     assert all(exc.expected_last_id == first for exc in lost.values())

@@ -292,7 +292,18 @@ def test_every_policy_replays_without_violations(policy: str) -> None:
 
 def test_policy_names_are_the_public_ones(tmp_path: Path) -> None:
     assert sorted(POLICIES) == sorted(
-        ["truncate", "steps", "mask", "lossless", "rules", "current_round", "dialogue", "round_level", "full"]
+        [
+            "truncate",
+            "steps",
+            "mask",
+            "lossless",
+            "rules",
+            "current_round",
+            "dialogue",
+            "round_level",
+            "full",
+            "full+recall",
+        ]
     )
     assert sorted(POLICIES) == sorted(EVAL_POLICIES)  # the CLI's choices, kept without the import
     setup, _ = setup_for(chat_record(1), 500)
