@@ -34,6 +34,9 @@ class ContextSnapshot:
     processors: list[dict[str, Any]] = field(default_factory=list)
     offloads: dict[str, list[AnyMessage]] = field(default_factory=dict)
     usage_fresh_after: str | None = None
+    # The highest log id ever assigned (ids are never reused after ``truncate_after``);
+    # snapshots without it take the newest raw message's.
+    log_seq: int = 0
 
 
 def _dump(messages: Sequence[AnyMessage]) -> list[Any]:
@@ -53,9 +56,7 @@ def offload_handles(messages: Sequence[AnyMessage]) -> list[str]:
     return list(found)
 
 
-def dump_snapshot(
-    snapshot: ContextSnapshot, context_id: str, session_id: str | None
-) -> dict[str, Any]:
+def dump_snapshot(snapshot: ContextSnapshot, context_id: str, session_id: str | None) -> dict[str, Any]:
     """The JSON-ready dict of ``snapshot`` (format ``STATE_FORMAT``)."""
     return {
         "format": STATE_FORMAT,
@@ -69,6 +70,7 @@ def dump_snapshot(
         "processors": snapshot.processors,
         "offloads": {handle: _dump(messages) for handle, messages in snapshot.offloads.items()},
         "usage_fresh_after": snapshot.usage_fresh_after,
+        "log_seq": snapshot.log_seq,
     }
 
 
@@ -89,8 +91,12 @@ def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> C
             f"this context has {list(processor_names)})"
         )
     offloads: Mapping[str, Any] = (state.get("offloads") or {}) if version >= 2 else {}
+    raw = _load(state["raw"])
+    newest = max(
+        (int(str(m.context_message_id)) for m in raw if str(m.context_message_id).isdigit()), default=0
+    )
     return ContextSnapshot(
-        raw=_load(state["raw"]),
+        raw=raw,
         view=_load(state["view"]),
         derived=list(state.get("derived", [])),
         derived_seq=int(state.get("derived_seq", 0)),
@@ -98,4 +104,5 @@ def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> C
         processors=saved,
         offloads={str(handle): _load(messages) for handle, messages in offloads.items()},
         usage_fresh_after=state.get("usage_fresh_after"),
+        log_seq=max(int(state.get("log_seq") or 0), newest),
     )
