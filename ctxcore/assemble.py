@@ -55,6 +55,8 @@ class WindowResult:
     fallback_applied: bool = False
     elided_ranges: list[tuple[str, str]] = field(default_factory=list)
     raw_tokens: int = 0
+    # Exactly the tools the budget counted: to be sent with ``messages``.
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 def elided_marker(first_id: str, last_id: str, count: int) -> UserMessage:
@@ -121,6 +123,7 @@ def assemble_window(
         fallback_applied=fallback,
         elided_ranges=elided,
         raw_tokens=raw_tokens,
+        tools=[dict(t) for t in tools],
     )
 
 

@@ -10,8 +10,12 @@ token's sha256 in ``http.tokens``):
 - ``POST   /v1/conversations/{id}/messages``       append (idempotent by ``message_id``;
   ``If-Match: <last log id>`` -> 409 when the log ends elsewhere); 201, or 200 when every
   message was already logged
-- ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``, with
-  ``compaction`` (``idle|queued|running|failing``) and ``compaction_detail``
+- ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``, its
+  ``tools``, ``compaction`` (``idle|queued|running|failing``) and ``compaction_detail``;
+  ``?format=openai`` serves OpenAI keys only
+- ``GET    /v1/conversations/{id}/messages``       the raw log, paged (``after``, ``limit``)
+- ``DELETE /v1/conversations/{id}/messages?after=`` remove the messages after a log id (409
+  ``truncate_refused`` when a compaction covers one, the lock is busy or ``If-Match`` moved)
 - ``POST   /v1/conversations/{id}/compact``        ask for background compaction; 202 (a
   ``failing`` conversation is not queued again until its failure backoff passes)
 - ``GET    /v1/conversations/{id}/state``          blocks with provenance (``?history=1``)
@@ -57,6 +61,7 @@ from ctxcore.client.models import (
     StateResponse,
     StateSnapshot,
     UsageResponse,
+    WindowFormat,
     WindowRequest,
     WindowResponse,
     WindowStats,
@@ -71,7 +76,7 @@ from ctxcore.messages import from_openai, message_text, to_openai
 from ctxcore.state import CompressionState, SummaryBlock, validate_id
 from ctxcore.state.filesystem import validate_handle
 from workers.bodylimit import BodyLimitMiddleware
-from workers.http_api import ApiState, tenant_dependency
+from workers.http_api import ApiState, parse_if_match, tenant_dependency
 from workers.http_errors import (
     ApiError,
     error_responses,
@@ -79,6 +84,7 @@ from workers.http_errors import (
     invalid_message_error,
     not_found,
 )
+from workers.http_log import log_router
 from workers.http_status import detail_out
 from workers.locks import LockBusy, conversation_lock
 from workers.runtime import Runtime
@@ -94,17 +100,6 @@ ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of lett
 DELETE_LOCK_WAIT_SECONDS = 5.0
 
 # --- the application ---------------------------------------------------------------------
-
-
-def _parse_if_match(value: str | None) -> str | None:
-    """The log id in an ``If-Match`` header: a bare id or an entity tag (``"id"``, ``W/"id"``)."""
-    if value is None:
-        return None
-    text = value.strip()
-    text = text.removeprefix("W/")
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1]
-    return text
 
 
 def _block(block: SummaryBlock) -> BlockOut:
@@ -157,6 +152,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
 
     Tenant = Annotated[str, Depends(tenant_dependency(api))]
     conv = "/v1/conversations/{conversation_id}"
+    app.include_router(log_router(api, Tenant))
 
     @app.post(
         f"{conv}/messages",
@@ -187,7 +183,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
             messages = from_openai(body.messages)
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "messages") from None
-        expected = _parse_if_match(if_match)
+        expected = parse_if_match(if_match)
         previous = runtime.log.last_id(key)
         if expected == "*":
             # RFC 9110: "*" matches any current representation, i.e. the conversation exists.
@@ -223,8 +219,17 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         responses=error_responses(401, 404, 409, 413, 422, 429, 503),
         tags=["conversations"],
     )
-    def get_window(conversation_id: ConversationId, body: WindowRequest, tenant: Tenant) -> WindowResponse:
-        """The window to send to the model: system messages first, within ``budget_tokens``.
+    def get_window(
+        conversation_id: ConversationId,
+        body: WindowRequest,
+        tenant: Tenant,
+        format: Annotated[
+            WindowFormat,
+            Query(description="openai: messages with OpenAI keys only (ready to send); ctxcore: with log ids"),
+        ] = "ctxcore",
+    ) -> WindowResponse:
+        """The window to send to the model: system messages first, within ``budget_tokens``,
+        and ``tools``, exactly the tools the budget counted.
 
         Never calls a model; asks for background compaction when the conversation is over
         its trigger. 422 ``budget_exceeded`` when system + tools + anchors alone do not fit;
@@ -245,7 +250,8 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         if result.fallback_applied:
             runtime.metrics.inc("ctxcore_fallback_windows_total")
         return WindowResponse(
-            messages=to_openai(result.messages, include_extra=True),
+            messages=to_openai(result.messages, include_extra=format == "ctxcore"),
+            tools=result.tools,
             stats=WindowStats(**result.stats.as_dict()),
             state_version=result.state_version,
             compaction=result.compaction,

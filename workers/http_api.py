@@ -17,7 +17,7 @@ from workers.ratelimit import RateLimiter
 from workers.runtime import Runtime, build_service
 from workers.service import CompactionQueue, ContextService
 
-__all__ = ["ApiState", "tenant_dependency"]
+__all__ = ["ApiState", "parse_if_match", "tenant_dependency"]
 
 
 class ApiState:
@@ -139,3 +139,14 @@ def tenant_dependency(api: ApiState) -> Callable[..., str]:
         return tenant
 
     return current_tenant
+
+
+def parse_if_match(value: str | None) -> str | None:
+    """The log id in an ``If-Match`` header: a bare id or an entity tag (``"id"``, ``W/"id"``)."""
+    if value is None:
+        return None
+    text = value.strip()
+    text = text.removeprefix("W/")
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    return text

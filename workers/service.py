@@ -195,6 +195,11 @@ class ContextService:
 
         return rules
 
+    def window_tools(self, key: ConversationKey, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The tools a window of ``key`` is served (and counted) with: the request's, then
+        ctxcore's own tools for the conversation, appended here (none yet)."""
+        return [dict(t) for t in tools]
+
     def get_window(
         self,
         key: ConversationKey,
@@ -217,6 +222,7 @@ class ContextService:
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
         started = self._clock()
+        tools = self.window_tools(key, tools)
         counter = self._counter_for(model)
         state = self.state_store.load(key) or CompressionState()
         self.state_store.set_budget(key, budget_tokens)
