@@ -275,7 +275,9 @@ class ErrorBody(BaseModel):
     system_tokens: int | None = None
     tools_tokens: int | None = None
     anchor_tokens: int | None = None
-    last_id: str | None = Field(default=None, description="conflict, truncate_refused: the log's actual last id")
+    last_id: str | None = Field(
+        default=None, description="conflict, truncate_refused: the log's actual last id"
+    )
     reason: str | None = Field(
         default=None, description="truncate_refused: covered, busy or moved (nothing was removed)"
     )
