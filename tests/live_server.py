@@ -97,7 +97,9 @@ def serve_api(redis_url: str, *, worker: bool, clean: bool = True, **overrides: 
     else:
         app = create_app(runtime, InlineQueue())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -44,22 +44,17 @@ import logging
 import time
 from typing import Annotated
 
-import redis
 from fastapi import Depends, FastAPI, Header, Path, Query, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ctxcore import __version__
 from ctxcore.client.models import (
     AppendRequest,
     AppendResponse,
-    BlockOut,
     CompactResponse,
     ConversationList,
     ElidedRange,
-    HealthResponse,
     OffloadResponse,
     StateResponse,
-    StateSnapshot,
     UsageResponse,
     WindowFormat,
     WindowRequest,
@@ -72,8 +67,8 @@ from ctxcore.errors import (
     InvalidKeyError,
     InvalidMessageError,
 )
-from ctxcore.messages import from_openai, message_text, to_openai
-from ctxcore.state import CompressionState, SummaryBlock, validate_id
+from ctxcore.messages import from_openai, to_openai
+from ctxcore.state import CompressionState, validate_id
 from ctxcore.state.filesystem import validate_handle
 from workers.bodylimit import BodyLimitMiddleware
 from workers.http_api import ApiState, parse_if_match, tenant_dependency
@@ -85,7 +80,8 @@ from workers.http_errors import (
     not_found,
 )
 from workers.http_log import log_router
-from workers.http_status import detail_out
+from workers.http_ops import operations_router
+from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
 from workers.runtime import Runtime
 from workers.service import CompactionQueue
@@ -100,29 +96,6 @@ ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of lett
 DELETE_LOCK_WAIT_SECONDS = 5.0
 
 # --- the application ---------------------------------------------------------------------
-
-
-def _block(block: SummaryBlock) -> BlockOut:
-    return BlockOut(
-        block_id=block.block_id,
-        first_id=block.first_id,
-        last_id=block.last_id,
-        level=block.level,
-        tokens_before=block.tokens_before,
-        tokens_after=block.tokens_after,
-        model=block.model,
-        created_at=block.created_at,
-        text="\n\n".join(message_text(m) for m in block.messages),
-    )
-
-
-def _snapshot(state: CompressionState) -> StateSnapshot:
-    return StateSnapshot(
-        version=state.version,
-        covered_until=state.covered_until,
-        pinned=list(state.pinned),
-        blocks=[_block(b) for b in state.blocks],
-    )
 
 
 def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAPI:
@@ -225,7 +198,9 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         tenant: Tenant,
         format: Annotated[
             WindowFormat,
-            Query(description="openai: messages with OpenAI keys only (ready to send); ctxcore: with log ids"),
+            Query(
+                description="openai: messages with OpenAI keys only (ready to send); ctxcore: with log ids"
+            ),
         ] = "ctxcore",
     ) -> WindowResponse:
         """The window to send to the model: system messages first, within ``budget_tokens``,
@@ -289,14 +264,14 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         state = runtime.state_store.load(key)
         if state is None and runtime.log.last_id(key) is None:
             raise not_found()
-        current = _snapshot(state or CompressionState())
+        current = snapshot_out(state or CompressionState())
         result = StateResponse(
             **current.model_dump(),
             budget=runtime.state_store.get_budget(key),
             compaction_detail=detail_out(runtime.failures.detail(key)),
         )
         if history:
-            result.history = [_snapshot(s) for s in runtime.state_store.history(key)]
+            result.history = [snapshot_out(s) for s in runtime.state_store.history(key)]
         return result
 
     @app.get(
@@ -383,45 +358,14 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
                 time.sleep(0.05)
         return Response(status_code=204)
 
-    @app.get("/v1/usage", response_model=UsageResponse, responses=error_responses(401, 429, 503), tags=["tenant"])
+    @app.get(
+        "/v1/usage", response_model=UsageResponse, responses=error_responses(401, 429, 503), tags=["tenant"]
+    )
     def usage(tenant: Tenant) -> UsageResponse:
         """Summariser calls and tokens spent on the tenant's conversations."""
         return UsageResponse(tenant=tenant, **runtime.metrics.usage(tenant))
 
-    @app.get(
-        "/healthz",
-        response_model=HealthResponse,
-        responses={503: {"model": HealthResponse, "description": "Redis does not answer"}},
-        tags=["operations"],
-    )
-    def healthz() -> JSONResponse:
-        """Liveness and readiness: 200 when Redis answers PING, else 503."""
-        try:
-            runtime.redis.ping()
-        except redis.RedisError as exc:
-            log.warning("health check failed: %s", exc)
-            return JSONResponse({"status": "unavailable"}, status_code=503, headers={"Retry-After": "1"})
-        return JSONResponse({"status": "ok"})
-
-    @app.get(
-        "/metrics",
-        response_class=PlainTextResponse,
-        responses={
-            200: {
-                "description": "Prometheus text exposition format 0.0.4",
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            },
-            **error_responses(503),
-        },
-        tags=["operations"],
-    )
-    def metrics() -> PlainTextResponse:
-        """Service metrics (no tenant or conversation labels: cardinality stays bounded)."""
-        extra = {"ctxcore_queue_depth": float(runtime.scheduler.depth())}
-        return PlainTextResponse(
-            runtime.metrics.render(extra=extra), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
-
+    app.include_router(operations_router(runtime))
     return app
 
 

@@ -1,6 +1,5 @@
 """State the HTTP routes share (``ApiState``) and the bearer-token dependency."""
 
-
 import hmac
 from collections.abc import Callable
 from threading import Lock

@@ -37,7 +37,9 @@ def truncate_conversation(
     deadline = time.monotonic() + TRUNCATE_LOCK_WAIT_SECONDS
     while True:
         try:
-            with conversation_lock(runtime.redis, settings.redis.key_prefix, key, settings.worker.lock_timeout):
+            with conversation_lock(
+                runtime.redis, settings.redis.key_prefix, key, settings.worker.lock_timeout
+            ):
                 state = runtime.state_store.load(key)
                 covered = state.covered_until if state is not None else None
                 if covered is not None and parse_log_id(covered) > after:

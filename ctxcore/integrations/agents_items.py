@@ -20,7 +20,15 @@ from agents.models.chatcmpl_converter import Converter
 from ctxcore.errors import UnsupportedItemError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage, from_openai
 
-__all__ = ["AGENTS_ITEMS", "group_items", "item_dict", "item_hash", "items_message", "message_items", "window_items"]
+__all__ = [
+    "AGENTS_ITEMS",
+    "group_items",
+    "item_dict",
+    "item_hash",
+    "items_message",
+    "message_items",
+    "window_items",
+]
 
 AGENTS_ITEMS = "agents_items"
 
@@ -88,7 +96,10 @@ def _stub(item: Mapping[str, Any], message: AnyMessage, call_index: int) -> dict
         stub.pop("output")
         stub["_from"] = "output"
     elif item.get("type") == "function_call" and isinstance(message, AssistantMessage):
-        if call_index < len(message.tool_calls) and item.get("arguments") == message.tool_calls[call_index].arguments:
+        if (
+            call_index < len(message.tool_calls)
+            and item.get("arguments") == message.tool_calls[call_index].arguments
+        ):
             stub.pop("arguments")
             stub["_from"] = "arguments"
     elif isinstance(item.get("content"), str) and item.get("content") == message.content:

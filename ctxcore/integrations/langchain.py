@@ -47,7 +47,9 @@ _LOGGABLE = (HumanMessage, AIMessage, ToolMessage)
 def _derived_id(conversation_id: str, index: int, message: BaseMessage) -> str:
     # A message without an id (a graph that does not assign them) is identified by its
     # position and content, so logging it twice is recognised as a duplicate.
-    digest = hashlib.sha256(json.dumps(message.model_dump(), sort_keys=True, default=str).encode()).hexdigest()
+    digest = hashlib.sha256(
+        json.dumps(message.model_dump(), sort_keys=True, default=str).encode()
+    ).hexdigest()
     return f"lc:{conversation_id}:{index}:{digest[:16]}"
 
 
@@ -201,7 +203,12 @@ class CtxcoreMiddleware(AgentMiddleware):
             if fresh:
                 self.client.append(conversation, fresh)
             served = self.client.window(
-                conversation, self.budget_tokens, system=system, tools=tools, model=self.model, format="openai"
+                conversation,
+                self.budget_tokens,
+                system=system,
+                tools=tools,
+                model=self.model,
+                format="openai",
             )
             window = from_openai(served.messages)
         else:
@@ -222,7 +229,9 @@ class CtxcoreMiddleware(AgentMiddleware):
     # --- async ------------------------------------------------------------------------
 
     async def _window_async(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        if not isinstance(self.context, AsyncModelContext) and not isinstance(self.client, AsyncCtxcoreClient):
+        if not isinstance(self.context, AsyncModelContext) and not isinstance(
+            self.client, AsyncCtxcoreClient
+        ):
             return await asyncio.to_thread(self._window_sync, request)
         conversation, fresh, system, tools, state = self._prepare(request)
         if isinstance(self.context, AsyncModelContext):
@@ -230,12 +239,19 @@ class CtxcoreMiddleware(AgentMiddleware):
             new = [m for m in fresh if m.message_id not in logged]
             if new:
                 await self.context.add_messages(new)
-            window = (await self.context.get_context_window(system_messages=system, tools=tools)).get_messages()
+            window = (
+                await self.context.get_context_window(system_messages=system, tools=tools)
+            ).get_messages()
         elif isinstance(self.client, AsyncCtxcoreClient):
             if fresh:
                 await self.client.append(conversation, fresh)
             served = await self.client.window(
-                conversation, self.budget_tokens, system=system, tools=tools, model=self.model, format="openai"
+                conversation,
+                self.budget_tokens,
+                system=system,
+                tools=tools,
+                model=self.model,
+                format="openai",
             )
             window = from_openai(served.messages)
         else:  # pragma: no cover - excluded by the check at the top

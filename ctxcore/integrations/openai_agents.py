@@ -142,7 +142,9 @@ class CtxcoreSession:
         for group in groups:
             members = [items[i] for i in group]
             digest = item_hash({"items": members})
-            messages.append(items_message(members, f"agents:{self.session_id}:{position + group[0]}:{digest}"))
+            messages.append(
+                items_message(members, f"agents:{self.session_id}:{position + group[0]}:{digest}")
+            )
         if self.context is not None:
             ids = await self.context.add_messages(messages)
         elif self.client is not None:

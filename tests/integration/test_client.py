@@ -88,14 +88,18 @@ def test_every_method_of_the_sync_client(live: LiveApi) -> None:
         # Inputs: OpenAI dicts, ctxcore messages and OpenAI SDK objects
         first = client.append(conv, _swe_messages(40))
         assert first.ids[0] == "000000000001" and first.last_id == first.ids[-1]
-        sdk = client.append(conv, [UserMessage(content="go on"), ChatCompletionMessage(role="assistant", content="ok")])
+        sdk = client.append(
+            conv, [UserMessage(content="go on"), ChatCompletionMessage(role="assistant", content="ok")]
+        )
         assert sdk.ids == ["000000000041", "000000000042"]
         # A window with the tools the budget counted, ready for the OpenAI SDK
         window = client.window(conv, 6000, system="You are terse.", tools=tools, format="openai")
         assert window.tools == tools and window.messages[0] == {"role": "system", "content": "You are terse."}
         assert window.openai_messages() == window.messages
         assert check_window(from_openai(window.messages)) == []
-        assert all(set(m) <= {"role", "content", "name", "tool_calls", "tool_call_id"} for m in window.messages)
+        assert all(
+            set(m) <= {"role", "content", "name", "tool_calls", "tool_call_id"} for m in window.messages
+        )
         full = client.window(conv, 6000, tools=tools)
         assert full.messages[0]["context_message_id"] == "000000000001"
         assert all("context_message_id" not in m for m in full.openai_messages())
@@ -106,7 +110,9 @@ def test_every_method_of_the_sync_client(live: LiveApi) -> None:
         assert state.compaction_detail.last_error is None
         assert client.state(conv, history=True).history
         # An offloaded tool result can be read back
-        handle = next(h for m in full.messages for h, _, _ in OFFLOAD_MARKER_RE.findall(str(m.get("content"))))
+        handle = next(
+            h for m in full.messages for h, _, _ in OFFLOAD_MARKER_RE.findall(str(m.get("content")))
+        )
         assert client.offload(conv, handle)[0].role == "tool"
         with pytest.raises(NotFoundError) as missing:
             client.offload(conv, "0" * 16)
@@ -128,7 +134,9 @@ def test_every_method_of_the_sync_client(live: LiveApi) -> None:
         with pytest.raises(ConflictError) as conflict:
             client.append(conv, [UserMessage(content="late")], if_match="000000000042")
         assert conflict.value.last_id == "000000000041"
-        assert client.append(conv, [UserMessage(content="next")], if_match="000000000041").ids == ["000000000043"]
+        assert client.append(conv, [UserMessage(content="next")], if_match="000000000041").ids == [
+            "000000000043"
+        ]
         client.delete(other)
         with pytest.raises(NotFoundError):
             client.state(other)
@@ -192,9 +200,10 @@ def test_models_match_the_published_openapi(live: LiveApi) -> None:
 
 def test_a_wrong_token_raises_after_one_request(live: LiveApi) -> None:
     transport = Counting()
-    with CtxcoreClient(live.url, "not-a-token", transport=transport) as client, pytest.raises(
-        AuthenticationError
-    ) as info:
+    with (
+        CtxcoreClient(live.url, "not-a-token", transport=transport) as client,
+        pytest.raises(AuthenticationError) as info,
+    ):
         client.usage()
     assert transport.requests == 1 and info.value.status == 401 and info.value.code == "unauthorized"
 
@@ -241,7 +250,9 @@ def test_retries_a_real_503_while_its_redis_server_restarts(tmp_path: Path) -> N
             restart = threading.Timer(1.5, server.start)
             restart.start()
             transport = Counting()
-            with CtxcoreClient(api.url, TOKEN, max_retries=8, max_retry_wait=2, transport=transport) as retrying:
+            with CtxcoreClient(
+                api.url, TOKEN, max_retries=8, max_retry_wait=2, transport=transport
+            ) as retrying:
                 assert retrying.append("c1", [UserMessage(content="after")]).ids
             restart.join()
             assert transport.requests >= 2  # at least one 503 before the server was back
@@ -277,7 +288,11 @@ def test_429_forever_raises_after_max_retries_with_bounded_waits() -> None:
 def test_a_retry_after_beyond_the_maximum_raises_at_once() -> None:
     for value in ("3600", formatdate(time.time() + 3600, usegmt=True)):
         transport, seen = _scripted(
-            [httpx.Response(429, json={"error": "rate_limited", "detail": "x"}, headers={"Retry-After": value})]
+            [
+                httpx.Response(
+                    429, json={"error": "rate_limited", "detail": "x"}, headers={"Retry-After": value}
+                )
+            ]
         )
         client = CtxcoreClient("http://ctxcore.test", TOKEN)
         client._http = httpx.Client(base_url="http://ctxcore.test", transport=transport)

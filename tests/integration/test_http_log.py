@@ -8,7 +8,9 @@ from tests.integration.test_http import AUTH_A, AUTH_B, CONV, Api, _assistant, _
 
 __all__ = ["api", "make_api"]  # fixtures
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}}}
+]
 
 
 def test_window_format_and_tools(api: Api) -> None:

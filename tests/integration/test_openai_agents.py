@@ -41,7 +41,13 @@ class ReplayModel(Model):
         self.calls: list[tuple[str | None, list[Any], list[Any]]] = []
 
     async def get_response(
-        self, system_instructions: str | None, input: Any, model_settings: Any, tools: Any, *args: Any, **kwargs: Any
+        self,
+        system_instructions: str | None,
+        input: Any,
+        model_settings: Any,
+        tools: Any,
+        *args: Any,
+        **kwargs: Any,
     ) -> ModelResponse:
         n = len(self.calls)
         self.calls.append((system_instructions, list(input), list(tools)))
@@ -59,7 +65,11 @@ class ReplayModel(Model):
         for call in turn.tool_calls if turn is not None else []:
             output.append(
                 ResponseFunctionToolCall(
-                    id=f"fc_{n}", type="function_call", call_id=call.id, name=call.name, arguments=call.arguments
+                    id=f"fc_{n}",
+                    type="function_call",
+                    call_id=call.id,
+                    name=call.name,
+                    arguments=call.arguments,
                 )
             )
         return ModelResponse(output=output, usage=Usage(), response_id=None)
@@ -85,7 +95,9 @@ def live(redis_url: str) -> Iterator[LiveApi]:
         api.close()
 
 
-def _input_tokens(counter: TiktokenCounter, instructions: str | None, items: list[Any], tools: list[Any]) -> int:
+def _input_tokens(
+    counter: TiktokenCounter, instructions: str | None, items: list[Any], tools: list[Any]
+) -> int:
     messages = from_openai(Converter.items_to_messages(items))
     system = [SystemMessage(content=instructions)] if instructions else []
     return counter.count_messages([*system, *messages]) + counter.count_tools(
