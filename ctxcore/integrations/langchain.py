@@ -18,18 +18,21 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import (
-    AIMessage,
-    BaseMessage,
-    HumanMessage,
-    RemoveMessage,
-    SystemMessage,
-    ToolMessage,
-    convert_to_messages,
-    convert_to_openai_messages,
-)
-from langchain_core.utils.function_calling import convert_to_openai_tool
+try:
+    from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        HumanMessage,
+        RemoveMessage,
+        SystemMessage,
+        ToolMessage,
+        convert_to_messages,
+        convert_to_openai_messages,
+    )
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+except ImportError as exc:  # pragma: no cover - the dev extra installs it
+    raise ImportError("ctxcore.integrations.langchain needs LangChain v1: pip install 'ctxcore[langchain]'") from exc
 
 from ctxcore.client import AsyncCtxcoreClient, CtxcoreClient
 from ctxcore.engine import ModelContext

@@ -23,10 +23,15 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from agents import Agent, Handoff, RunConfig, handoff
-from agents.exceptions import UserError
-from agents.models.chatcmpl_converter import Converter
-from agents.run_config import CallModelData, ModelInputData
+try:
+    from agents import Agent, Handoff, RunConfig, handoff
+    from agents.exceptions import UserError
+    from agents.models.chatcmpl_converter import Converter
+    from agents.run_config import CallModelData, ModelInputData
+except ImportError as exc:  # pragma: no cover - the dev extra installs it
+    raise ImportError(
+        "ctxcore.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'ctxcore[agents]'"
+    ) from exc
 
 from ctxcore.client import AsyncCtxcoreClient
 from ctxcore.engine_async import AsyncModelContext
