@@ -14,7 +14,6 @@ Deviations from the reference are listed in the docstrings of the methods concer
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -26,9 +25,17 @@ from typing import Any, Literal, TypeVar
 
 from ctxcore.assemble import fit_to_budget
 from ctxcore.counting import tolerant
+from ctxcore.engine_async import AsyncModelContext
 from ctxcore.engine_config import ContextEngineConfig, validate_config
 from ctxcore.engine_state import ContextSnapshot, dump_snapshot, load_snapshot, offload_handles
-from ctxcore.errors import BudgetExceeded, ConfigError, CtxcoreError, InvalidMessageError, RecallDisabled
+from ctxcore.errors import (
+    BudgetExceeded,
+    ConfigError,
+    CtxcoreError,
+    InvalidMessageError,
+    RecallDisabled,
+    TruncateRefused,
+)
 from ctxcore.messages import AnyMessage, SystemMessage, messages_to_json
 from ctxcore.pipeline import View, block_provenance
 from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
@@ -46,7 +53,7 @@ from ctxcore.processors.runner import CANCELLATION, OperationReporter
 from ctxcore.recall.archive import ChunkingConfig, RecallAnswer
 from ctxcore.recall.auto import recall_query
 from ctxcore.recall.embedded import ContextArchive
-from ctxcore.state.base import OffloadStore
+from ctxcore.state.base import OffloadStore, parse_log_id
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.memory import MemoryOffloadStore
@@ -143,6 +150,7 @@ class ModelContext:
         self.usage_fresh_after: str | None = None
         self._raw: list[AnyMessage] = []
         self._by_id: dict[str, AnyMessage] = {}
+        self._log_seq = 0  # the highest log id assigned: never reused
         self._view: list[AnyMessage] = []
         self._derived: set[str] = set()
         self._derived_seq = 0
@@ -178,7 +186,8 @@ class ModelContext:
         with self._data_lock:
             stamped = []
             for message in messages:
-                log_id = f"{len(self._raw) + 1:0{_ID_WIDTH}d}"
+                self._log_seq += 1
+                log_id = f"{self._log_seq:0{_ID_WIDTH}d}"
                 copy = message.model_copy(update={"context_message_id": log_id})
                 self._raw.append(copy)
                 self._by_id[log_id] = copy
@@ -306,7 +315,7 @@ class ModelContext:
         checked = _check_messages(messages, "set_messages")
         with self._data_lock:
             self._view = self._own_ids(checked)
-            self.usage_fresh_after = f"{len(self._raw):0{_ID_WIDTH}d}"
+            self.usage_fresh_after = f"{self._log_seq:0{_ID_WIDTH}d}"
 
     def pop_messages(self, count: int = 1) -> list[AnyMessage]:
         """Remove and return the newest ``count`` messages of the view (the log keeps them)."""
@@ -316,8 +325,53 @@ class ModelContext:
             cut = max(len(self._view) - count, 0)
             popped, self._view = self._view[cut:], self._view[:cut]
             if popped:
-                self.usage_fresh_after = f"{len(self._raw):0{_ID_WIDTH}d}"
+                self.usage_fresh_after = f"{self._log_seq:0{_ID_WIDTH}d}"
             return popped
+
+    def truncate_after(self, log_id: str, *, expected_last_id: str | None = None) -> list[str]:
+        """Remove the logged messages above ``log_id`` from the log and the view; their ids.
+
+        The log's one exception to append-only (an Agents SDK ``pop_item``): allowed only
+        when those messages end the view exactly as logged, i.e. no processor folded,
+        rewrote or offloaded them, and no operation holds the processor lock. Ids are never
+        reused. Raises ``TruncateRefused`` with reason ``covered``, ``busy`` or ``moved``
+        (the log does not end at ``expected_last_id``); nothing is removed then.
+        """
+        after = parse_log_id(log_id)
+        if not self._processor_lock.acquire(blocking=False):
+            raise TruncateRefused(
+                "busy", f"context {self.key}: a processor run holds the lock; retry shortly"
+            )
+        try:
+            with self._data_lock:
+                last = self._raw[-1].context_message_id if self._raw else None
+                if expected_last_id is not None and expected_last_id != last:
+                    raise TruncateRefused(
+                        "moved",
+                        f"context {self.key}: the log ends at {last!r}, not {expected_last_id!r}",
+                        last_id=last,
+                    )
+                cut = next(
+                    (i for i, m in enumerate(self._raw) if parse_log_id(str(m.context_message_id)) > after),
+                    len(self._raw),
+                )
+                removed = self._raw[cut:]
+                if not removed:
+                    return []
+                if self._view[len(self._view) - len(removed) :] != removed or self._deferred:
+                    raise TruncateRefused(
+                        "covered",
+                        f"context {self.key}: messages after {log_id} were compacted or rewritten by a "
+                        "processor; only messages that end the view as logged can be removed",
+                        last_id=last,
+                    )
+                del self._raw[cut:], self._view[len(self._view) - len(removed) :]
+                ids = [str(m.context_message_id) for m in removed]
+                for i in ids:
+                    self._by_id.pop(i, None)
+                return ids
+        finally:
+            self._processor_lock.release()
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -660,6 +714,7 @@ class ModelContext:
                 processors=[{"type": name, "state": p.save_state()} for name, p in self.processors],
                 usage_fresh_after=self.usage_fresh_after,
                 archive=self.archive.dump() if self.archive is not None else None,
+                log_seq=self._log_seq,
             )
         for handle in offload_handles(view):
             found = self.offload_store.get(self.key, handle)
@@ -687,92 +742,11 @@ class ModelContext:
             self._derived_seq = snapshot.derived_seq
             self.last_window_access = snapshot.last_window_access
             self.usage_fresh_after = snapshot.usage_fresh_after
+            self._log_seq = snapshot.log_seq
         for (_, processor), entry in zip(self.processors, snapshot.processors, strict=True):
             processor.load_state(entry.get("state", {}))
         if self.archive is not None:
             self.archive.load(snapshot.archive)
-
-
-class AsyncModelContext:
-    """``ModelContext`` for asyncio agents: the same methods as coroutines.
-
-    Each call runs the synchronous method in a worker thread (``asyncio.to_thread``), so
-    a slow processor never blocks the event loop.
-    """
-
-    def __init__(self, context: ModelContext) -> None:
-        self.context = context
-
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    async def add_messages(self, messages: AnyMessage | Sequence[AnyMessage]) -> list[str]:
-        """See ``ModelContext.add_messages``."""
-        return await self._call(self.context.add_messages, messages)
-
-    async def get_messages(self) -> list[AnyMessage]:
-        """See ``ModelContext.get_messages``."""
-        return await self._call(self.context.get_messages)
-
-    async def get_raw_messages(self) -> list[AnyMessage]:
-        """See ``ModelContext.get_raw_messages``."""
-        return await self._call(self.context.get_raw_messages)
-
-    async def set_messages(self, messages: Sequence[AnyMessage]) -> None:
-        """See ``ModelContext.set_messages``."""
-        await self._call(self.context.set_messages, messages)
-
-    async def pop_messages(self, count: int = 1) -> list[AnyMessage]:
-        """See ``ModelContext.pop_messages``."""
-        return await self._call(self.context.pop_messages, count)
-
-    async def get_context_window(
-        self,
-        system_messages: Sequence[AnyMessage] | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        window_size: int | None = None,
-        dialogue_round: int | None = None,
-        **kwargs: Any,
-    ) -> ContextWindow:
-        """See ``ModelContext.get_context_window``."""
-        return await self._call(
-            self.context.get_context_window, system_messages, tools, window_size, dialogue_round, **kwargs
-        )
-
-    async def compress_context(
-        self,
-        processor_types: Sequence[str] | None = None,
-        compression_trigger: str = "manual",
-        preserve_instruction: str | None = None,
-    ) -> CompressResult:
-        """See ``ModelContext.compress_context``."""
-        return await self._call(
-            self.context.compress_context, processor_types, compression_trigger, preserve_instruction
-        )
-
-    async def statistic(self) -> ContextStats:
-        """See ``ModelContext.statistic``."""
-        return await self._call(self.context.statistic)
-
-    async def save_state(self) -> dict[str, Any]:
-        """See ``ModelContext.save_state``."""
-        return await self._call(self.context.save_state)
-
-    async def load_state(self, state: Mapping[str, Any]) -> None:
-        """See ``ModelContext.load_state``."""
-        await self._call(self.context.load_state, state)
-
-    async def recall(self, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS) -> RecallAnswer:
-        """See ``ModelContext.recall``."""
-        return await self._call(self.context.recall, query, max_tokens)
-
-    async def reload(self, handle: str) -> list[AnyMessage]:
-        """See ``ModelContext.reload``."""
-        return await self._call(self.context.reload, handle)
-
-    async def recover_from_model_exception(self, exc: BaseException, *, stream_started: bool = False) -> bool:
-        """See ``ModelContext.recover_from_model_exception``."""
-        return await self._call(self.context.recover_from_model_exception, exc, stream_started=stream_started)
 
 
 class ContextEngine:

@@ -36,6 +36,9 @@ class ContextSnapshot:
     usage_fresh_after: str | None = None
     # The recall archive's index (``ContextArchive.dump``), when recall is on.
     archive: dict[str, Any] | None = None
+    # The highest log id ever assigned (ids are never reused after ``truncate_after``);
+    # snapshots without it take the newest raw message's.
+    log_seq: int = 0
 
 
 def _dump(messages: Sequence[AnyMessage]) -> list[Any]:
@@ -70,6 +73,7 @@ def dump_snapshot(snapshot: ContextSnapshot, context_id: str, session_id: str | 
         "offloads": {handle: _dump(messages) for handle, messages in snapshot.offloads.items()},
         "usage_fresh_after": snapshot.usage_fresh_after,
         "archive": snapshot.archive,
+        "log_seq": snapshot.log_seq,
     }
 
 
@@ -90,8 +94,12 @@ def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> C
             f"this context has {list(processor_names)})"
         )
     offloads: Mapping[str, Any] = (state.get("offloads") or {}) if version >= 2 else {}
+    raw = _load(state["raw"])
+    newest = max(
+        (int(str(m.context_message_id)) for m in raw if str(m.context_message_id).isdigit()), default=0
+    )
     return ContextSnapshot(
-        raw=_load(state["raw"]),
+        raw=raw,
         view=_load(state["view"]),
         derived=list(state.get("derived", [])),
         derived_seq=int(state.get("derived_seq", 0)),
@@ -100,4 +108,5 @@ def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> C
         offloads={str(handle): _load(messages) for handle, messages in offloads.items()},
         usage_fresh_after=state.get("usage_fresh_after"),
         archive=state.get("archive"),
+        log_seq=max(int(state.get("log_seq") or 0), newest),
     )

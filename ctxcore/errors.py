@@ -13,7 +13,14 @@ if TYPE_CHECKING:
 
 
 class CtxcoreError(Exception):
-    """Base class of every error ctxcore raises on purpose."""
+    """Base class of every error ctxcore raises on purpose.
+
+    Raised by the HTTP client, an error also carries the response's ``status`` and the
+    body's ``error`` code (``code``); both are None for errors raised in-process.
+    """
+
+    status: int | None = None
+    code: str | None = None
 
 
 class InvalidMessageError(CtxcoreError, ValueError):
@@ -131,3 +138,57 @@ class RecallDisabled(CtxcoreError):
     def __init__(self, setting: str) -> None:
         self.setting = setting
         super().__init__(f"recall is off: set {setting} = true to archive compactions and search them")
+
+
+class TruncateRefused(ConflictError):
+    """``truncate_after`` would remove something it must not; nothing was removed.
+
+    ``reason`` is ``covered`` (a compaction summarised or pinned a message after the id:
+    the log behind a saved state cannot shrink), ``part_of_message`` (the newest session
+    item shares its log message with others), ``busy`` (a compaction holds the
+    conversation's lock: retry shortly) or ``moved`` (the log no longer ends at the id
+    the caller expected). Over HTTP it is a 409 ``truncate_refused``.
+    """
+
+    def __init__(self, reason: str, message: str, *, last_id: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(message, last_id=last_id)
+
+
+class UnsupportedItemError(InvalidMessageError):
+    """A framework item or message has no chat-format equivalent ctxcore can log.
+
+    Reasoning items, hosted-tool calls and LangChain ``RemoveMessage`` are examples: the
+    message names the type. Keep such items out of the logged history.
+    """
+
+    def __init__(self, index: int, kind: str, detail: str) -> None:
+        self.kind = kind
+        super().__init__(index, "type", f"{kind}: {detail}")
+
+
+# --- errors the HTTP client raises for the API's status codes ----------------------------
+
+
+class AuthenticationError(CtxcoreError):
+    """401: the bearer token is missing or unknown (never retried: check the token)."""
+
+
+class QuotaExceeded(CtxcoreError):
+    """403: the tenant's ``max_conversations`` is reached; delete a conversation first."""
+
+
+class NotFoundError(CtxcoreError):
+    """404: no such conversation (or offload) for this tenant."""
+
+
+class RateLimited(CtxcoreError):
+    """429: the tenant's request rate is exceeded; ``retry_after`` is the server's wait in seconds."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class ApiError(CtxcoreError):
+    """Any other error status of the HTTP API (e.g. a 500), with the body's code."""

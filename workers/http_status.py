@@ -1,40 +1,23 @@
-"""The compaction status as the HTTP API publishes it (``compaction`` and ``compaction_detail``)."""
+"""The compaction state and status as the HTTP API publishes them (``compaction``,
+``compaction_detail``, state snapshots).
+
+The response models live in ``ctxcore.client.models`` (the client parses them too).
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
-
+from ctxcore.client.models import (
+    BlockOut,
+    CompactionDetailOut,
+    CompactionStatusOut,
+    LastErrorOut,
+    StateSnapshot,
+)
+from ctxcore.messages import message_text
+from ctxcore.state import CompressionState, SummaryBlock
 from ctxcore.status import CompactionDetail
 
-__all__ = ["CompactionDetailOut", "CompactionStatusOut", "LastErrorOut", "detail_out"]
-
-CompactionStatusOut = Literal["idle", "queued", "running", "failing"]
-
-
-class LastErrorOut(BaseModel):
-    """The failure that ended the conversation's last compaction job."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: str = Field(
-        description="The model error kind (rate_limit, timeout, authentication, ...), "
-        "store_unavailable, or internal for an unclassified exception"
-    )
-    message: str = Field(description="The cause; for internal, the exception's class and text")
-    stage: str | None = Field(description="The stage kind that failed (null: planning failed)")
-    at: datetime = Field(description="When it failed (UTC)")
-
-
-class CompactionDetailOut(BaseModel):
-    """Why ``compaction`` says ``failing``: set until a later job succeeds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    last_error: LastErrorOut | None
-    last_success_at: datetime | None = Field(description="When a job last ended without a failed stage (UTC)")
+__all__ = ["CompactionDetailOut", "CompactionStatusOut", "LastErrorOut", "detail_out", "snapshot_out"]
 
 
 def detail_out(detail: CompactionDetail) -> CompactionDetailOut:
@@ -45,4 +28,28 @@ def detail_out(detail: CompactionDetail) -> CompactionDetailOut:
         if error
         else None,
         last_success_at=detail.last_success_at,
+    )
+
+
+def _block(block: SummaryBlock) -> BlockOut:
+    return BlockOut(
+        block_id=block.block_id,
+        first_id=block.first_id,
+        last_id=block.last_id,
+        level=block.level,
+        tokens_before=block.tokens_before,
+        tokens_after=block.tokens_after,
+        model=block.model,
+        created_at=block.created_at,
+        text="\n\n".join(message_text(m) for m in block.messages),
+    )
+
+
+def snapshot_out(state: CompressionState) -> StateSnapshot:
+    """The response model of one state version (blocks with their text and provenance)."""
+    return StateSnapshot(
+        version=state.version,
+        covered_until=state.covered_until,
+        pinned=list(state.pinned),
+        blocks=[_block(b) for b in state.blocks],
     )

@@ -232,6 +232,17 @@ class ContextService:
         index = self._indexes.get(key, state.archive_version, lambda: self.state_store.load_archive(key))
         return recall(index, query, max_tokens, self.counter)
 
+    def window_tools(self, key: ConversationKey, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The tools a window of ``key`` is served (and counted) with: the request's, then
+        ctxcore's own: ``recall_compressed_context`` while recall is on for the tenant."""
+        out = [dict(t) for t in tools]
+        if self.settings.recall_for_tenant(key.tenant_id).enabled and not any(
+            t.get("function", {}).get("name") == RECALL_TOOL_NAME for t in out
+        ):
+            # The agent can search what compaction folded; the tool is counted in the budget.
+            out.append(recall_tool_definition())
+        return out
+
     def get_window(
         self,
         key: ConversationKey,
@@ -254,12 +265,8 @@ class ContextService:
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
         started = self._clock()
+        tools = self.window_tools(key, tools)
         counter = self._counter_for(model)
-        if self.settings.recall_for_tenant(key.tenant_id).enabled and not any(
-            t.get("function", {}).get("name") == RECALL_TOOL_NAME for t in tools
-        ):
-            # The agent can search what compaction folded; the tool is counted in the budget.
-            tools = [*tools, recall_tool_definition()]
         state = self.state_store.load(key) or CompressionState()
         self.state_store.set_budget(key, budget_tokens)
         pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]

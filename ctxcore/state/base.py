@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError
+from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError, TruncateRefused
 from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.keys import ConversationKey
@@ -28,6 +28,7 @@ __all__ = [
     "parse_log_id",
     "replayed_ids",
     "rollback_by_save",
+    "truncate_moved",
 ]
 
 HISTORY_LIMIT = 20
@@ -133,6 +134,23 @@ class MessageLog(Protocol):
         """Remove the conversation's log."""
         ...
 
+    def truncate_after(
+        self, key: ConversationKey, log_id: str, *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Remove every message with a log id above ``log_id``; their ids, oldest first.
+
+        The append-only log's one exception, for a client taking back its newest messages
+        (an Agents SDK ``pop_item``). Atomic with respect to appends; ids are never reused
+        (the next append continues after the highest id ever assigned) and the removed
+        messages' ``message_id``s are forgotten, so they can be appended again. With
+        ``expected_last_id`` nothing is removed unless the log ends there
+        (``TruncateRefused``, reason ``moved``). The log does not know the compaction state:
+        callers hold the conversation's lock and refuse when a compaction covers a message
+        above ``log_id`` (``ContextService.truncate_after``, ``ModelContext.truncate_after``).
+        ``format_log_id(0)`` empties the log; ``last_id`` is then None.
+        """
+        ...
+
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """Conversation ids of a tenant in id order, after ``after`` (paging)."""
         ...
@@ -193,26 +211,41 @@ def expected_seq(expected_last_id: str | None) -> int | None:
     return seq if seq >= 1 else -1
 
 
-def replayed_ids(known: Sequence[int | None], expected: int) -> list[str] | None:
+def replayed_ids(
+    known: Sequence[int | None], expected: int, following: Sequence[int] | None = None
+) -> list[str] | None:
     """The ids to return when a batch under ``expected_last_id`` replays a call that succeeded.
 
     ``known[i]`` is the logged position of message i's ``message_id`` (None: no id, or not
-    logged). A replay has every message logged, and the distinct positions above
-    ``expected`` are ``expected+1, expected+2, ...`` in batch order, at least one of them
-    (positions at or below it are duplicates of older messages, as in the first call).
+    logged); ``following`` the log's ids above ``expected`` in order (at least
+    ``len(known)`` of them when there are that many; default: ``expected+1, expected+2, ...``,
+    a log without truncations). A replay has every message logged, and the distinct
+    positions above ``expected`` are the log's next ids in batch order, at least one of
+    them (positions at or below it are duplicates of older messages, as in the first call).
     Without ``message_id`` a replay cannot be told from a stale writer: that is a conflict.
     """
-    following = expected + 1
+    nexts = list(following) if following is not None else [expected + 1 + i for i in range(len(known))]
+    matched = 0
     for seq in known:
         if seq is None:
             return None
-        if seq == following:
-            following += 1
-        elif seq > following:
+        if matched < len(nexts) and seq == nexts[matched]:
+            matched += 1
+        elif seq > (nexts[matched - 1] if matched else expected):
             return None
-    if following == expected + 1:
+    if matched == 0:
         return None
     return [format_log_id(seq) for seq in known if seq is not None]
+
+
+def truncate_moved(key: ConversationKey, expected_last_id: str, last_seq: int) -> TruncateRefused:
+    """The ``TruncateRefused`` of a truncation whose ``expected_last_id`` is not where the log ends."""
+    last = format_log_id(last_seq) if last_seq > 0 else None
+    return TruncateRefused(
+        "moved",
+        f"{key}: expected the log to end at {expected_last_id!r}, it ends at {last!r}; nothing removed",
+        last_id=last,
+    )
 
 
 def append_conflict(key: ConversationKey, expected_last_id: str | None, last_seq: int) -> ConflictError:

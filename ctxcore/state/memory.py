@@ -6,6 +6,7 @@ backend accepts and returns, the others do too (and a caller cannot mutate store
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from ctxcore.state.base import (
     parse_log_id,
     replayed_ids,
     rollback_by_save,
+    truncate_moved,
 )
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
@@ -121,10 +123,20 @@ class MemoryStateStore:
 
 @dataclass
 class _Log:
-    """One conversation's log: encoded messages in append order (index = counter - 1)."""
+    """One conversation's log: encoded messages in append order, with their counter values.
 
+    ``seqs`` is ascending; it has gaps only where ``truncate_after`` removed messages, and
+    ``counter`` (the highest id ever assigned) never goes back, so ids are never reused.
+    """
+
+    seqs: list[int] = field(default_factory=list)
     entries: list[str] = field(default_factory=list)
     by_message_id: dict[str, str] = field(default_factory=dict)
+    counter: int = 0
+
+    @property
+    def last(self) -> int:
+        return self.seqs[-1] if self.seqs else 0
 
 
 class MemoryMessageLog:
@@ -149,46 +161,58 @@ class MemoryMessageLog:
         ids: list[str] = []
         with self._lock:
             log = self._logs.get(key) or _Log()
-            if expected is not None and expected != len(log.entries):
+            if expected is not None and expected != log.last:
                 logged = [log.by_message_id.get(m.message_id) if m.message_id else None for m in messages]
-                replay = replayed_ids([parse_log_id(i) if i else None for i in logged], expected)
+                start = bisect.bisect_right(log.seqs, expected)
+                following = log.seqs[start : start + len(messages)]
+                replay = replayed_ids([parse_log_id(i) if i else None for i in logged], expected, following)
                 if replay is not None:
                     return replay
-                raise append_conflict(key, expected_last_id, len(log.entries))
+                raise append_conflict(key, expected_last_id, log.last)
             for message, data in zip(messages, encoded, strict=True):
                 known = log.by_message_id.get(message.message_id) if message.message_id else None
                 if known is not None:
                     ids.append(known)
                     continue
+                log.counter += 1
+                log.seqs.append(log.counter)
                 log.entries.append(data)
-                log_id = format_log_id(len(log.entries))
+                log_id = format_log_id(log.counter)
                 if message.message_id:
                     log.by_message_id[message.message_id] = log_id
                 ids.append(log_id)
-            if log.entries:
+            if log.counter:
                 self._logs[key] = log
         return ids
 
-    def _page(self, key: ConversationKey, start: int, stop: int | None) -> list[AnyMessage]:
-        """Messages at counter positions ``start+1 .. stop`` (0-based slice bounds)."""
+    def _page(
+        self, key: ConversationKey, first: int, last: int | None, limit: int | None
+    ) -> list[AnyMessage]:
+        """Messages with ``first <= counter value (<= last)``, at most ``limit`` of them."""
         with self._lock:
             log = self._logs.get(key)
-            entries = log.entries[start:stop] if log else []
-        return decode_log_messages([(format_log_id(start + i + 1), data) for i, data in enumerate(entries)])
+            if log is None:
+                return []
+            start = bisect.bisect_left(log.seqs, first)
+            stop = len(log.seqs) if last is None else bisect.bisect_right(log.seqs, last)
+            if limit is not None:
+                stop = min(stop, start + max(limit, 0))
+            rows = list(zip(log.seqs[start:stop], log.entries[start:stop], strict=True))
+        return decode_log_messages([(format_log_id(seq), data) for seq, data in rows])
 
     def read_after(
         self, key: ConversationKey, cursor: str | None, limit: int | None = None
     ) -> list[AnyMessage]:
         """Messages after ``cursor`` (from the start when None), oldest first."""
         start = parse_log_id(cursor) if cursor is not None else 0
-        return self._page(key, start, None if limit is None else start + max(limit, 0))
+        return self._page(key, start + 1, None, limit)
 
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
         """Messages with ``first <= log id <= last``."""
         start, stop = parse_log_id(first), parse_log_id(last)
         if stop < start:
             return []
-        return self._page(key, max(start - 1, 0), stop)
+        return self._page(key, start, stop, None)
 
     def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
         """One message, or None."""
@@ -199,12 +223,29 @@ class MemoryMessageLog:
         """The newest log id, or None."""
         with self._lock:
             log = self._logs.get(key)
-            return format_log_id(len(log.entries)) if log else None
+            return format_log_id(log.last) if log and log.last else None
 
     def delete(self, key: ConversationKey) -> None:
         """Forget the conversation's log (its ids start again from 1)."""
         with self._lock:
             self._logs.pop(key, None)
+
+    def truncate_after(
+        self, key: ConversationKey, log_id: str, *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Remove the messages above ``log_id`` (see ``MessageLog.truncate_after``)."""
+        after = parse_log_id(log_id)
+        with self._lock:
+            log = self._logs.get(key) or _Log()
+            if expected_last_id is not None and expected_seq(expected_last_id) != log.last:
+                raise truncate_moved(key, expected_last_id, log.last)
+            cut = bisect.bisect_right(log.seqs, after)
+            removed = [format_log_id(seq) for seq in log.seqs[cut:]]
+            if removed:
+                gone = set(removed)
+                log.by_message_id = {m: i for m, i in log.by_message_id.items() if i not in gone}
+                del log.seqs[cut:], log.entries[cut:]
+        return removed
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""

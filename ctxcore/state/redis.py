@@ -7,7 +7,8 @@ the layout works unchanged on Redis Cluster:
 - ``...:state:version`` (string) and ``...:state:history`` (list of state JSON, newest
   first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:budget``;
 - ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
-  message with log id ``n``), ``...:log:dedupe`` (hash ``message_id -> log id``);
+  message with log id ``n``), ``...:log:dedupe`` (hash ``message_id -> log id``),
+  ``...:log:end`` (the last remaining seq after a ``truncate_after``, until the next append);
 - ``...:offload`` (hash ``handle -> messages JSON``);
 - ``...:archive`` (hash ``chunk id -> chunk JSON``) and ``...:archive:index`` (the recall
   index's bytes), written by the state's save script.
@@ -57,11 +58,12 @@ from ctxcore.state.base import (
     format_log_id,
     parse_log_id,
     rollback_by_save,
+    truncate_moved,
 )
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_ARCHIVE_LUA, SAVE_LUA
+from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_ARCHIVE_LUA, SAVE_LUA, TRUNCATE_LUA
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
 
@@ -223,14 +225,20 @@ class RedisMessageLog(_RedisBackend):
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         super().__init__(client, prefix)
         self._append = client.register_script(APPEND_LUA)
+        self._truncate = client.register_script(TRUNCATE_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
         """A log on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
         return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
 
-    def _keys(self, key: ConversationKey) -> tuple[str, str, str]:
-        return self._key(key, "log:seq"), self._key(key, "log"), self._key(key, "log:dedupe")
+    def _keys(self, key: ConversationKey) -> tuple[str, str, str, str]:
+        return (
+            self._key(key, "log:seq"),
+            self._key(key, "log"),
+            self._key(key, "log:dedupe"),
+            self._key(key, "log:end"),
+        )
 
     def _index(self, tenant_id: str) -> str:
         return f"{self.prefix}:tenant:{{{tenant_id}}}:conversations"
@@ -308,14 +316,27 @@ class RedisMessageLog(_RedisBackend):
     def last_id(self, key: ConversationKey) -> str | None:
         """The newest log id, or None."""
         with _translated(f"last_id {key}"):
-            value = self._client.get(self._key(key, "log:seq"))
-        return format_log_id(int(value)) if value is not None else None
+            seq, end = self._client.mget(self._key(key, "log:seq"), self._key(key, "log:end"))
+        value = end if end is not None else seq
+        return format_log_id(int(value)) if value is not None and int(value) > 0 else None
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the log, its counter and dedupe index, then unlist the conversation."""
         with _translated(f"delete {key}"):
             self._client.delete(*self._keys(key))
             self._client.zrem(self._index(key.tenant_id), key.conversation_id)
+
+    def truncate_after(
+        self, key: ConversationKey, log_id: str, *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Remove the messages above ``log_id`` in one script (see ``MessageLog.truncate_after``)."""
+        after = parse_log_id(log_id)
+        expected = "" if expected_last_id is None else str(expected_seq(expected_last_id))
+        with _translated(f"truncate {key}"):
+            out = [_text(i) for i in self._truncate(keys=list(self._keys(key)), args=[after, expected])]
+        if out and out[0] == "!conflict":
+            raise truncate_moved(key, str(expected_last_id), int(out[1]))
+        return out
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""

@@ -7,7 +7,7 @@ each step in ``{table_prefix}schema_migrations`` (the position is the version). 
 three classes' ``setup()`` brings the whole schema up to date.
 
 Concurrency: state saves are ``UPDATE ... WHERE version = :expected`` (the primary key guards
-the first insert); appends lock the conversation's counter row, so ids are gap-free and the
+the first insert); appends lock the conversation's counter row, so ids are gap-free (until a ``truncate_after``, which never lowers the counter) and the
 counter advances in the same transaction as the rows. On SQLite every write transaction is
 ``BEGIN IMMEDIATE`` and ``busy_timeout`` is 10 s, so contending writers wait for the lock
 instead of failing or deadlocking on a lock upgrade.

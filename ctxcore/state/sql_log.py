@@ -2,7 +2,7 @@
 
 Rows are keyed by (tenant, conversation, seq); ids come from the conversation's counter
 row, which every append locks (``SELECT ... FOR UPDATE``; on SQLite the write transaction
-itself is the lock), so ids are gap-free, the counter advances in the same transaction as
+itself is the lock), so ids are gap-free until a ``truncate_after`` (which never lowers the counter), the counter advances in the same transaction as
 the rows, and ``expected_last_id`` is checked against the locked counter.
 """
 
@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, insert, select, update
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import (
@@ -24,6 +24,7 @@ from ctxcore.state.base import (
     format_log_id,
     parse_log_id,
     replayed_ids,
+    truncate_moved,
 )
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.sql import _SqlBackend
@@ -77,12 +78,21 @@ class SqlMessageLog(_SqlBackend):
                     )
                 )
                 known = {row.message_key: row.seq for row in found}
-            if expected is not None and expected != last:
+            current = self._last_seq(conn, key) if expected is not None else last
+            if expected is not None and expected != current:
                 # Raising rolls back the transaction, the counter row it may have created too.
-                replay = replayed_ids([known.get(k) if k else None for k, _ in encoded], expected)
+                following = conn.execute(
+                    select(log.c.seq)
+                    .where(self._where(log, key), log.c.seq > expected)
+                    .order_by(log.c.seq)
+                    .limit(len(encoded))
+                ).scalars()
+                replay = replayed_ids(
+                    [known.get(k) if k else None for k, _ in encoded], expected, list(following)
+                )
                 if replay is not None:
                     return replay
-                raise append_conflict(key, expected_last_id, last)
+                raise append_conflict(key, expected_last_id, current)
             log_ids: list[str] = []
             rows: list[dict[str, Any]] = []
             for message_key, data in encoded:
@@ -129,12 +139,38 @@ class SqlMessageLog(_SqlBackend):
         found = self._select(key, self._t.log.c.seq == parse_log_id(log_id), limit=1)
         return found[0] if found else None
 
+    def _last_seq(self, conn: Connection, key: ConversationKey) -> int:
+        # The newest remaining row, not the counter: after a truncation the counter stays
+        # above it (ids are never reused). One primary-key index lookup.
+        log = self._t.log
+        last = conn.execute(select(func.max(log.c.seq)).where(self._where(log, key))).scalar()
+        return int(last or 0)
+
     def last_id(self, key: ConversationKey) -> str | None:
         """The newest log id, or None."""
-        counter = self._t.log_counter
         with self._read(f"last_id {key}") as conn:
-            last = conn.execute(select(counter.c.last_seq).where(self._where(counter, key))).scalar()
+            last = self._last_seq(conn, key)
         return format_log_id(last) if last else None
+
+    def truncate_after(
+        self, key: ConversationKey, log_id: str, *, expected_last_id: str | None = None
+    ) -> list[str]:
+        """Remove the messages above ``log_id`` in one transaction holding the counter row's
+        lock, as appends do (see ``MessageLog.truncate_after``); the counter is left as it is."""
+        after = parse_log_id(log_id)
+        counter, log = self._t.log_counter, self._t.log
+        with self._write(f"truncate {key}") as conn:
+            conn.execute(select(counter.c.last_seq).where(self._where(counter, key)).with_for_update())
+            current = self._last_seq(conn, key)
+            if expected_last_id is not None and expected_seq(expected_last_id) != current:
+                raise truncate_moved(key, expected_last_id, current)
+            removed = conn.execute(
+                select(log.c.seq).where(self._where(log, key), log.c.seq > after).order_by(log.c.seq)
+            ).scalars()
+            ids = [format_log_id(seq) for seq in removed]
+            if ids:
+                conn.execute(delete(log).where(self._where(log, key), log.c.seq > after))
+        return ids
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the log and its counter (ids of a later append start again from 1)."""

@@ -166,16 +166,16 @@ def test_another_tenants_conversation_is_exactly_a_missing_one(api: Api) -> None
 
 
 def test_every_token_digest_is_compared(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.http
+    import workers.http_api
 
     calls: list[str] = []
-    real = workers.http.hmac.compare_digest
+    real = workers.http_api.hmac.compare_digest
 
     def counting(a: str, b: str) -> bool:
         calls.append(b)
         return real(a, b)
 
-    monkeypatch.setattr(workers.http.hmac, "compare_digest", counting)
+    monkeypatch.setattr(workers.http_api.hmac, "compare_digest", counting)
     configured = set(api.runtime.settings.http.tokens)
     for token in (TOKEN_A, TOKEN_B, "unknown"):
         calls.clear()
@@ -578,7 +578,7 @@ def test_delete_removes_everything_then_404(api: Api) -> None:
 
 
 def test_delete_waits_for_a_running_stage_then_409(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.http
+    import workers.http_api
     from workers.locks import conversation_lock
 
     api.append("busy", [_user("task")])

@@ -11,7 +11,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreUnavailable
+from ctxcore.errors import (
+    ConflictError,
+    InvalidKeyError,
+    InvalidMessageError,
+    StoreUnavailable,
+    TruncateRefused,
+)
 from ctxcore.messages import (
     AnyMessage,
     AssistantMessage,
@@ -317,6 +323,52 @@ def test_expected_last_id_edge_cases(log: MessageLog, conv_key: ConversationKey)
         )
     stored = log.read_after(conv_key, None)
     assert [m.text for m in stored] == ["a", "b", "c", "d", "e", "someone else"]
+
+
+def test_truncate_after_removes_the_newest_and_never_reuses_ids(
+    log: MessageLog, conv_key: ConversationKey
+) -> None:
+    ids = log.append(conv_key, [UserMessage(content=t, message_id=t) for t in ("a", "b", "c", "d")])
+    # Nothing above the last id: nothing removed
+    assert log.truncate_after(conv_key, ids[-1]) == []
+    # The two newest go; the log ends at b
+    assert log.truncate_after(conv_key, ids[1]) == ids[2:]
+    assert [m.text for m in log.read_after(conv_key, None)] == ["a", "b"]
+    assert log.last_id(conv_key) == ids[1] and log.get(conv_key, ids[2]) is None
+    # Ids are never reused, and a removed message_id can be appended again
+    again = log.append(conv_key, [UserMessage(content="c2", message_id="c"), UserMessage(content="e")])
+    assert again == ["000000000005", "000000000006"]
+    assert [m.context_message_id for m in log.read_after(conv_key, ids[0])] == [ids[1], *again]
+    assert log.read_range(conv_key, ids[1], again[0])[-1].text == "c2"
+    # A kept message_id still deduplicates
+    assert log.append(conv_key, [UserMessage(content="a", message_id="a")]) == [ids[0]]
+    # The cut can fall in a gap; emptying the log leaves no last id, the counter goes on
+    assert log.truncate_after(conv_key, "000000000004") == again
+    assert log.truncate_after(conv_key, "000000000000") == ids[:2]
+    assert log.last_id(conv_key) is None and log.read_after(conv_key, None) == []
+    assert log.append(conv_key, users("f")) == ["000000000007"]
+    with pytest.raises(InvalidKeyError):
+        log.truncate_after(conv_key, "7")
+
+
+def test_truncate_after_with_expected_last_id_and_appends_over_gaps(
+    log: MessageLog, conv_key: ConversationKey
+) -> None:
+    ids = log.append(conv_key, [UserMessage(content=t, message_id=t) for t in ("a", "b", "c")])
+    # The log moved on: nothing is removed
+    with pytest.raises(TruncateRefused) as info:
+        log.truncate_after(conv_key, ids[0], expected_last_id=ids[1])
+    assert info.value.reason == "moved" and info.value.last_id == ids[2]
+    assert log.truncate_after(conv_key, ids[1], expected_last_id=ids[2]) == [ids[2]]
+    # If-Match now compares against the remaining end, not the counter
+    with pytest.raises(ConflictError) as conflict:
+        log.append(conv_key, users("x"), expected_last_id=ids[2])
+    assert conflict.value.last_id == ids[1]
+    first = log.append(conv_key, [UserMessage(content="d", message_id="d")], expected_last_id=ids[1])
+    assert first == ["000000000004"]
+    # A replay over the gap (3 was removed) is recognised as one
+    log.append(conv_key, users("someone else"))
+    assert log.append(conv_key, [UserMessage(content="d", message_id="d")], expected_last_id=ids[1]) == first
 
 
 def test_sqlite_writer_waits_for_a_held_lock(tmp_path: Path) -> None:

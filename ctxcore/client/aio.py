@@ -1,0 +1,198 @@
+"""``AsyncCtxcoreClient``: the asyncio client of the HTTP API (on httpx)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from ctxcore.client.calls import Call, MessageLike, calls
+from ctxcore.client.errors import error_for, parse_retry_after
+from ctxcore.client.models import (
+    AppendResponse,
+    CompactResponse,
+    OffloadResponse,
+    RecallResponse,
+    StateResponse,
+    TruncateResponse,
+    UsageResponse,
+    WindowFormat,
+    WindowResponse,
+)
+from ctxcore.client.retry import RetryPolicy
+from ctxcore.errors import StoreUnavailable
+from ctxcore.messages import AnyMessage, from_openai
+
+__all__ = ["AsyncCtxcoreClient", "send_async"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"detail": response.text[:500]}
+
+
+async def send_async(http: httpx.AsyncClient, policy: RetryPolicy, call: Call[T]) -> T:
+    """Send ``call``, retrying 429, 503 and connection errors under ``policy``."""
+    for attempt in range(policy.max_retries + 1):
+        try:
+            response = await http.request(
+                call.method, call.path, json=call.json, params=call.params, headers=call.headers
+            )
+        except httpx.TransportError as exc:
+            wait = policy.wait(attempt, None)
+            if wait is None:
+                raise StoreUnavailable(
+                    f"ctxcore at {http.base_url} did not answer {call.method} {call.path} "
+                    f"after {attempt + 1} attempt(s): {exc!r}"
+                ) from exc
+            log.warning("%s %s: %r; retrying in %.2f s", call.method, call.path, exc, wait)
+            await asyncio.sleep(wait)
+            continue
+        if response.is_success:
+            return call.parse(response)
+        if attempt > 0 and call.accept is not None and (landed := call.accept(response)) is not None:
+            return landed[0]
+        error = error_for(response.status_code, _body(response), response.headers)
+        wait = policy.wait(attempt, parse_retry_after(response.headers.get("retry-after")))
+        if not policy.retryable(error) or wait is None:
+            raise error
+        log.warning("%s %s: HTTP %d; retrying in %.2f s", call.method, call.path, response.status_code, wait)
+        await asyncio.sleep(wait)
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+class AsyncCtxcoreClient:
+    """The ctxcore HTTP API from asyncio: ``CtxcoreClient``'s methods as coroutines.
+
+    ``AsyncCtxcoreClient("http://127.0.0.1:8000", token="...")``. Errors are ``CtxcoreError``s
+    carrying the response's ``status`` and the body's error ``code``: ``AuthenticationError``
+    (401, never retried), ``QuotaExceeded`` (403), ``NotFoundError`` (404), ``ConflictError``
+    / ``TruncateRefused`` (409), ``InvalidMessageError`` / ``BudgetExceeded`` (422, 413),
+    ``RateLimited`` (429), ``StoreUnavailable`` (503 or no answer). 429, 503 and connection
+    errors are retried up to ``max_retries`` times (see ``RetryPolicy``). Use it as a
+    async context manager or call ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        max_retries: int = 3,
+        max_retry_wait: float = 30.0,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.policy = RetryPolicy(max_retries=max_retries, max_retry_wait=max_retry_wait)
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def _send(self, call: Call[T]) -> T:
+        return await send_async(self._http, self.policy, call)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncCtxcoreClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def append(
+        self, conversation_id: str, messages: Iterable[MessageLike], *, if_match: str | None = None
+    ) -> AppendResponse:
+        """Append messages (ctxcore messages, OpenAI dicts or SDK objects) to the log.
+
+        Each message without a ``message_id`` gets a random one before the first attempt, so
+        a retry (after a dropped connection, a 503) gets the same log ids back. With
+        ``if_match`` (a log id, e.g. the previous ``last_id``) the append happens only if the
+        log still ends there (``ConflictError`` otherwise); it is retried too: the server
+        answers a replay of an append that landed with its ids (the replay rule).
+        """
+        return await self._send(calls.append(conversation_id, messages, if_match))
+
+    async def window(
+        self,
+        conversation_id: str,
+        budget_tokens: int,
+        *,
+        system: str | Sequence[MessageLike] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        model: str | None = None,
+        format: WindowFormat = "ctxcore",
+    ) -> WindowResponse:
+        """The window within ``budget_tokens`` (system + tools + messages); send
+        ``window.openai_messages()`` and ``window.tools`` to the model."""
+        return await self._send(calls.window(conversation_id, budget_tokens, system, tools, model, format))
+
+    async def compact(self, conversation_id: str) -> CompactResponse:
+        """Ask for a background compaction; the status after asking."""
+        return await self._send(calls.compact(conversation_id))
+
+    async def state(self, conversation_id: str, *, history: bool = False) -> StateResponse:
+        """The compaction state (blocks with provenance, ``compaction_detail``)."""
+        return await self._send(calls.state(conversation_id, history))
+
+    async def offload(self, conversation_id: str, handle: str) -> list[AnyMessage]:
+        """The original messages behind an offload handle (``NotFoundError`` if unknown)."""
+        response: OffloadResponse = await self._send(calls.offload(conversation_id, handle))
+        return from_openai(response.messages)
+
+    async def conversations(self, *, page_size: int = 100) -> AsyncIterator[str]:
+        """Every conversation id of the tenant, in id order (fetched a page at a time)."""
+        after: str | None = None
+        while True:
+            page = await self._send(calls.conversations(after, page_size))
+            for conversation_id in page.conversations:
+                yield conversation_id
+            if page.next is None:
+                return
+            after = page.next
+
+    async def messages(
+        self, conversation_id: str, *, after: str | None = None, page_size: int = 500
+    ) -> AsyncIterator[AnyMessage]:
+        """The raw log after ``after`` (never compacted), oldest first, log ids set."""
+        while True:
+            page = await self._send(calls.messages(conversation_id, after, page_size))
+            for message in from_openai(page.messages):
+                yield message
+            if page.next is None:
+                return
+            after = page.next
+
+    async def recall(self, conversation_id: str, query: str, max_tokens: int = 2000) -> RecallResponse:
+        """Search what compaction folded in the conversation: at most two archived chunks
+        within ``max_tokens``, each with its log-id range and score; ``note`` says why there
+        are none. Answer the window's ``recall_compressed_context`` calls with it.
+        ``RecallDisabled`` when recall is off for the tenant."""
+        return await self._send(calls.recall(conversation_id, query, max_tokens))
+
+    async def usage(self) -> UsageResponse:
+        """Summariser calls and tokens spent on the tenant's conversations."""
+        return await self._send(calls.usage())
+
+    async def delete(self, conversation_id: str) -> None:
+        """Delete the conversation (log, state, offloads, queued work)."""
+        await self._send(calls.delete(conversation_id))
+
+    async def truncate_after(
+        self, conversation_id: str, log_id: str, *, if_match: str | None = None
+    ) -> TruncateResponse:
+        """Remove the messages after ``log_id``; ``TruncateRefused`` (reason ``covered``,
+        ``busy``, ``moved``) when it must not, nothing removed."""
+        return await self._send(calls.truncate_after(conversation_id, log_id, if_match))

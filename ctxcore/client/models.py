@@ -1,0 +1,321 @@
+"""The HTTP API's request and response bodies (pydantic only): the app serves them, the client parses them.
+
+They are also the published OpenAPI schemas (``workers.http`` imports them). Request models
+reject unknown keys; response models ignore them, so an older client keeps working against
+a newer server that adds fields.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from ctxcore.messages import from_openai, to_openai
+
+__all__ = [
+    "AppendRequest",
+    "AppendResponse",
+    "BlockOut",
+    "CompactResponse",
+    "CompactionDetailOut",
+    "CompactionStatusOut",
+    "ConversationList",
+    "ElidedRange",
+    "ErrorBody",
+    "HealthResponse",
+    "LastErrorOut",
+    "MessageIn",
+    "MessageOut",
+    "MessagesPage",
+    "OffloadResponse",
+    "RecallHit",
+    "RecallRequest",
+    "RecallResponse",
+    "StateResponse",
+    "StateSnapshot",
+    "TruncateResponse",
+    "UsageResponse",
+    "WindowFormat",
+    "WindowRequest",
+    "WindowResponse",
+    "WindowStats",
+]
+
+# Messages are validated by ``ctxcore.messages.from_openai`` (which names the index and field
+# of the first problem), not by pydantic: the schema below documents them for OpenAPI only.
+_MESSAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "ChatMessage",
+    "description": "An OpenAI chat-format message. ctxcore extension keys: message_id "
+    "(deduplicates appends), metadata, context_message_id (the log id, in responses). Other "
+    "keys are kept and returned.",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
+                {"type": "null"},
+            ]
+        },
+        "name": {"type": "string"},
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "tool_call_id": {"type": "string"},
+        "message_id": {"type": "string"},
+        "context_message_id": {"type": "string"},
+        "metadata": {"type": "object"},
+    },
+    "additionalProperties": True,
+}
+MessageIn = Annotated[Any, WithJsonSchema(_MESSAGE_SCHEMA)]
+MessageOut = Annotated[dict[str, Any], WithJsonSchema(_MESSAGE_SCHEMA)]
+
+CompactionStatusOut = Literal["idle", "queued", "running", "failing"]
+WindowFormat = Literal["ctxcore", "openai"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AppendRequest(_Request):
+    """Messages to append, in OpenAI chat format (system messages are rejected)."""
+
+    messages: list[MessageIn] = Field(min_length=1)
+
+
+class AppendResponse(_Response):
+    """The log ids of the messages (existing ids for duplicates) and the id to send as If-Match."""
+
+    ids: list[str]
+    last_id: str | None
+
+
+class WindowRequest(_Request):
+    """What the model will be called with besides the conversation."""
+
+    # Bounded: the budget is stored beside the state (a BIGINT column on SQL backends) and
+    # no model has a billion-token window.
+    budget_tokens: int = Field(
+        gt=0, le=1_000_000_000, description="Token budget of the whole request (system + tools + messages)"
+    )
+    model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:/-]{1,128}$",
+        description="Model name choosing the tokenizer (default: the configured one)",
+    )
+    system_messages: list[MessageIn] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class WindowStats(_Response):
+    """Message and token counts of the served window."""
+
+    total_messages: int
+    total_tokens: int
+    total_dialogues: int
+    system_messages: int
+    user_messages: int
+    assistant_messages: int
+    tool_messages: int
+    tools: int
+    system_message_tokens: int
+    user_message_tokens: int
+    assistant_message_tokens: int
+    tool_message_tokens: int
+    tool_tokens: int
+
+
+class ElidedRange(_Response):
+    """Log ids of tail messages the fast-path fallback left out of this window."""
+
+    first_id: str
+    last_id: str
+
+
+class LastErrorOut(_Response):
+    """The failure that ended the conversation's last compaction job."""
+
+    kind: str = Field(
+        description="The model error kind (rate_limit, timeout, authentication, ...), "
+        "store_unavailable, or internal for an unclassified exception"
+    )
+    message: str = Field(description="The cause; for internal, the exception's class and text")
+    stage: str | None = Field(description="The stage kind that failed (null: planning failed)")
+    at: datetime = Field(description="When it failed (UTC)")
+
+
+class CompactionDetailOut(_Response):
+    """Why ``compaction`` says ``failing``: set until a later job succeeds."""
+
+    last_error: LastErrorOut | None
+    last_success_at: datetime | None = Field(description="When a job last ended without a failed stage (UTC)")
+
+
+class WindowResponse(_Response):
+    """The window to send to the model and how it was made.
+
+    ``messages`` come system messages first; with ``format=openai`` they carry OpenAI keys
+    only, otherwise also ``context_message_id``, ``message_id`` and ``metadata``.
+    ``tools`` are exactly the tools the budget counted: send them with the messages.
+    """
+
+    messages: list[MessageOut]
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list, description="The tools the budget counted: the request's, then ctxcore's own"
+    )
+    stats: WindowStats
+    state_version: int
+    compaction: CompactionStatusOut
+    compaction_detail: CompactionDetailOut
+    fallback_applied: bool
+    elided_ranges: list[ElidedRange] = Field(default_factory=list)
+
+    def openai_messages(self) -> list[dict[str, Any]]:
+        """The messages exactly as the OpenAI SDK accepts them (ctxcore's keys removed)."""
+        return to_openai(from_openai(self.messages), include_extra=False)
+
+
+class CompactResponse(_Response):
+    """The conversation's compaction status after the request."""
+
+    status: CompactionStatusOut
+
+
+class BlockOut(_Response):
+    """A summary block and its provenance (the log-id range it stands for)."""
+
+    block_id: str
+    first_id: str
+    last_id: str
+    level: int
+    tokens_before: int
+    tokens_after: int
+    model: str
+    created_at: datetime
+    text: str
+
+
+class StateSnapshot(_Response):
+    """One version of a conversation's compaction state."""
+
+    version: int
+    covered_until: str | None
+    pinned: list[str]
+    blocks: list[BlockOut]
+
+
+class StateResponse(StateSnapshot):
+    """The current compaction state, the budget last asked for and (``?history=1``) kept versions."""
+
+    budget: int | None
+    compaction_detail: CompactionDetailOut
+    history: list[StateSnapshot] | None = Field(
+        default=None, description="Kept versions, newest first (only with ?history=1)"
+    )
+
+
+class OffloadResponse(_Response):
+    """Original messages kept behind an offload handle."""
+
+    handle: str
+    messages: list[MessageOut]
+
+
+class MessagesPage(_Response):
+    """A page of the raw log, oldest first, each with its ``context_message_id``; pass
+    ``next`` as ``after`` for the following page (null: this was the last)."""
+
+    messages: list[MessageOut]
+    next: str | None
+
+
+class TruncateResponse(_Response):
+    """The log ids removed by ``DELETE .../messages?after=`` and where the log now ends."""
+
+    removed: list[str]
+    last_id: str | None
+
+
+class ConversationList(_Response):
+    """A page of conversation ids; pass ``next`` as ``after`` for the following page."""
+
+    conversations: list[str]
+    next: str | None
+
+
+class UsageResponse(_Response):
+    """Summariser calls and tokens spent on the tenant's conversations."""
+
+    tenant: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+
+
+class RecallRequest(_Request):
+    """What to look for in the conversation's archive."""
+
+    query: str = Field(min_length=1, description="Words to look for (cut to its first 512 tokens)")
+    # 2000 is ``ctxcore.processors.recall_tool.DEFAULT_RECALL_TOKENS``; this module stays
+    # importable without the engine.
+    max_tokens: int = Field(default=2000, gt=0, description="The most tokens to return")
+
+
+class RecallHit(_Response):
+    """One archived chunk: its log-id range, bm25 score (higher is better) and text."""
+
+    first_id: str
+    last_id: str
+    part: int = Field(description="0, or the piece of one long message split across chunks")
+    range: str
+    score: float
+    tokens: int
+    text: str
+
+
+class RecallResponse(_Response):
+    """At most two chunks within ``max_tokens``; ``note`` says why there are none."""
+
+    hits: list[RecallHit]
+    note: str = ""
+    query_truncated: bool = False
+    archived_chunks: int = 0
+
+
+class HealthResponse(_Response):
+    """``ok`` when Redis answers."""
+
+    status: Literal["ok", "unavailable"]
+
+
+class ErrorBody(BaseModel):
+    """Every error: a code and a human-readable detail, plus fields specific to the code."""
+
+    error: str = Field(description="Machine-readable code, e.g. not_found, invalid_message, rate_limited")
+    detail: str | list[dict[str, Any]]
+    index: int | None = Field(default=None, description="invalid_message: index of the bad message")
+    field: str | None = Field(default=None, description="invalid_message: the offending field")
+    location: str | None = Field(default=None, description="invalid_message: messages or system_messages")
+    budget: int | None = Field(default=None, description="budget_exceeded: the budget asked for")
+    system_tokens: int | None = None
+    tools_tokens: int | None = None
+    anchor_tokens: int | None = None
+    last_id: str | None = Field(
+        default=None, description="conflict, truncate_refused: the log's actual last id"
+    )
+    reason: str | None = Field(
+        default=None, description="truncate_refused: covered, busy or moved (nothing was removed)"
+    )
+    setting: str | None = Field(default=None, description="recall_disabled: the setting to turn on")
+    state_version: int | None = Field(default=None, description="invalid_window: the state served")
+    violations: list[dict[str, Any]] | None = Field(
+        default=None, description="invalid_window: the protocol violations (index, rule, detail)"
+    )

@@ -1,0 +1,75 @@
+"""The raw log's routes: ``GET`` (paged read) and ``DELETE`` (truncate) ``/v1/conversations/{id}/messages``."""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query
+
+from ctxcore.client.models import MessagesPage, TruncateResponse
+from ctxcore.errors import InvalidKeyError
+from ctxcore.messages import to_openai
+from ctxcore.state.base import parse_log_id
+from workers.http_api import ApiState, parse_if_match
+from workers.http_errors import ApiError, error_responses
+from workers.truncate import truncate_conversation
+
+__all__ = ["log_router"]
+
+ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of letters, digits, '-', '_', '.'")]
+
+
+def _log_id(value: str, name: str) -> str:
+    try:
+        parse_log_id(value)
+    except InvalidKeyError as exc:
+        raise ApiError(422, "invalid_request", f"{name}: {exc}") from None
+    return value
+
+
+def log_router(api: ApiState, tenant: Any) -> APIRouter:
+    """The log routes over ``api``; ``tenant`` is the authenticated-tenant dependency type."""
+    router = APIRouter(tags=["conversations"])
+    conv = "/v1/conversations/{conversation_id}"
+    Tenant = tenant
+
+    @router.get(
+        f"{conv}/messages", response_model=MessagesPage, responses=error_responses(401, 404, 422, 429, 503)
+    )
+    def read_messages(
+        conversation_id: ConversationId,
+        tenant: Tenant,
+        after: Annotated[str | None, Query(description="Return messages after this log id")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    ) -> MessagesPage:
+        """The raw log (never compacted), oldest first, with each message's ``context_message_id``."""
+        key = api.require(tenant, conversation_id)
+        cursor = _log_id(after, "after") if after is not None else None
+        page = api.runtime.log.read_after(key, cursor, limit)
+        last = page[-1].context_message_id if len(page) == limit else None
+        return MessagesPage(messages=to_openai(page, include_extra=True), next=last)
+
+    @router.delete(
+        f"{conv}/messages",
+        response_model=TruncateResponse,
+        responses=error_responses(401, 404, 409, 422, 429, 503),
+    )
+    def truncate_messages(
+        conversation_id: ConversationId,
+        tenant: Tenant,
+        after: Annotated[str, Query(description="Keep the log up to this log id, remove what follows")],
+        if_match: Annotated[
+            str | None, Header(alias="If-Match", description="The log id the log must end at (else 409)")
+        ] = None,
+    ) -> TruncateResponse:
+        """Remove the messages after ``after`` (the log's one exception to append-only).
+
+        409 ``truncate_refused`` with ``reason``: ``covered`` when a compaction summarised or
+        pinned one of them, ``busy`` when a compaction holds the conversation, ``moved`` when
+        the log does not end at ``If-Match``. Removed ids are never reused.
+        """
+        key = api.require(tenant, conversation_id)
+        removed = truncate_conversation(
+            api.runtime, key, _log_id(after, "after"), expected_last_id=parse_if_match(if_match)
+        )
+        return TruncateResponse(removed=removed, last_id=api.runtime.log.last_id(key))
+
+    return router

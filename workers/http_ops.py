@@ -1,0 +1,56 @@
+"""The unauthenticated operations routes: ``GET /healthz`` and ``GET /metrics``."""
+
+import logging
+
+import redis
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from ctxcore.client.models import HealthResponse
+from workers.http_errors import error_responses
+from workers.runtime import Runtime
+
+__all__ = ["operations_router"]
+
+log = logging.getLogger(__name__)
+
+
+def operations_router(runtime: Runtime) -> APIRouter:
+    """Health and metrics over ``runtime``."""
+    router = APIRouter()
+
+    @router.get(
+        "/healthz",
+        response_model=HealthResponse,
+        responses={503: {"model": HealthResponse, "description": "Redis does not answer"}},
+        tags=["operations"],
+    )
+    def healthz() -> JSONResponse:
+        """Liveness and readiness: 200 when Redis answers PING, else 503."""
+        try:
+            runtime.redis.ping()
+        except redis.RedisError as exc:
+            log.warning("health check failed: %s", exc)
+            return JSONResponse({"status": "unavailable"}, status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ok"})
+
+    @router.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "Prometheus text exposition format 0.0.4",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **error_responses(503),
+        },
+        tags=["operations"],
+    )
+    def metrics() -> PlainTextResponse:
+        """Service metrics (no tenant or conversation labels: cardinality stays bounded)."""
+        extra = {"ctxcore_queue_depth": float(runtime.scheduler.depth())}
+        return PlainTextResponse(
+            runtime.metrics.render(extra=extra), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    return router
