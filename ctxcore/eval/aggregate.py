@@ -147,6 +147,26 @@ def aggregate(
             mine.add(a)
             base.add(b)
         out["control"] = control_figures(mine, base)
+    asked = [r.qa_tool for r in results if r.qa_tool is not None]
+    if asked:
+        tally = QATally()
+        for t in asked:
+            tally.add(t)
+        rates = tally.rates()
+        out["asking"] = {
+            "questions": rates["compacted_questions"],
+            "substring_hit_rate": rates["compacted_substring_hit_rate"],
+            "answer_recall": rates["compacted_answer_recall"],
+        }
+        asked_controls = [
+            (r.control_tool, r.control_truncate) for r in results if r.control_tool and r.control_truncate
+        ]
+        if asked_controls:
+            mine, base = QATally(), QATally()
+            for a, b in asked_controls:
+                mine.add(a)
+                base.add(b)
+            out["asking"]["control"] = control_figures(mine, base)
     queries = sorted(ms for r in results for ms in r.recall_query_ms)
     if queries:
         out["recall"] = {

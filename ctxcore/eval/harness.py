@@ -22,6 +22,7 @@ from ctxcore.errors import BudgetExceeded, InvalidWindowError
 from ctxcore.eval.baselines import truncate_window
 from ctxcore.eval.data import Conversation, QAItem, groups, window_points
 from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy
+from ctxcore.eval.policy_base import Policy
 from ctxcore.eval.probes import Probes, ProbeTracker, WindowText, score_probes
 from ctxcore.eval.scoring import (
     QATally,
@@ -29,6 +30,7 @@ from ctxcore.eval.scoring import (
     compacted_questions,
     evidence_texts,
     score_qa,
+    score_qa_asking,
     violations,
 )
 from ctxcore.messages import AnyMessage
@@ -90,6 +92,11 @@ class ConversationResult:
     qa: QATally | None = None
     control: QATally | None = None
     control_truncate: QATally | None = None
+    # The fixed compacted set scored on the final window plus one recall-tool call with the
+    # question (policies with the tool only): what the agent can find by asking.
+    qa_tool: QATally | None = None
+    # The control asked the same way: other conversations' questions put to this one's tool.
+    control_tool: QATally | None = None
     probes_final: dict[str, float] = field(default_factory=dict)
     probes_windows: dict[str, float] = field(default_factory=dict)
     malformed_calls: int = 0
@@ -203,7 +210,7 @@ def _failure_kind(exc: Exception) -> str:
 
 def _replay_policy(
     replay: _Replay, name: str, setup: PolicySetup
-) -> tuple[ConversationResult, list[AnyMessage]]:
+) -> tuple[ConversationResult, list[AnyMessage], Policy]:
     """One policy over one conversation; the result and the history at the end."""
     conv = replay.conv
     counter = setup.counter
@@ -271,7 +278,7 @@ def _replay_policy(
         result.probes_final = score_probes(final_text, last)
         result.probes_windows = {k: round(sum(v) / len(v), 4) for k, v in window_scores.items() if v}
         result.malformed_calls = last.malformed_calls
-    return result, history
+    return result, history, policy
 
 
 def evaluate_conversation(
@@ -317,7 +324,7 @@ def evaluate_conversation(
             trigger_ratio=trigger_ratio,
             target_ratio=target_ratio,
         )
-        result, history = _replay_policy(replay, name, setup)
+        result, history, policy = _replay_policy(replay, name, setup)
         result.summariser_calls = counting.calls
         result.summariser_input_tokens = counting.input_tokens
         result.summariser_output_tokens = counting.output_tokens
@@ -326,9 +333,16 @@ def evaluate_conversation(
             if name == REFERENCE_POLICY:
                 compacted = compacted_questions(final, conv.qa, evidence_texts(history))
             result.qa = score_qa(final, conv.qa, compacted)
+            if result.final.error is None and policy.offers_recall:
+                asked = {n: policy.tool_recall(conv.qa[n].question) for n in compacted}
+                result.qa_tool = score_qa_asking(final, conv.qa, compacted, asked)
         if control_qa:
             result.control = score_qa(final, control_qa)
             result.control_truncate = score_qa(truncate_window(setup, history), control_qa)
+            if result.final.error is None and policy.offers_recall:
+                every = [n for n, item in enumerate(control_qa) if item.answerable]
+                asked_control = {n: policy.tool_recall(control_qa[n].question) for n in every}
+                result.control_tool = score_qa_asking(final, control_qa, every, asked_control)
         result.elapsed_seconds = time.perf_counter() - started
         results[name] = result
     return {name: results[name] for name in dict.fromkeys(policies)}

@@ -15,6 +15,7 @@ The baselines (``truncate``, ``steps``, ``mask``, ``lossless``) live in ``baseli
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -31,7 +32,7 @@ from ctxcore.eval.policy_base import (
     PolicyWindow,
     conversation_key,
 )
-from ctxcore.messages import AnyMessage
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.processors.chain import (
     DEFAULT_MAX_RESULT_RATIO,
     apply_rules,
@@ -40,9 +41,14 @@ from ctxcore.processors.chain import (
 )
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
-from ctxcore.processors.recall_tool import recall_tool_definition
+from ctxcore.processors.recall_tool import (
+    DEFAULT_RECALL_TOKENS,
+    RECALL_TOOL_NAME,
+    recall_answer_text,
+    recall_tool_definition,
+)
 from ctxcore.processors.round_level import RoundLevelCompressor
-from ctxcore.recall.archive import ChunkingConfig
+from ctxcore.recall.archive import ChunkingConfig, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey
@@ -192,6 +198,7 @@ class FullRecallPolicy(FullPolicy):
     and spend their leftover room on archived passages near the intent (auto-recall)."""
 
     name = "full+recall"
+    offers_recall = True
 
     def __init__(self, setup: PolicySetup) -> None:
         super().__init__(setup)
@@ -226,6 +233,17 @@ class FullRecallPolicy(FullPolicy):
         return PolicyWindow(
             result.messages, list(tools), result.fallback_applied, stages, failures, recall=result.recall
         )
+
+    def tool_recall(self, question: str) -> list[AnyMessage]:
+        """The agent's call of ``recall_compressed_context`` with ``question`` and its result."""
+        state = self.states.load(self.key) or CompressionState()
+        index = self.indexes.get(self.key, state.archive_version, lambda: self.states.load_archive(self.key))
+        answer = recall(index, question, DEFAULT_RECALL_TOKENS, self.setup.counter)
+        call = ToolCall(id="eval-recall", name=RECALL_TOOL_NAME, arguments=json.dumps({"query": question}))
+        return [
+            AssistantMessage(content="", tool_calls=[call]),
+            ToolMessage(tool_call_id=call.id, content=recall_answer_text(answer)),
+        ]
 
 
 class EnginePolicy(Policy):

@@ -97,6 +97,8 @@ class Policy(ABC):
     name: ClassVar[str] = ""
     # A reference row (``lossless``): no budget, outside over-budget counts, wins and goals.
     reference: ClassVar[bool] = False
+    # Its windows carry the recall tool: ``tool_recall`` answers it.
+    offers_recall: ClassVar[bool] = False
 
     def __init__(self, setup: PolicySetup) -> None:
         self.setup = setup
@@ -108,6 +110,11 @@ class Policy(ABC):
     @abstractmethod
     def window(self) -> PolicyWindow:
         """The window the model would be sent now (may raise ``BudgetExceeded``)."""
+
+    def tool_recall(self, question: str) -> list[AnyMessage]:
+        """What the window's recall tool answers when the agent asks ``question`` (the
+        messages a tool call and its result add), or nothing: this policy has no such tool."""
+        return []
 
 
 def conversation_key(conversation_id: str) -> ConversationKey:

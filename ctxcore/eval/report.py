@@ -93,6 +93,16 @@ def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
         cols["passages"] = _fmt(recall.get("passages"))
         cols["recall_tok"] = _fmt(recall.get("tokens"))
         cols["q_p50_ms"] = _fmt(recall.get("query_p50_ms"), 2)
+    asking = overall.get("asking")
+    if asking:
+        # The fixed set on the final window plus one recall call with the question.
+        cols["ask_hit"] = _fmt(asking.get("substring_hit_rate"))
+        cols["ask_recall"] = _fmt(asking.get("answer_recall"))
+        asked_control = asking.get("control") or {}
+        if asked_control:
+            cols["ask_ctrl_hit"] = _fmt(asked_control.get("substring_hit_rate"))
+            cols["ask_ctrl_recall"] = _fmt(asked_control.get("answer_recall"))
+            cols["ask_ctrl_flag"] = "FLAGGED" if asked_control.get("flagged") else "ok"
     wl = overall.get("vs_baseline")
     cols["W/L/T"] = f"{wl['win']}/{wl['loss']}/{wl['tie']}" if wl else "-"
     cols["calls"] = _fmt(overall.get("summariser_calls"))

@@ -34,6 +34,7 @@ __all__ = [
     "content_words",
     "normalise",
     "score_qa",
+    "score_qa_asking",
     "window_text",
 ]
 
@@ -146,6 +147,29 @@ class QATally:
 
 def _ratio(num: float, den: int) -> float | None:
     return round(num / den, 4) if den else None
+
+
+def score_qa_asking(
+    window: Sequence[AnyMessage],
+    questions: Sequence[QAItem],
+    compacted: Collection[int],
+    asked: Mapping[int, Sequence[AnyMessage]],
+) -> QATally:
+    """The compacted questions, each scored on ``window`` plus what asking it added
+    (``asked[n]``: a tool call and its result), pooled like ``score_qa``'s compacted set."""
+    tally = QATally()
+    for n in sorted(compacted):
+        item = questions[n]
+        if not item.answerable:
+            continue
+        hit, recall = _WindowIndex([*window, *asked.get(n, ())]).score(item.answer)
+        tally.questions += 1
+        tally.hits += int(hit)
+        tally.recall += recall
+        tally.compacted += 1
+        tally.compacted_hits += int(hit)
+        tally.compacted_recall += recall
+    return tally
 
 
 @dataclass(frozen=True)

@@ -274,6 +274,20 @@ def test_full_keeps_more_of_the_old_facts_than_truncation() -> None:
     assert scores["full"]["compacted_answer_recall"] > scores["truncate"]["compacted_answer_recall"]
 
 
+def test_asking_the_recall_tool_scores_the_fixed_set_on_the_window_plus_its_answer() -> None:
+    results = replay(chat_record(60), ["full", "full+recall"], 900)
+    plain, recalling = results["full"], results["full+recall"]
+    assert plain.qa_tool is None  # no tool, nothing asked
+    assert recalling.qa is not None and recalling.qa_tool is not None
+    window, asked = recalling.qa.rates(), recalling.qa_tool.rates()
+    # The same fixed set; asking only adds text, so it can only find more.
+    assert asked["compacted_questions"] == window["compacted_questions"] >= 2
+    assert asked["compacted_answer_recall"] >= window["compacted_answer_recall"]
+    assert asked["compacted_substring_hit_rate"] >= window["compacted_substring_hit_rate"]
+    # The archive holds the old facts the window summarised: asking finds some of them.
+    assert asked["compacted_answer_recall"] > window["compacted_answer_recall"]
+
+
 def test_the_compacted_set_comes_from_full_even_when_it_is_not_listed() -> None:
     only = replay(chat_record(60), ["truncate"], 900)
     assert list(only) == ["truncate"]
