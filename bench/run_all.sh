@@ -5,7 +5,7 @@
 #   bash bench/run_all.sh --long     # long profiles (opt-in): well over an hour
 #
 # Benchmarks print figures and assert nothing; a failing one is reported and the others
-# still run. Redis: the benchmarks that need it use 127.0.0.1:6379 (db 10 for fast_path and
+# still run. Redis: the benchmarks that need it use 127.0.0.1:6379 (db 10 for fast_path, fast_path_flat and
 # incremental, 11 for the soak, 12 for turn_latency, 13 for throughput); when nothing answers
 # there and a redis-server binary is on PATH, one is started for the run and stopped after.
 # Bench-only dependencies (not in pyproject): pip install matplotlib langchain
@@ -42,7 +42,8 @@ if [[ $LONG -eq 1 ]]; then
     run store_latency bench/store_latency.py --n 2000
     run compressors bench/compressors.py --long
     run incremental bench/incremental.py --long
-    run fast_path bench/fast_path.py --long
+    run fast_path bench/fast_path.py --rounds 100
+    run fast_path_flat bench/fast_path_flat.py --long
     run recall bench/recall.py --chunks 5000
     run soak bench/soak.py --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py --long
@@ -53,7 +54,8 @@ else
     run store_latency bench/store_latency.py
     run compressors bench/compressors.py
     run incremental bench/incremental.py
-    run fast_path bench/fast_path.py --recall auto
+    run fast_path bench/fast_path.py
+    run fast_path_flat bench/fast_path_flat.py --recall auto
     run recall bench/recall.py
     run soak bench/soak.py --duration 20 --conversations 20 --drain 20 --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py

@@ -27,6 +27,8 @@ T = TypeVar("T")
 # wrapper lives as long as the counter it wraps.
 _WRAPPERS: weakref.WeakKeyDictionary[Any, FallbackCounter] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+# Counters defined there never raise (the built-ins) or are tolerant already (WindowCounter).
+_TOLERANT_MODULES = frozenset({"ctxcore.tokens", "ctxcore.window_counter"})
 
 
 class FallbackCounter:
@@ -94,7 +96,7 @@ def tolerant(counter: TokenCounter) -> TokenCounter:
     The built-in counters do not raise on any text and are returned as they are; so is a
     counter that is already tolerant.
     """
-    if isinstance(counter, FallbackCounter) or type(counter).__module__ == "ctxcore.tokens":
+    if isinstance(counter, FallbackCounter) or type(counter).__module__ in _TOLERANT_MODULES:
         return counter
     try:
         with _LOCK:

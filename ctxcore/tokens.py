@@ -348,6 +348,10 @@ class _LruCache:
 class _FramedCounter:
     """Shared per-message framing, image pricing and per-content caching."""
 
+    # What ``count_messages`` adds to the sum of ``count_message`` over a non-empty list:
+    # lets a caller that memoises single messages compose a request's count exactly.
+    reply_priming: int = _REPLY_PRIMING
+
     def __init__(self, cache_size: int = 65536) -> None:
         self._cache = _LruCache(cache_size)
 

@@ -30,6 +30,7 @@ from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
+from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureStore
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
@@ -182,7 +183,7 @@ class ContextService:
             counter = self._counters.setdefault(encoding, TiktokenCounter(model))
         return counter
 
-    def _rules(self, key: ConversationKey, budget: int) -> RuleFn | None:
+    def _rules(self, key: ConversationKey, budget: int, counter: TokenCounter) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
         chain = self._chains.get(budget)
@@ -199,7 +200,7 @@ class ContextService:
             return apply_rules(
                 messages,
                 built,
-                self.counter,
+                counter,
                 self.offloads,
                 key,
                 context_max=budget,
@@ -266,7 +267,9 @@ class ContextService:
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
         started = self._clock()
         tools = self.window_tools(key, tools)
-        counter = self._counter_for(model)
+        # One counter for the rules and the window (the request's model), each message
+        # counted once however often the window's steps ask.
+        counter = WindowCounter(self._counter_for(model))
         state = self.state_store.load(key) or CompressionState()
         self.state_store.set_budget(key, budget_tokens)
         pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
@@ -282,7 +285,7 @@ class ContextService:
             budget_tokens,
             list(system_messages),
             list(tools),
-            self._rules(key, budget_tokens),
+            self._rules(key, budget_tokens, counter),
             counter,
             pinned=pinned,
             detector=self.detector,

@@ -1,0 +1,68 @@
+"""``WindowCounter``: one window's token counter, each message counted once.
+
+Serving a window counts the same tail several times: each rule's headroom, the view before
+and after the fallback, the statistics. The built-in counters cache by content, but
+building that cache key (role, content, calls) for every message on every count cost more
+than the rest of a window at a 50-message tail (profiled in bench/README, fast path).
+Messages are immutable, so within one window a message object's count is fixed: this
+counter remembers it by identity, holding a reference so the identity cannot be reused.
+Build one per window and drop it after; it is not meant to be shared between threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ctxcore.counting import tolerant
+from ctxcore.messages import AnyMessage
+from ctxcore.tokens import TokenCounter
+
+__all__ = ["WindowCounter"]
+
+
+class WindowCounter:
+    """``inner`` (made tolerant) with per-window memoisation of message and tool counts."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        self.inner = tolerant(inner)
+        own = getattr(inner, "count_message", None)
+        priming = getattr(inner, "reply_priming", None)
+        # A request's count is composed from single messages only where the counter says
+        # how (the built-in framing); any other counter counts each request itself.
+        self._priming: int | None = priming if callable(own) and isinstance(priming, int) else None
+        self._messages: dict[int, tuple[AnyMessage, int]] = {}
+        self._tools: dict[tuple[int, ...], tuple[Sequence[Mapping[str, Any]], int]] = {}
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text``."""
+        return self.inner.count_text(text)
+
+    def count_message(self, message: AnyMessage) -> int:
+        """Tokens of one message without the reply priming (counted once per object)."""
+        # The memo holds each message it counted, so an id in it names that same object.
+        found = self._messages.get(id(message))
+        if found is not None:
+            return found[1]
+        own = getattr(self.inner, "count_message", None)
+        value = int(own(message)) if callable(own) else self.inner.count_messages([message])
+        self._messages[id(message)] = (message, value)
+        return value
+
+    def count_messages(self, messages: Sequence[AnyMessage]) -> int:
+        """Tokens of ``messages`` as one request."""
+        if self._priming is None:
+            return self.inner.count_messages(messages)
+        if not messages:
+            return 0
+        return sum(self.count_message(m) for m in messages) + self._priming
+
+    def count_tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        """Tokens of tool definitions (the same definition objects counted once)."""
+        key = tuple(id(t) for t in tools)
+        found = self._tools.get(key)
+        if found is not None:
+            return found[1]
+        value = self.inner.count_tools(tools)
+        self._tools[key] = (list(tools), value)
+        return value
