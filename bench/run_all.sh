@@ -6,7 +6,7 @@
 #
 # Benchmarks print figures and assert nothing; a failing one is reported and the others
 # still run. Redis: the benchmarks that need it use 127.0.0.1:6379 (db 10 for fast_path, fast_path_flat and
-# incremental, 11 for the soak, 12 for turn_latency, 13 for throughput); when nothing answers
+# incremental, 11 for the soak, 12 for turn_latency, 13 for throughput, 14 for http_load); when nothing answers
 # there and a redis-server binary is on PATH, one is started for the run and stopped after.
 # Bench-only dependencies (not in pyproject): pip install matplotlib langchain
 set -uo pipefail
@@ -44,6 +44,7 @@ if [[ $LONG -eq 1 ]]; then
     run incremental bench/incremental.py --long
     run fast_path bench/fast_path.py --rounds 100
     run fast_path_flat bench/fast_path_flat.py --long
+    run http_load bench/http_load.py --duration 60
     run recall bench/recall.py --chunks 5000
     run soak bench/soak.py --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py --long
@@ -56,6 +57,7 @@ else
     run incremental bench/incremental.py
     run fast_path bench/fast_path.py
     run fast_path_flat bench/fast_path_flat.py --recall auto
+    run http_load bench/http_load.py
     run recall bench/recall.py
     run soak bench/soak.py --duration 20 --conversations 20 --drain 20 --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py

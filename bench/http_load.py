@@ -1,0 +1,417 @@
+"""HTTP load: the real ``ctxcore serve`` and real Celery workers on real Redis, loopback only.
+
+One ``ctxcore serve`` process (uvicorn, one worker process) and one ``celery -A workers.app
+worker`` (prefork, ``--concurrency`` children, the offline summariser) on Redis db 14 under
+a run-own key prefix (deleted at the end, nothing flushed). Simulated agents (asyncio +
+httpx in this process, one conversation each, spread over four tenants) append a step and
+then ask for a window, in a loop, for ``--duration`` seconds per phase:
+
+* ``idle``: pre-compacted conversations (a tau-bench run each, compacted by the workers
+  before the phase) and small steps under a 32k budget: the workers have nothing to do;
+* ``busy``: tool outputs of tau-bench runs as steps and an 8k budget, so windows go over
+  the trigger and the workers compact during the phase.
+
+Each phase runs with 1, 8 and 32 agents. Per phase: p50/p95/p99 of window and append,
+requests/s, errors by status, and the API process's CPU (user+sys from /proc) per window
+request. In the same run: a trivial route (``GET /healthz``, itself one Redis PING) and the
+Redis floor (one pipelined round trip of what a window reads, from this process) with one
+client. The per-tenant rate limit is raised for the run; a last short phase sends 8 agents
+at a tenant limited to 20 requests/s (burst 50) on purpose and counts its 429s. Asserts nothing.
+
+    .venv/bin/python bench/http_load.py                      # 10 s per phase
+    .venv/bin/python bench/http_load.py --duration 30 --concurrency 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from ctxcore.client.calls import calls  # noqa: E402
+from ctxcore.config import Settings, hash_token  # noqa: E402
+from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai  # noqa: E402
+from ctxcore.state import ConversationKey  # noqa: E402
+from workers.app import queue_names  # noqa: E402
+from workers.embedded import ensure_redis  # noqa: E402
+from workers.keyspace import delete_prefixed_keys  # noqa: E402
+
+DATA = Path(os.environ.get("CTXCORE_DATA_DIR", REPO.parent / "shared" / "data")) / "tau_bench.jsonl"
+TENANTS = ("acme", "globex", "initech", "umbrella")
+LIMITED = "limited"
+AGENTS = (1, 8, 32)
+SEED_BUDGET = 1500
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Phase:
+    """Samples of one phase (milliseconds) and its outcome counts."""
+
+    name: str
+    agents: int
+    window: list[float] = field(default_factory=list)
+    append: list[float] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tau_runs() -> list[list[AnyMessage]]:
+    """The tau-bench runs without their system messages."""
+    out = []
+    for line in DATA.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            messages = from_openai(json.loads(line)["messages"])
+            out.append([m for m in messages if not isinstance(m, SystemMessage)])
+    return out
+
+
+def steps_of(run: list[AnyMessage]) -> list[list[dict[str, Any]]]:
+    """A run cut into appendable steps (an assistant message with its tool results, or one message)."""
+    groups: list[list[AnyMessage]] = []
+    for m in run:
+        if groups and m.role == "tool":
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    return [to_openai(g) for g in groups]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def config_file(directory: Path, url: str, prefix: str, tokens: dict[str, str], port: int) -> Path:
+    lines = [
+        "[redis]",
+        f'url = "{url}"',
+        f'key_prefix = "{prefix}"',
+        "[http]",
+        f"port = {port}",
+        # Raised for the run: the bucket refills faster than any agent here asks; the burst is
+        # every tenant's, so the limited tenant's 20/s bites once its 50 are spent.
+        "requests_per_second = 100000.0",
+        "burst = 50",
+        "[http.tokens]",
+        *(f'"{hash_token(token)}" = "{tenant}"' for tenant, token in tokens.items()),
+        f"[tenants.{LIMITED}]",
+        "requests_per_second = 20.0",
+    ]
+    path = directory / "ctxcore.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def start(args: list[str], config: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "CTXCORE_CONFIG_FILE": str(config)}
+    with log.open("ab") as out:
+        return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ctxcore serve exited ({proc.returncode}); see {log}")
+        try:
+            if (await client.get("/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"ctxcore serve did not answer /healthz within 30 s; see {log}")
+
+
+async def send(http: httpx.AsyncClient, token: str, call: Any) -> httpx.Response:
+    return await http.request(
+        call.method,
+        call.path,
+        json=call.json,
+        params=dict(call.params),
+        headers={"Authorization": f"Bearer {token}", **dict(call.headers)},
+    )
+
+
+async def agent(
+    http: httpx.AsyncClient,
+    token: str,
+    conversation: str,
+    steps: list[list[dict[str, Any]]],
+    budget: int,
+    phase: Phase,
+    until: float,
+) -> None:
+    """Append a step, ask for a window, until ``until``; every status is counted."""
+    i = 0
+    while time.monotonic() < until:
+        step = [
+            {**m, "message_id": f"{conversation}-{phase.name}-{i}-{k}"}
+            for k, m in enumerate(steps[i % len(steps)])
+        ]
+        i += 1
+        started = time.perf_counter()
+        response = await send(http, token, calls.append(conversation, step))
+        phase.append.append((time.perf_counter() - started) * 1000)
+        phase.statuses[response.status_code] += 1
+        started = time.perf_counter()
+        response = await send(http, token, calls.window(conversation, budget, None, None, None, "openai"))
+        phase.window.append((time.perf_counter() - started) * 1000)
+        phase.statuses[response.status_code] += 1
+
+
+async def seed(http: httpx.AsyncClient, tokens: dict[str, str], runs: list[list[AnyMessage]], n: int) -> int:
+    """One pre-compacted conversation per agent: a tau-bench run, then a window at a small
+    budget, over which the workers compact it. The number compacted within 120 s."""
+    for a in range(n):
+        tenant = TENANTS[a % len(TENANTS)]
+        conversation = f"agent-{a}"
+        body = [{**m, "message_id": f"seed-{a}-{k}"} for k, m in enumerate(to_openai(runs[a % len(runs)]))]
+        for response in (
+            await send(http, tokens[tenant], calls.append(conversation, body)),
+            await send(
+                http, tokens[tenant], calls.window(conversation, SEED_BUDGET, None, None, None, "openai")
+            ),
+        ):
+            if response.status_code >= 400:
+                raise RuntimeError(
+                    f"seeding {tenant}/{conversation}: {response.status_code} {response.text[:200]}"
+                )
+    deadline = time.monotonic() + 120
+    pending = set(range(n))
+    while pending and time.monotonic() < deadline:
+        for a in sorted(pending):
+            tenant = TENANTS[a % len(TENANTS)]
+            state = (await send(http, tokens[tenant], calls.state(f"agent-{a}", False))).json()
+            if state.get("version", 0) > 0:
+                pending.discard(a)
+        await asyncio.sleep(0.5)
+    return n - len(pending)
+
+
+async def run_phase(
+    http: httpx.AsyncClient,
+    tokens: dict[str, str],
+    name: str,
+    agents: int,
+    steps: list[list[list[dict[str, Any]]]],
+    budget: int,
+    duration: float,
+    api_pid: int,
+    tenants: tuple[str, ...] = TENANTS,
+) -> Phase:
+    phase = Phase(name, agents)
+    cpu = cpu_seconds(api_pid)
+    started = time.monotonic()
+    until = started + duration
+    await asyncio.gather(
+        *(
+            agent(
+                http,
+                tokens[tenants[a % len(tenants)]],
+                f"agent-{a}",
+                steps[a % len(steps)],
+                budget,
+                phase,
+                until,
+            )
+            for a in range(agents)
+        )
+    )
+    phase.seconds = time.monotonic() - started
+    phase.cpu_seconds = cpu_seconds(api_pid) - cpu
+    return phase
+
+
+def floor_ms(client: redis.Redis, prefix: str, n: int) -> list[float]:
+    """One pipelined round trip of what a window reads (state, tail page, status, budget)."""
+    tag = ConversationKey(TENANTS[0], "agent-0").hash_tag
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        pipe = client.pipeline(transaction=False)
+        pipe.lindex(f"{prefix}:{tag}:state:history", 0)
+        pipe.xrevrange(f"{prefix}:{tag}:log", "+", "-", count=128)
+        pipe.hgetall(f"{prefix}:{tag}:compaction")
+        pipe.get(f"{prefix}:{tag}:budget")
+        pipe.execute()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+async def trivial_ms(http: httpx.AsyncClient, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        (await http.get("/healthz")).raise_for_status()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def row(p: Phase) -> str:
+    windows = len(p.window)
+    requests = windows + len(p.append)
+    errors = ", ".join(f"{s}: {c}" for s, c in sorted(p.statuses.items()) if s >= 400) or "0"
+    cpu = p.cpu_seconds * 1000 / windows if windows else float("nan")
+    return (
+        f"| {p.name} | {p.agents} | {pct(p.window, 0.5):.1f} | {pct(p.window, 0.95):.1f} | {pct(p.window, 0.99):.1f} | "
+        f"{pct(p.append, 0.5):.1f} | {pct(p.append, 0.95):.1f} | {pct(p.append, 0.99):.1f} | "
+        f"{requests / p.seconds:.0f} | {errors} | {cpu:.2f} |"
+    )
+
+
+async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path) -> None:
+    tokens = {tenant: f"bench-{tenant}-{uuid.uuid4().hex}" for tenant in (*TENANTS, LIMITED)}
+    port = free_port()
+    config = config_file(workdir, url, prefix, tokens, port)
+    settings = Settings.load({"redis": {"url": url, "key_prefix": prefix}})
+    queues = ",".join(queue_names(settings).consume_order())
+    log = workdir / "processes.log"
+    api = start([sys.executable, "-m", "workers.cli", "serve"], config, log)
+    worker = start(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-Q",
+            queues,
+            "-P",
+            "prefork",
+            "-c",
+            str(args.concurrency),
+            "--loglevel",
+            "WARNING",
+        ],
+        config,
+        log,
+    )
+    runs = tau_runs()
+    small = [
+        [
+            {"role": "user", "content": f"status check {i}: still there?"},
+            {"role": "assistant", "content": f"Yes, check {i} done."},
+        ]
+        for i in range(10)
+    ]
+    big = [steps_of(run) for run in runs]
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30, limits=limits) as http:
+            await wait_healthy(http, api, log)
+            print(
+                f"ctxcore serve: 1 uvicorn process (pid {api.pid}); celery worker: prefork, concurrency "
+                f"{args.concurrency}; Redis {url}; {args.duration:g} s per phase; {os.cpu_count()} cores\n",
+                flush=True,
+            )
+            compacted = await seed(http, tokens, runs, max(AGENTS))
+            print(f"  {compacted} of {max(AGENTS)} conversations pre-compacted", flush=True)
+            trivial = await trivial_ms(http, 500)
+            floor = floor_ms(redis.Redis.from_url(url), prefix, 500)
+            phases = []
+            for agents in AGENTS:
+                phases.append(
+                    await run_phase(http, tokens, "idle", agents, [small], 32_000, args.duration, api.pid)
+                )
+                print(f"  idle, {agents} agents: done", flush=True)
+            for agents in AGENTS:
+                phases.append(
+                    await run_phase(http, tokens, "busy", agents, big, 8_000, args.duration, api.pid)
+                )
+                print(f"  busy, {agents} agents: done", flush=True)
+            limited = await run_phase(
+                http, tokens, "limited", 8, [small], 32_000, min(args.duration, 3.0), api.pid, (LIMITED,)
+            )
+    finally:
+        for proc in (api, worker):
+            proc.terminate()
+        for proc in (api, worker):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    t50, f50 = pct(trivial, 0.5), pct(floor, 0.5)
+    print(
+        f"\ntrivial route (GET /healthz, 1 client) p50 {t50:.2f} ms, p99 {pct(trivial, 0.99):.2f}; "
+        f"Redis floor (one pipelined round trip, in process) p50 {f50:.3f} ms, p99 {pct(floor, 0.99):.3f}\n"
+    )
+    print(
+        "| phase | agents | window p50 | p95 | p99 | append p50 | p95 | p99 | requests/s | errors by status | API CPU ms per window |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in [*phases, limited]:
+        print(row(p))
+    one = next(p for p in phases if p.name == "idle" and p.agents == 1)
+    ratio = pct(one.window, 0.5) / (t50 + f50)
+    print(
+        f"\n1 agent, idle: window p50 / (trivial + floor) = {ratio:.2f} (goal <= 2: {'met' if ratio <= 2 else 'NOT met'})"
+    )
+    for p in phases:
+        if p.agents == max(AGENTS):
+            bad = sum(c for s, c in p.statuses.items() if s >= 400)
+            print(
+                f"{p.agents} agents, {p.name}: p99 window {pct(p.window, 0.99):.1f} ms, {bad} errors"
+                + (
+                    " (goal idle p99 <= 25 ms: " + ("met" if pct(p.window, 0.99) <= 25 else "NOT met") + ")"
+                    if p.name == "idle"
+                    else ""
+                )
+            )
+    print(
+        f"limited tenant: {limited.statuses.get(429, 0)} answers 429 of {sum(limited.statuses.values())} (on purpose)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
+    parser.add_argument("--concurrency", type=int, default=2, help="Celery worker children (default 2)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    args = parser.parse_args()
+    server = ensure_redis(args.redis_url)
+    url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/14"
+    prefix = f"httpload{uuid.uuid4().hex[:8]}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxcore-http-load-") as workdir:
+            asyncio.run(measure(args, url, prefix, Path(workdir)))
+    finally:
+        delete_prefixed_keys(redis.Redis.from_url(url), prefix)
+        if server.started:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
