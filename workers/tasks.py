@@ -238,6 +238,16 @@ def _run_stage(
         rt.metrics.inc("ctxcore_tokens_saved_total", max(result.tokens_before - result.tokens_after, 0))
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":
+        # Another worker saved first (a redelivered duplicate, or this worker lost its lock
+        # while cut off): the work is discarded, visibly, and the next stage re-planned.
+        log.warning(
+            "stage %s of %s lost its compare-and-swap: planned on version %d, the state is at version %d (%s)",
+            stage.kind,
+            key,
+            stage.based_on_version,
+            result.state.version,
+            result.detail or "another writer saved first",
+        )
         rt.metrics.inc("ctxcore_cas_conflicts_total")
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":

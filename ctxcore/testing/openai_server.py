@@ -173,6 +173,7 @@ class OpenAIServer:
         self,
         *,
         port: int = 0,
+        host: str = "127.0.0.1",
         delay: float = 0.0,
         responder: Responder | None = None,
         model: str = "ctxcore-test-model",
@@ -183,6 +184,8 @@ class OpenAIServer:
         self.responder: Responder = responder or echo_summary
         self.timeout_delay = timeout_delay
         self._port = port
+        # Another loopback-only address (a veth end of a test's own namespace) may be given.
+        self.host = host
         self._lock = threading.Lock()
         self._script: deque[_Reply] = deque()
         self._requests: list[dict[str, Any]] = []
@@ -198,7 +201,7 @@ class OpenAIServer:
         if self._server is not None:
             return self
         self._closing.clear()
-        server = _Server(("127.0.0.1", self._port), _Handler)
+        server = _Server((self.host, self._port), _Handler)
         server.owner = self
         self._server = server
         self._thread = threading.Thread(
@@ -237,7 +240,7 @@ class OpenAIServer:
     @property
     def base_url(self) -> str:
         """The OpenAI base URL to give a client, e.g. ``http://127.0.0.1:PORT/v1``."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     # --- script ------------------------------------------------------------------------
 
