@@ -7,7 +7,6 @@ summary) and adds scored ``Item``s. ``extract`` (in ``extract``) walks a source 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,7 +24,6 @@ from ctxcore.summarize.extractive.features import (
     PENDING,
     SENTENCE_SPLIT,
     SPEAKER,
-    TAG_LINE,
     classify_title,
     clip,
     collapse,
@@ -33,6 +31,8 @@ from ctxcore.summarize.extractive.features import (
     line_features,
     meaningful,
     scan,
+    summary_lines,
+    tool_tag,
 )
 from ctxcore.summarize.extractive.tools import (
     TASK_TOOL,
@@ -65,13 +65,6 @@ BASE_SCORE: Final = MappingProxyType(
         "chat": 0.0,
     }
 )
-# Markdown headings and whole-line bold titles; numbered lines are content, not headings.
-_HEADING = re.compile(r"^(?:#{1,6}\s+(.+?)|\*\*(.+?)\*\*):?\s*$")
-_BOILERPLATE_TAGS: Final = ("meaning", "conflict_policy", "coverage", "instruction")
-_HEADER_LINE = re.compile(
-    r"^(?:processor|type|scope|authority|instruction_status|conflict_priority|type_note|strategy_status|"
-    r"tool_action_state_status|covers):",
-)
 
 
 @dataclass
@@ -97,6 +90,10 @@ class Item:
     # A line of an earlier summary: chosen on its own once already, so the lines of one
     # memory block do not share a message's diminishing returns.
     independent: bool = False
+    # Who wrote what the line says: ``user``, ``assistant`` or ``tool <name>`` ("" unknown).
+    tag: str = ""
+    # For a line of an earlier summary: the section heading it sat under.
+    section: str = ""
 
     @property
     def weight(self) -> float:
@@ -120,22 +117,25 @@ class Extractor:
         self.items: list[Item] = []
         # Path -> how much it matters: written > used by a tool > merely mentioned.
         self.paths: dict[str, float] = {}
+        # Path -> the tag of the latest line naming it.
+        self.path_tags: dict[str, str] = {}
         self._scans: dict[int, list[tuple[str, bool]]] = {}
         # Files deleted later in the source: their last write is no longer current state.
         self.removed: dict[str, tuple[int, int]] = {}
 
     # scoring
 
-    def note_path(self, path: str, weight: float) -> None:
+    def note_path(self, path: str, weight: float, tag: str) -> None:
         """Record a path for the paths section (when the contract has one)."""
         if self.with_paths:
             self.paths[path] = max(self.paths.get(path, 0.0), weight)
+            self.path_tags[path] = tag
 
-    def features(self, text: str) -> tuple[float, frozenset[str]]:
+    def features(self, text: str, tag: str) -> tuple[float, frozenset[str]]:
         """The feature value of a line and its content words."""
         value, words, paths = line_features(text, self.query_words)
         for path in paths:
-            self.note_path(path, 1.0)
+            self.note_path(path, 1.0, tag)
         return value, words
 
     def add(
@@ -144,27 +144,44 @@ class Extractor:
         category: str,
         text: str,
         *,
+        tag: str,
         key: str | None = None,
         bonus: float = 0.0,
         independent: bool = False,
+        section: str = "",
     ) -> None:
-        """One candidate line (nothing for a line without a letter or a digit)."""
-        text = text.strip()
+        """One candidate line (nothing for a line without a word)."""
+        text = clip(text.strip())
         if len(text) < 3 or not meaningful(text):
             return
-        text = clip(text)
         norm = key or collapse(text).casefold()
-        value, words = self.features(text)
+        value, words = self.features(text, tag)
         static = BASE_SCORE[category] + bonus + value
         if norm in self.known:
             static *= 0.3
-        self.items.append(Item(order, category, text, static, norm, words, independent=independent))
+        self.items.append(
+            Item(
+                order, category, text, static, norm, words, independent=independent, tag=tag, section=section
+            )
+        )
 
     def anchor(self, index: int, text: str, priority: float, category: str, share: float) -> None:
         """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
-        words = self.features(text[:20_000])[1]
+        if not meaningful(text):
+            return
+        words = self.features(text[:20_000], "user")[1]
         self.items.append(
-            Item((index, 0), category, text.strip(), priority, user_key(text), words, must=True, share=share)
+            Item(
+                (index, 0),
+                category,
+                text.strip(),
+                priority,
+                user_key(text),
+                words,
+                must=True,
+                share=share,
+                tag="user",
+            )
         )
 
     def user(self, index: int, text: str) -> None:
@@ -173,13 +190,15 @@ class Extractor:
         stripped = text.strip()
         if len(stripped) <= 2 * MAX_LINE_CHARS:
             if meaningful(stripped):
-                value, words = self.features(stripped)
+                value, words = self.features(stripped, "user")
                 static = BASE_SCORE[category] + value
-                self.items.append(Item((index, 0), category, stripped, static, user_key(stripped), words))
+                self.items.append(
+                    Item((index, 0), category, stripped, static, user_key(stripped), words, tag="user")
+                )
             return
-        self.lines(index, text, lambda _line: category)
+        self.lines(index, text, lambda _line: category, "user")
 
-    def dialogue(self, index: int, text: str) -> None:
+    def dialogue(self, index: int, text: str, tag: str) -> None:
         """A turn of a tool-free dialogue: every sentence is a fact of its own.
 
         Without tools, neither side is narrating agent work: what both say is the content
@@ -195,25 +214,38 @@ class Extractor:
             prefix = label.group(0) if label else ""
             for piece in SENTENCE_SPLIT.split(line[len(prefix) :]):
                 sub += 1
-                self.chat((index, sub), prefix, piece, independent=True)
+                self.chat((index, sub), prefix, piece, tag, independent=True)
 
-    def chat(self, order: tuple[int, int], prefix: str, piece: str, *, independent: bool = False) -> None:
+    def chat(
+        self,
+        order: tuple[int, int],
+        prefix: str,
+        piece: str,
+        tag: str,
+        *,
+        independent: bool = False,
+        section: str = "",
+    ) -> None:
         """One dialogue sentence; its speaker label is printed but scores nothing, and a
         sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate."""
         piece = piece.strip()
-        value, words = self.features(piece)
+        value, words = self.features(piece, tag)
         if not words or not meaningful(piece):
             return
         text = clip(f"{prefix}{piece}")
+        if not meaningful(text):
+            return
         norm = collapse(text).casefold()
         static = BASE_SCORE["chat"] + value
         if norm in self.known:
             static *= 0.3
-        self.items.append(Item(order, "chat", text, static, norm, words, independent=independent))
+        self.items.append(
+            Item(order, "chat", text, static, norm, words, independent=independent, tag=tag, section=section)
+        )
 
     # sources
 
-    def lines(self, index: int, text: str, classify: Callable[[str], str]) -> None:
+    def lines(self, index: int, text: str, classify: Callable[[str], str], tag: str) -> None:
         """Every line of ``text`` (long ones split into sentences), classified by ``classify``."""
         sub = 0
         for raw in text.splitlines():
@@ -223,54 +255,32 @@ class Extractor:
             pieces = SENTENCE_SPLIT.split(line) if len(line) > MAX_LINE_CHARS else [line]
             for piece in pieces:
                 sub += 1
-                self.add((index, sub), classify(piece), piece)
+                self.add((index, sub), classify(piece), piece, tag=tag)
 
     def memory_block(self, index: int, text: str) -> None:
-        """Lines of an earlier summary, routed by the heading they sat under."""
-        category = "fact"
-        skipping = ""
-        sub = 0
-        for raw in text.splitlines():
-            line = raw.strip()
-            if skipping:
-                if line.startswith(f"</{skipping}>") or line.endswith(f"</{skipping}>"):
-                    skipping = ""
-                continue
-            opened = next((t for t in _BOILERPLATE_TAGS if line.startswith(f"<{t}")), "")
-            if opened:
-                if f"</{opened}>" not in line:
-                    skipping = opened
-                continue
-            if (
-                not line
-                or TAG_LINE.match(line)
-                or line.startswith(INTERNAL_USER_PREFIXES)
-                or line.startswith("[[")
-                or _HEADER_LINE.match(line)
-                or line.casefold() in ("(none)", "none", "summary:")
-            ):
-                continue
-            heading = _HEADING.match(line)
-            if heading and len(line) < 90:
-                title = heading.group(1) or heading.group(2) or ""
-                kind = classify_title(title)
-                category = {"critical": "fact", "other": "fact", "paths": "file"}.get(kind, kind)
-                continue
-            if line.startswith("Summary:"):
-                line = line[len("Summary:") :]
-            sub += 1
-            line = line.lstrip("-*• ").strip()
+        """Lines of an earlier summary, routed by the heading they sat under.
+
+        An internal user message that is no memory block (a harness's format reminder) is
+        read the same way; its lines are the user role's.
+        """
+        default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
+        for sub, (section, tag, line) in enumerate(summary_lines(text), 1):
+            kind = classify_title(section) if section else "fact"
+            category = {"critical": "fact", "other": "fact", "paths": "file"}.get(kind, kind)
+            # The line keeps the tag it was written with (none for an untagged model reply).
+            tag = tag or default_tag
             label = SPEAKER.match(line)
             if label is not None and not is_error(line):
                 # A dialogue sentence kept by an earlier summary competes as one again
                 # ("ValueError: ..." is an error line, not a speaker's).
-                self.chat((index, sub), label.group(0), line[label.end() :], independent=True)
+                self.chat(
+                    (index, sub), label.group(0), line[label.end() :], tag, independent=True, section=section
+                )
                 continue
             # Lines of an earlier summary were already chosen once; requests carried over
             # from it outrank ordinary facts.
-            self.add(
-                (index, sub), category, line, bonus=3.0 if category == "request" else 1.0, independent=True
-            )
+            bonus = 3.0 if category == "request" else 1.0
+            self.add((index, sub), category, line, tag=tag, bonus=bonus, independent=True, section=section)
 
     def assistant(self, index: int, message: AssistantMessage) -> None:
         """The lines of an assistant message's text, classified by what they say."""
@@ -284,7 +294,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, message.text, classify)
+        self.lines(index, message.text, classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
@@ -298,7 +308,15 @@ class Extractor:
     ) -> str:
         """Add the one-line item for a call; returns the result line it used."""
         parsed = parse_args(call.arguments)
-        head = f"{call.name}({args_short(call.arguments, parsed)})"
+        args = args_short(call.arguments, parsed)
+        # A line built from the call and its result takes the tag of the latest: the result.
+        tag = "assistant" if result is None else tool_tag(result.name or call.name)
+        # The tag names the tool already; the line need not say it again.
+        named = tag != tool_tag(call.name) or not args
+
+        def head(shown_args: str) -> str:
+            return f"{call.name}({shown_args})" if named else shown_args
+
         failed = result is not None and result.metadata.get("is_error") is True
         line = ""
         if result is None:
@@ -308,34 +326,34 @@ class Extractor:
             shown = line or "(empty)"
             if result.metadata.get("cancelled") is True:
                 shown = f"(cancelled) {shown}"
-        item_text = f"{head} -> {shown}"
+        item_text = f"{head(args)} -> {shown}"
         name = call.name.casefold()
         path = call_path(call, parsed)
         command = parsed.get("command") if isinstance(parsed, dict) else None
         written = shell_write_target(command) if isinstance(command, str) else None
         order = (index, 10_000 + pos)
         if failed or is_error(line):
-            self.add(order, "error", item_text)
+            self.add(order, "error", item_text, tag=tag)
         elif writes_file(name, written, path):
             target = written or path or ""
             # Keyed by path: only the last write of each file survives deduplication, and
             # the path leads so that clipping the arguments never hides it.
-            brief = f"{call.name}({clip(args_short(call.arguments, parsed), 60)}) -> {shown}"
-            self.add(order, "file", f"{target} <- {brief}", key=f"file:{target}")
+            brief = f"{head(clip(args, 60, mark=True))} -> {shown}"
+            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}")
         elif TASK_TOOL.search(name):
-            self.add(order, "pending", item_text, key=f"task:{name}")
+            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}")
         else:
-            self.add(order, "tool", item_text)
+            self.add(order, "tool", item_text, tag=tag)
         if path:
-            self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0)
+            self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
         if written:
-            self.note_path(written, 6.0)
+            self.note_path(written, 6.0, tag)
         if isinstance(command, str) and not failed:
             for gone in shell_removed(command):
                 self.removed[gone] = order
         return line
 
-    def tool_output(self, index: int, message: ToolMessage, used: str) -> None:
+    def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
         """Error lines and dense lines of a tool result beyond the one already shown."""
         sub = 0
         shown = set(used.split(" | "))
@@ -344,7 +362,7 @@ class Extractor:
                 continue
             sub += 1
             if error:
-                self.add((index, sub), "error", line)
+                self.add((index, sub), "error", line, tag=tag)
             elif (
                 not line.startswith(COMMENT)
                 and len(line.split()) >= 4
@@ -352,4 +370,4 @@ class Extractor:
             ):
                 # A bare path is a directory listing; a path with words around it
                 # (a grep hit, a log line) says something about it.
-                self.add((index, sub), "fact", line)
+                self.add((index, sub), "fact", line, tag=tag)

@@ -19,6 +19,8 @@ from ctxcore.summarize.extractive.features import (
     MAX_LINE_CHARS,
     collapse,
     is_error,
+    split_tag,
+    tool_tag,
     words_of,
 )
 from ctxcore.summarize.extractive.tools import result_line
@@ -87,7 +89,7 @@ def _reference(context: Sequence[AnyMessage]) -> tuple[frozenset[str], frozenset
         text = message.text
         words.update(words_of(text))
         for raw in text.splitlines():
-            line = raw.strip().lstrip("-*• ").strip()
+            line = split_tag(raw.strip().lstrip("-*• ").strip())[1]
             if line:
                 known.add(collapse(line).casefold())
     return frozenset(known), frozenset(words)
@@ -101,7 +103,7 @@ def _user(ex: Extractor, shape: _Shape, index: int, message: UserMessage) -> Non
         ex.anchor(index, message.text, _MUST_LAST, category, _LAST_SHARE)
     elif index in shape.real:
         if shape.dialogue:
-            ex.dialogue(index, message.text)
+            ex.dialogue(index, message.text, "user")
         else:
             ex.user(index, message.text)
     else:
@@ -117,7 +119,7 @@ def _assistant(
     used_lines: dict[int, str],
 ) -> None:
     if shape.dialogue:
-        ex.dialogue(index, message.text)
+        ex.dialogue(index, message.text, "assistant")
     else:
         ex.assistant(index, message)
     for pos, call in enumerate(message.tool_calls):
@@ -134,47 +136,60 @@ def _assistant(
             used_lines[found] = line
 
 
+def _tool_name(source: Sequence[AnyMessage], shape: _Shape, index: int, message: ToolMessage) -> str | None:
+    """The name of the tool whose output ``message`` is: its own, else its call's."""
+    if message.name:
+        return message.name
+    caller = source[shape.callers[index]] if index in shape.callers else None
+    if isinstance(caller, AssistantMessage):
+        return next((c.name for c in caller.tool_calls if c.id == message.tool_call_id), None)
+    return None
+
+
 def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
     used_lines: dict[int, str] = {}
     for index, message in enumerate(source):
         if isinstance(message, SystemMessage):
             # Short system notes in a log are markers such as a session's date line.
             if len(message.text) <= MAX_LINE_CHARS:
-                ex.add((index, 0), "fact", collapse(message.text), bonus=2.0)
+                ex.add((index, 0), "fact", collapse(message.text), tag="", bonus=2.0)
         elif isinstance(message, UserMessage):
             _user(ex, shape, index, message)
         elif isinstance(message, AssistantMessage):
             _assistant(ex, shape, source, index, message, used_lines)
         elif isinstance(message, ToolMessage):
+            tag = tool_tag(_tool_name(source, shape, index, message))
             if index not in shape.callers:
-                ex.add((index, 0), "tool", f"tool result: {result_line(ex.scanned(index, message))}")
-            ex.tool_output(index, message, used_lines.get(index, ""))
+                ex.add((index, 0), "tool", result_line(ex.scanned(index, message)), tag=tag)
+            ex.tool_output(index, message, used_lines.get(index, ""), tag)
 
 
-def _newest_error(
-    source: Sequence[AnyMessage], ex: Extractor, real: frozenset[int]
-) -> tuple[int, str] | None:
-    """(index, line) of the last line this summariser's error detector flags: in a tool
-    output, or among the lines of an earlier summary in the source."""
+def _newest_error(source: Sequence[AnyMessage], ex: Extractor, shape: _Shape) -> tuple[int, str, str] | None:
+    """(index, line, tag) of the last line this summariser's error detector flags: in a
+    tool output, or among the lines of an earlier summary in the source."""
     for index in range(len(source) - 1, -1, -1):
         message = source[index]
         if isinstance(message, ToolMessage):
-            found = [line for line, error in ex.scanned(index, message) if error]
-        elif isinstance(message, UserMessage) and index not in real:
-            lines = (raw.strip().lstrip("-*• ").strip() for raw in message.text.splitlines())
-            found = [line for line in lines if line and is_error(line)]
+            found = [
+                (line, tool_tag(_tool_name(source, shape, index, message)))
+                for line, error in ex.scanned(index, message)
+                if error
+            ]
+        elif isinstance(message, UserMessage) and index not in shape.real:
+            lines = (split_tag(raw.strip().lstrip("-*• ").strip()) for raw in message.text.splitlines())
+            found = [(line, tag) for tag, line in lines if line and is_error(line)]
         else:
             continue
         if found:
-            return index, found[-1]
+            return index, *found[-1]
     return None
 
 
 def _keep_newest_error(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
-    newest = _newest_error(source, ex, shape.real)
+    newest = _newest_error(source, ex, shape)
     if newest is None:
         return
-    index, line = newest
+    index, line, tag = newest
     # The newest failure is what the agent acts on next: kept whatever else competes (a
     # bounded share), under the same key as its ordinary candidate so it prints once.
     # An earlier summary in the source counts too, so the line survives later merges.
@@ -185,9 +200,10 @@ def _keep_newest_error(ex: Extractor, source: Sequence[AnyMessage], shape: _Shap
             line,
             BASE_SCORE.get("error", 10.0),
             collapse(line).casefold(),
-            frozenset(ex.features(line)[1]),
+            frozenset(ex.features(line, tag)[1]),
             must=True,
             share=0.25,
+            tag=tag,
         )
     )
 
@@ -250,7 +266,8 @@ def extract(
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):
             static = BASE_SCORE["paths"] * weight
-            ex.items.append(Item((len(source), rank), "paths", path, static, f"path:{path}"))
+            tag = ex.path_tags.get(path, "")
+            ex.items.append(Item((len(source), rank), "paths", path, static, f"path:{path}", tag=tag))
     kept = _latest(ex)
     _diminish(kept)
     # Later lines describe the current state; a mild bonus keeps the resume point.

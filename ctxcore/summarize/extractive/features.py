@@ -8,7 +8,10 @@ contract or of an earlier summary) are classified by keyword so lines can be rou
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Final
+
+from ctxcore.markers import INTERNAL_USER_PREFIXES
 
 __all__ = [
     "COMMENT",
@@ -22,11 +25,17 @@ __all__ = [
     "SENTENCE_SPLIT",
     "SPEAKER",
     "classify_title",
+    "clip",
     "collapse",
+    "head_words",
     "is_error",
     "line_features",
     "meaningful",
     "scan",
+    "split_tag",
+    "summary_lines",
+    "tail_words",
+    "tool_tag",
     "words_of",
 ]
 
@@ -73,12 +82,23 @@ CONSTRAINT = re.compile(
     r"without|no longer|stop|wrong|rather)\b",
     re.IGNORECASE,
 )
-_MEANINGFUL = re.compile(r"[A-Za-z0-9]")
+# A word: two letters or digits in a row, or one digit. A line without one (binary noise,
+# a rule of dashes, a code fence) is never a summary line.
+_MEANINGFUL = re.compile(r"[^\W_]{2,}|\d")
+# The source tag a summary line starts with (after its bullet): who wrote what it says.
+_SOURCE_TAG = re.compile(r"^(user|assistant|tool [^\s:]+):\s+(?=\S)")
 SENTENCE_SPLIT = re.compile(r"(?<=[.!?;])\s+(?=[A-Z0-9`\"'(\[])")
 # A "Name: " label opening a transcript line; sentences split off the line keep it, so a
 # summary line still says who said what.
 SPEAKER = re.compile(r"^[A-Z][a-z][\w'.-]{0,30}(?: [A-Z][a-z][\w'.-]{0,30}){0,2}:\s+(?=\S)")
 TAG_LINE = re.compile(r"^</?[a-z_][\w\-]*(?:\s[^>]*)?>$")
+# Markdown headings and whole-line bold titles; numbered lines are content, not headings.
+_HEADING = re.compile(r"^(?:#{1,6}\s+(.+?)|\*\*(.+?)\*\*):?\s*$")
+_BOILERPLATE_TAGS: Final = ("meaning", "conflict_policy", "coverage", "instruction")
+_HEADER_LINE = re.compile(
+    r"^(?:processor|type|scope|authority|instruction_status|conflict_priority|type_note|strategy_status|"
+    r"tool_action_state_status|covers):",
+)
 _WRAPPED = re.compile(r"^<([a-z_][\w\-]*)>([^<]{0,80})</\1>$")
 _STOPWORD_TEXT: Final = (
     "this that with from have what when where which will would could should there their about into "
@@ -122,13 +142,65 @@ def collapse(text: str) -> str:
 
 
 def meaningful(text: str) -> bool:
-    """True when ``text`` holds a letter or a digit."""
+    """True when ``text`` holds a word (two letters or digits in a row, or a digit)."""
     return _MEANINGFUL.search(text) is not None
 
 
-def clip(text: str, limit: int = MAX_LINE_CHARS) -> str:
-    """``text`` within ``limit`` characters."""
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+def split_tag(line: str) -> tuple[str, str]:
+    """``(tag, rest)`` of a summary line without its bullet; ``("", line)`` when untagged."""
+    match = _SOURCE_TAG.match(line)
+    if match is None:
+        return "", line
+    return match.group(1), line[match.end() :]
+
+
+def tool_tag(name: str | None) -> str:
+    """The source tag of a tool's output: ``tool <name>`` (one word)."""
+    word = "_".join((name or "").split()).replace(":", "_")
+    return f"tool {word or 'unknown'}"
+
+
+def head_words(text: str, chars: int) -> str:
+    """The longest prefix of ``text`` within ``chars`` characters that ends at a word end."""
+    if chars >= len(text):
+        return text
+    if chars <= 0:
+        return ""
+    if text[chars].isspace():
+        return text[:chars].rstrip()
+    cut = max(text.rfind(" ", 0, chars), text.rfind("\n", 0, chars), text.rfind("\t", 0, chars))
+    return text[:cut].rstrip() if cut > 0 else ""
+
+
+def tail_words(text: str, chars: int) -> str:
+    """The longest suffix of ``text`` within ``chars`` characters that starts at a word start."""
+    if chars >= len(text):
+        return text
+    if chars <= 0:
+        return ""
+    start = len(text) - chars
+    if text[start - 1].isspace():
+        return text[start:].lstrip()
+    match = re.search(r"\s", text[start:])
+    return text[start + match.start() :].lstrip() if match else ""
+
+
+def clip(text: str, limit: int = MAX_LINE_CHARS, *, mark: bool = False) -> str:
+    """``text`` within ``limit`` characters, cut at a word end (never inside a word).
+
+    ``mark`` ends a cut text with `` …``. A first word longer than ``limit`` (a hash, a
+    blob) is kept whole when it fits ``MAX_LINE_CHARS``, else the result is empty.
+    """
+    if len(text) <= limit:
+        return text
+    suffix = " …" if mark else ""
+    head = head_words(text, limit - len(suffix))
+    if head:
+        return head + suffix
+    first = text.split(maxsplit=1)[0] if text.strip() else ""
+    if len(first) > MAX_LINE_CHARS:
+        return ""
+    return first + (suffix if len(first) < len(text.strip()) else "")
 
 
 def is_error(line: str) -> bool:
@@ -176,5 +248,46 @@ def scan(text: str) -> list[tuple[str, bool]]:
         if wrapped:
             line = f"{wrapped.group(1)}={wrapped.group(2)}"
         line = clip(collapse(line), 200)
-        out.append((line, is_error(line)))
+        if line:
+            out.append((line, is_error(line)))
     return out
+
+
+def _skipped(line: str) -> bool:
+    """Block headers, markers, tags and empty-section notes: never content."""
+    return (
+        not line
+        or TAG_LINE.match(line) is not None
+        or line.startswith(INTERNAL_USER_PREFIXES)
+        or line.startswith("[[")
+        or _HEADER_LINE.match(line) is not None
+        or line.casefold() in ("(none)", "none", "summary:")
+    )
+
+
+def summary_lines(text: str) -> Iterator[tuple[str, str, str]]:
+    """``(section, tag, line)`` for each content line of an earlier summary: the heading
+    it sat under ("" before any), its source tag ("" untagged) and its text."""
+    section = ""
+    skipping = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if skipping:
+            if line.startswith(f"</{skipping}>") or line.endswith(f"</{skipping}>"):
+                skipping = ""
+            continue
+        opened = next((t for t in _BOILERPLATE_TAGS if line.startswith(f"<{t}")), "")
+        if opened:
+            if f"</{opened}>" not in line:
+                skipping = opened
+            continue
+        if _skipped(line):
+            continue
+        heading = _HEADING.match(line)
+        if heading and len(line) < 90:
+            section = (heading.group(1) or heading.group(2) or "").strip()
+            continue
+        if line.startswith("Summary:"):
+            line = line[len("Summary:") :]
+        tag, rest = split_tag(line.lstrip("-*• ").strip())
+        yield section, tag, rest

@@ -17,7 +17,7 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.candidates import Item
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
-from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, bullet
+from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, render_lines
 from ctxcore.summarize.model import Completion, ContractBlock, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 
@@ -41,14 +41,38 @@ _ROUTES: Final = MappingProxyType(
 )
 
 
-def _route(sections: Sequence[str]) -> Callable[[str], int]:
+def _route(sections: Sequence[str]) -> Callable[[Item], int]:
+    """Section index of an item: the section it sat under in an earlier summary when the
+    contract has that section too, else the first section its kind prefers."""
     kinds = [classify_title(s) for s in sections]
     critical = next((i for i, k in enumerate(kinds) if k == "critical"), len(sections) - 1)
     table: dict[str, int] = {}
     for category, preferred in _ROUTES.items():
         target = next((kinds.index(p) for p in preferred if p in kinds), critical)
         table[category] = target
-    return lambda category: table.get(category, critical)
+    by_title = {title.casefold(): i for i, title in enumerate(sections)}
+
+    def route(item: Item) -> int:
+        same = by_title.get(item.section.casefold()) if item.section else None
+        return same if same is not None else table.get(item.category, critical)
+
+    return route
+
+
+def _render_sections(sections: Sequence[str], chosen: Sequence[Item]) -> str:
+    """One ``## <title>`` per section in order, its lines under it (each line once in
+    the whole text), ``(none)`` under an empty one."""
+    route = _route(sections)
+    grouped: list[list[Item]] = [[] for _ in sections]
+    for item in chosen:
+        grouped[route(item)].append(item)
+    parts: list[str] = []
+    seen: set[str] = set()
+    for title, items in zip(sections, grouped, strict=True):
+        parts.append(f"## {title}\n")
+        lines = render_lines(items, seen)
+        parts.extend(lines or ["(none)\n"])
+    return "".join(parts)
 
 
 class ExtractiveModel:
@@ -111,7 +135,7 @@ class ExtractiveModel:
 
     def _snapshot(self, contract: OutputContract, budget: int) -> str:
         sections = contract.sections or ["Critical Context"]
-        skeleton = self._render_snapshot(sections, [[] for _ in sections])
+        skeleton = self._render_snapshot(sections, [])
         available = budget - self.count(skeleton)
         if available < MIN_FILL_TOKENS:
             return self._budget.fit(skeleton, budget, head_tail=False)
@@ -123,34 +147,22 @@ class ExtractiveModel:
             with_paths="paths" in {classify_title(s) for s in sections},
         )
         chosen = Selection(found.idf, found.covered, self._budget).run(found.items, available)
-        route = _route(sections)
         while True:
-            grouped: list[list[Item]] = [[] for _ in sections]
-            for item in chosen:
-                grouped[route(item.category)].append(item)
-            text = self._render_snapshot(sections, grouped)
+            text = self._render_snapshot(sections, chosen)
             if self.count(text) <= budget or not chosen:
                 return text if self.count(text) <= budget else self._budget.fit(text, budget, head_tail=False)
             # Token counts of joined lines can exceed the sum of their parts by a token
             # or two; drop the weakest line and try again.
-            weakest = min(chosen, key=lambda it: (it.must, it.weight, it.order))
-            chosen = [it for it in chosen if it is not weakest]
+            chosen = _without_weakest(chosen)
 
     @staticmethod
-    def _render_snapshot(sections: Sequence[str], grouped: Sequence[Sequence[Item]]) -> str:
-        parts = ["<state_snapshot>\n"]
-        for title, items in zip(sections, grouped, strict=True):
-            parts.append(f"## {title}\n")
-            if items:
-                parts.extend(bullet(it) for it in items)
-            else:
-                parts.append("(none)\n")
-        parts.append("</state_snapshot>")
-        return "".join(parts)
+    def _render_snapshot(sections: Sequence[str], chosen: Sequence[Item]) -> str:
+        return f"<state_snapshot>\n{_render_sections(sections, chosen)}</state_snapshot>"
 
     def _blocks(self, contract: OutputContract, max_tokens: int) -> str:
         blocks = contract.blocks
-        skeleton = self._render_blocks(blocks, ["" for _ in blocks])
+        sections = contract.sections
+        skeleton = self._render_blocks(blocks, [_render_sections(sections, []).rstrip("\n") for _ in blocks])
         available = max(max_tokens - self.count(skeleton), 0)
         targets = [b.target_tokens for b in blocks]
         total = sum(targets)
@@ -166,7 +178,9 @@ class ExtractiveModel:
             )
             for b in blocks
         ]
-        summaries = [self._fill(found, target) for found, target in zip(candidates, targets, strict=True)]
+        summaries = [
+            self._fill(found, target, sections) for found, target in zip(candidates, targets, strict=True)
+        ]
         for _ in range(50):
             text = self._render_blocks(blocks, summaries)
             if self.count(text) <= max_tokens:
@@ -175,22 +189,31 @@ class ExtractiveModel:
             # see; shave the longest summary and re-check.
             longest = max(range(len(summaries)), key=lambda i: len(summaries[i]))
             targets[longest] = int(targets[longest] * 0.85)
-            summaries[longest] = self._fill(candidates[longest], targets[longest])
+            summaries[longest] = self._fill(candidates[longest], targets[longest], sections)
         return skeleton
 
-    def _fill(self, found: Candidates, target: int) -> str:
-        """Bullet lines of the best candidates within ``target`` tokens."""
-        if target < MIN_FILL_TOKENS:
+    def _fill(self, found: Candidates, target: int, sections: Sequence[str]) -> str:
+        """The best candidates within ``target`` tokens: lines, or ``sections`` with lines."""
+        if not sections:
+            if target < MIN_FILL_TOKENS:
+                return ""
+            chosen = Selection(found.idf, found.covered, self._budget).run(found.items, target)
+            while True:
+                text = "".join(render_lines(chosen)).rstrip("\n")
+                if self.count(text) <= target or not chosen:
+                    return text if self.count(text) <= target else ""
+                chosen = _without_weakest(chosen)
+        skeleton = _render_sections(sections, []).rstrip("\n")
+        available = target - self.count(skeleton)
+        if available < MIN_FILL_TOKENS:
+            # Headings alone say nothing: no summary rather than an empty one.
             return ""
-        chosen = Selection(found.idf, found.covered, self._budget).run(found.items, target)
+        chosen = Selection(found.idf, found.covered, self._budget).run(found.items, available)
         while True:
-            text = "".join(bullet(it) for it in chosen).rstrip("\n")
-            if self.count(text) <= target:
+            text = _render_sections(sections, chosen).rstrip("\n")
+            if self.count(text) <= target or not chosen:
                 return text
-            if not chosen:
-                return self._budget.fit(text, target, head_tail=False)
-            weakest = min(chosen, key=lambda it: (it.must, it.weight, it.order))
-            chosen = [it for it in chosen if it is not weakest]
+            chosen = _without_weakest(chosen)
 
     @staticmethod
     def _render_blocks(blocks: Sequence[ContractBlock], summaries: Sequence[str]) -> str:
@@ -198,3 +221,8 @@ class ExtractiveModel:
             "blocks": [{"block_id": b.block_id, "summary": s} for b, s in zip(blocks, summaries, strict=True)]
         }
         return json.dumps(payload, ensure_ascii=False)
+
+
+def _without_weakest(chosen: Sequence[Item]) -> list[Item]:
+    weakest = min(chosen, key=lambda it: (it.must, it.weight, it.order))
+    return [it for it in chosen if it is not weakest]

@@ -6,15 +6,15 @@ features plus the rarity of the words it would add that the summary does not hol
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ctxcore.summarize.extractive.candidates import Item
-from ctxcore.summarize.extractive.features import ELLIPSIS
+from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words, meaningful, tail_words
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet"]
+__all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet", "line_key", "render_lines"]
 
 MIN_FILL_TOKENS = 6
 # After this many candidates in a row that do not fit, the rest will not either.
@@ -24,7 +24,6 @@ _MAX_SKIPS = 400
 _COST_EXPONENT = 0.75
 _LINE_OVERHEAD = 2
 _FILE_SHARE = 0.2
-_SECTION_LIKE = re.compile(r"(?m)^(#|</?state_snapshot>)")
 
 
 class Budgeter:
@@ -56,23 +55,51 @@ class Budgeter:
 
     @staticmethod
     def _cut(text: str, chars: int, head_tail: bool) -> str:
+        # Cuts fall between words: an elision has whole words on both sides and a cut
+        # text ends at a word end.
         if chars <= 0:
             return ""
-        if head_tail:
-            head = (chars * 2 + 2) // 3
-            tail = chars - head
-            return text[:head].rstrip() + ELLIPSIS + (text[len(text) - tail :].lstrip() if tail else "")
-        return text[:chars].rstrip() + "…"
+        if not head_tail:
+            return head_words(text, chars)
+        head = head_words(text, (chars * 2 + 2) // 3)
+        tail = tail_words(text, chars - len(head))
+        if not head or not tail:
+            return head or tail
+        return head + ELLIPSIS + tail
+
+
+def line_key(text: str) -> str:
+    """What two summary lines are compared by: the text after the tag, whitespace collapsed."""
+    return collapse(text).casefold()
+
+
+def _lines(item: Item) -> Iterable[str]:
+    prefix = f"- {item.tag}: " if item.tag else "- "
+    # A multi-line message prints one tagged line per line; a line without a word
+    # (blank, a rule of dashes, a code fence) is no summary line.
+    for raw in item.text.splitlines():
+        line = raw.strip()
+        if meaningful(line):
+            yield prefix + line
 
 
 def bullet(item: Item) -> str:
-    """The printed line of an item."""
-    text = item.text
-    if "\n" in text:
-        # A verbatim message may contain its own "## Heading" lines; indenting those
-        # keeps the snapshot's sections unambiguous for any parser.
-        text = _SECTION_LIKE.sub(r"  \1", text)
-    return f"- {text}\n"
+    """The printed lines of an item, each with its source tag."""
+    return "".join(f"{line}\n" for line in _lines(item))
+
+
+def render_lines(items: Iterable[Item], seen: set[str] | None = None) -> list[str]:
+    """The printed lines of ``items`` in order, each line once (``seen``: keys printed so far)."""
+    seen = set() if seen is None else seen
+    out: list[str] = []
+    for item in items:
+        for line in _lines(item):
+            key = line_key(line[len(f"- {item.tag}: ") if item.tag else 2 :])
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(f"{line}\n")
+    return out
 
 
 class Selection:
@@ -105,6 +132,10 @@ class Selection:
             item.tokens = self.budgeter.count(bullet(item))
         return item.tokens
 
+    def _overhead(self, item: Item) -> int:
+        """Tokens a line costs beyond its text: bullet, tag, newline."""
+        return self.budgeter.count(f"- {item.tag}: \n" if item.tag else "- \n")
+
     def run(self, items: Sequence[Item], budget: int) -> list[Item]:
         """The chosen items (some shortened) in original order."""
         chosen, used = self._musts(items, budget)
@@ -124,10 +155,9 @@ class Selection:
         remaining = budget - used
         if skipped is not None and remaining >= MIN_FILL_TOKENS + _LINE_OVERHEAD:
             # The best line that did not fit fills the rest of the budget, shortened.
-            text = self.budgeter.fit(skipped.text, remaining - _LINE_OVERHEAD, head_tail=False)
+            text = self.budgeter.fit(skipped.text, remaining - self._overhead(skipped), head_tail=False)
             if text:
-                trimmed = Item(skipped.order, skipped.category, text, skipped.static, skipped.key)
-                trimmed.decay = skipped.decay
+                trimmed = dataclasses.replace(skipped, text=text, words=frozenset(), tokens=-1)
                 if self.tokens(trimmed) <= remaining:
                     chosen.append(trimmed)
         return sorted(chosen, key=lambda it: it.order)
@@ -138,13 +168,15 @@ class Selection:
         used = 0
         for item in sorted((it for it in items if it.must), key=lambda it: (-it.static, it.order)):
             remaining = budget - used
-            room = min(remaining, max(int(budget * item.share), MIN_FILL_TOKENS))
+            # The share is for the words; the line's tag comes on top.
+            share = max(int(budget * item.share), MIN_FILL_TOKENS) + self._overhead(item) - _LINE_OVERHEAD
+            room = min(remaining, share)
             if self.tokens(item) > room:
                 # The user's own words are kept even when they must be shortened.
-                text = self.budgeter.fit(item.text, room - _LINE_OVERHEAD, head_tail=True)
+                text = self.budgeter.fit(item.text, room - self._overhead(item), head_tail=True)
                 if not text:
                     continue
-                item = Item(item.order, item.category, text, item.static, item.key, item.words, must=True)
+                item = dataclasses.replace(item, text=text, tokens=-1, share=1.0)
             used += self.tokens(item)
             chosen.append(item)
             self.covered.update(item.words)

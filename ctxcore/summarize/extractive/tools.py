@@ -55,9 +55,10 @@ def _short_value(value: Any) -> str:
     if isinstance(value, str):
         flat = collapse(value)
         limit = 120 if PATH.fullmatch(flat) else 80
-        return json.dumps(clip(flat, limit), ensure_ascii=False)
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return clip(text, 40)
+        return json.dumps(clip(flat, limit, mark=True), ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    # Cut at a word end, or the whole value goes: never half a token.
+    return clip(text, 40, mark=True) or "…"
 
 
 def parse_args(arguments: str) -> Any:
@@ -74,7 +75,7 @@ def args_short(arguments: str, parsed: Any) -> str:
         text = ", ".join(f"{k}={_short_value(v)}" for k, v in parsed.items())
     else:
         text = collapse(arguments)
-    return clip(text, 160)
+    return clip(text, 160, mark=True)
 
 
 def shell_write_target(command: str) -> str | None:
