@@ -27,11 +27,11 @@ from ctxcore.summarize.extractive.features import (
     classify_title,
     clip,
     collapse,
+    earlier_lines,
     is_error,
     line_features,
     meaningful,
     scan,
-    summary_lines,
     tool_tag,
 )
 from ctxcore.summarize.extractive.tools import (
@@ -44,6 +44,7 @@ from ctxcore.summarize.extractive.tools import (
     shell_write_target,
     writes_file,
 )
+from ctxcore.summarize.prompts import BLOCK_SECTIONS
 
 __all__ = ["BASE_SCORE", "Extractor", "Item", "user_key"]
 
@@ -264,11 +265,19 @@ class Extractor:
         read the same way; its lines are the user role's.
         """
         default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
-        for sub, (section, tag, line) in enumerate(summary_lines(text), 1):
-            kind = classify_title(section) if section else "fact"
+        for sub, (section, tag, line) in enumerate(earlier_lines(text), 1):
+            # A pipeline block's sections place its lines, they do not rank them: its lines
+            # were chosen once on their merits and compete as facts again. A snapshot's
+            # section says what kind of line it holds.
+            kind = classify_title(section) if section and section not in BLOCK_SECTIONS else "fact"
             category = {"critical": "fact", "other": "fact", "paths": "file"}.get(kind, kind)
             # The line keeps the tag it was written with (none for an untagged model reply).
             tag = tag or default_tag
+            key = None
+            if " <- " in line and (category == "file" or section in BLOCK_SECTIONS):
+                # A file's write from an earlier block and a newer one of the same file:
+                # only the latest is its state.
+                key = "file:" + line.split(" <- ", 1)[0]
             label = SPEAKER.match(line)
             if label is not None and not is_error(line):
                 # A dialogue sentence kept by an earlier summary competes as one again
@@ -280,7 +289,9 @@ class Extractor:
             # Lines of an earlier summary were already chosen once; requests carried over
             # from it outrank ordinary facts.
             bonus = 3.0 if category == "request" else 1.0
-            self.add((index, sub), category, line, tag=tag, bonus=bonus, independent=True, section=section)
+            self.add(
+                (index, sub), category, line, tag=tag, key=key, bonus=bonus, independent=True, section=section
+            )
 
     def assistant(self, index: int, message: AssistantMessage) -> None:
         """The lines of an assistant message's text, classified by what they say."""

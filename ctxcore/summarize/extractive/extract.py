@@ -61,6 +61,8 @@ class _Shape:
     results: dict[tuple[int, str], int]
     # Turns of people talking, with no tool activity, are a dialogue: see ``Extractor.dialogue``.
     dialogue: bool
+    # A dialogue with both sides in it: its first and last user turns are no anchors.
+    chat: bool
 
     @classmethod
     def of(cls, source: Sequence[AnyMessage]) -> _Shape:
@@ -76,9 +78,9 @@ class _Shape:
             tool = source[tool_index]
             if isinstance(tool, ToolMessage):
                 results.setdefault((caller, tool.tool_call_id), tool_index)
-        return cls(
-            frozenset(real), real[0] if real else None, real[-1] if real else None, callers, results, dialogue
-        )
+        chat = dialogue and any(isinstance(m, AssistantMessage) for m in source)
+        first, last = (real[0], real[-1]) if real else (None, None)
+        return cls(frozenset(real), first, last, callers, results, dialogue, chat)
 
 
 def _reference(context: Sequence[AnyMessage]) -> tuple[frozenset[str], frozenset[str]]:
@@ -96,7 +98,11 @@ def _reference(context: Sequence[AnyMessage]) -> tuple[frozenset[str], frozenset
 
 
 def _user(ex: Extractor, shape: _Shape, index: int, message: UserMessage) -> None:
-    if index == shape.first_real:
+    if shape.chat and index in shape.real:
+        # In a chat every turn competes on what it says: the first and last of a span are
+        # no task and no intent (those are pinned outside the summary anyway).
+        ex.dialogue(index, message.text, "user")
+    elif index == shape.first_real:
         ex.anchor(index, message.text, _MUST_FIRST, "request", _FIRST_SHARE)
     elif index == shape.last_real:
         category = "constraint" if CONSTRAINT.search(message.text) else "request"

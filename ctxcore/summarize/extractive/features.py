@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
-from ctxcore.markers import INTERNAL_USER_PREFIXES
+from ctxcore.markers import INTERNAL_USER_PREFIXES, TRUNCATED
 
 __all__ = [
     "COMMENT",
@@ -27,13 +27,13 @@ __all__ = [
     "classify_title",
     "clip",
     "collapse",
+    "earlier_lines",
     "head_words",
     "is_error",
     "line_features",
     "meaningful",
     "scan",
     "split_tag",
-    "summary_lines",
     "tail_words",
     "tool_tag",
     "words_of",
@@ -115,6 +115,8 @@ _SECTION_RULES: Final = (
     ("pending", ("pending", "next", "resume", "open work", "remaining", "todo")),
     ("decision", ("decision", "fact", "finding", "durable", "conclusion")),
     ("error", ("blocker", "risk", "verification", "error", "evidence", "fix", "invalid")),
+    # The pipeline blocks' "Task state": the work in progress (requests, steps, tool calls).
+    ("work", ("task state",)),
     ("request", ("request", "task", "intent", "goal", "user message")),
     ("constraint", ("constraint", "preference", "requirement", "acceptance", "criteria")),
     ("file", ("file", "code", "artifact", "concept", "understanding", "codebase", "repository")),
@@ -260,12 +262,13 @@ def _skipped(line: str) -> bool:
         or TAG_LINE.match(line) is not None
         or line.startswith(INTERNAL_USER_PREFIXES)
         or line.startswith("[[")
+        or line == TRUNCATED
         or _HEADER_LINE.match(line) is not None
         or line.casefold() in ("(none)", "none", "summary:")
     )
 
 
-def summary_lines(text: str) -> Iterator[tuple[str, str, str]]:
+def earlier_lines(text: str) -> Iterator[tuple[str, str, str]]:
     """``(section, tag, line)`` for each content line of an earlier summary: the heading
     it sat under ("" before any), its source tag ("" untagged) and its text."""
     section = ""

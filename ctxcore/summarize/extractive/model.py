@@ -26,7 +26,7 @@ __all__ = ["ExtractiveModel"]
 _ROUTES: Final = MappingProxyType(
     {
         "request": ("request", "constraint", "work"),
-        "constraint": ("constraint", "request", "decision"),
+        "constraint": ("constraint", "request", "work", "decision"),
         "tool": ("work", "file"),
         "file": ("file", "paths", "work"),
         "paths": ("paths", "file"),
