@@ -29,7 +29,7 @@ from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View
 from ctxcore.pipeline.render import head_tail
-from ctxcore.pipeline.stages import truncate_blocks
+from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.protocol import check_window, close_interrupted_tool_calls
 from ctxcore.recall.auto import AutoRecall, RecallStats, recall_query, recalled_message
 from ctxcore.state.models import CompressionState

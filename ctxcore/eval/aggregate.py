@@ -9,6 +9,7 @@ from typing import Any
 
 from ctxcore.eval.harness import ConversationResult
 from ctxcore.eval.probes import PROBES
+from ctxcore.eval.readability import pooled
 from ctxcore.eval.scoring import QATally
 
 __all__ = ["CONTROL_MARGIN", "aggregate", "control_figures", "win_loss"]
@@ -175,6 +176,7 @@ def aggregate(
             "tokens": sum(r.recall_tokens for r in results),
             "query_p50_ms": round(statistics.median(queries), 3),
         }
+    out["readability"] = pooled(r.readability for r in results)
     probes = _probes(results)
     if probes:
         out["probes"] = probes

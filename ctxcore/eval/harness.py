@@ -24,6 +24,7 @@ from ctxcore.eval.data import Conversation, QAItem, groups, window_points
 from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy
 from ctxcore.eval.policy_base import Policy
 from ctxcore.eval.probes import Probes, ProbeTracker, WindowText, score_probes
+from ctxcore.eval.readability import readability
 from ctxcore.eval.scoring import (
     QATally,
     anchors_verbatim,
@@ -106,6 +107,8 @@ class ConversationResult:
     recall_query_ms: list[float] = field(default_factory=list)
     series: list[tuple[int, int]] = field(default_factory=list)
     final: FinalWindow = field(default_factory=FinalWindow)
+    # Summary lines of the final window's blocks (``ctxcore.eval.readability``).
+    readability: dict[str, int] = field(default_factory=dict)
 
     @property
     def budget_exceeded(self) -> int:
@@ -166,6 +169,8 @@ class ConversationResult:
                 for name in self.probes_final
             }
             out["malformed_calls"] = self.malformed_calls
+        if self.readability:
+            out["readability"] = dict(self.readability)
         return out
 
 
@@ -329,6 +334,7 @@ def evaluate_conversation(
         result.summariser_input_tokens = counting.input_tokens
         result.summariser_output_tokens = counting.output_tokens
         final = result.final.messages or list(conv.system)
+        result.readability = readability(result.final.messages, history).as_dict()
         if conv.qa:
             if name == REFERENCE_POLICY:
                 compacted = compacted_questions(final, conv.qa, evidence_texts(history))

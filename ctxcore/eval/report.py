@@ -70,6 +70,19 @@ def _probe_columns(probes: Mapping[str, Any], *, windows: bool) -> dict[str, str
     return cols
 
 
+def _readability_columns(figures: Mapping[str, Any]) -> dict[str, str]:
+    # Summary lines of the final windows' blocks: how many, the share tagged with their
+    # source, lines repeated within a block, lines cut inside a word.
+    if not figures.get("summary_lines"):
+        return {}
+    return {
+        "sum_lines": _fmt(figures.get("summary_lines")),
+        "tagged": _fmt(figures.get("tagged_share"), 2),
+        "dup_lines": _fmt(figures.get("duplicate_lines")),
+        "cuts": _fmt(figures.get("midword_cuts")),
+    }
+
+
 def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
     """The headline figures of an ``overall`` object as column -> text (probes as final/windows)."""
     use = overall.get("budget_use") or {}
@@ -87,6 +100,7 @@ def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
         cols.update(_qa_columns(overall))
     if overall.get("probes"):
         cols.update(_probe_columns(overall["probes"], windows=True))
+    cols.update(_readability_columns(overall.get("readability") or {}))
     recall = overall.get("recall")
     if recall:
         cols["recall_w"] = _fmt(recall.get("windows"))

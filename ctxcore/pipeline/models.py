@@ -77,7 +77,7 @@ class PipelineConfig(BaseModel):
 
     def chunk_tokens(self) -> int:
         """Raw tokens per L1 block."""
-        return self.l1_source_tokens or max(self.pass_targets()[0] * 4, 2000)
+        return self.l1_source_tokens or max(self.pass_targets()[0] * 6, 3000)
 
 
 class Stage(BaseModel):

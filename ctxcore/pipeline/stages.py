@@ -21,15 +21,18 @@ from ctxcore.pipeline.checks import rejected_view_error, view_violations
 from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageResult
 from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.targets import Target, build_targets, message_tokens, served_tokens, targets_for_stage
+from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.pipeline.view import BLOCK_META, View, block_message
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
 from ctxcore.summarize.prompts import (
+    BLOCK_SECTIONS,
     ROUND_LEVEL_AGGRESSIVE_SYSTEM_PROMPT,
     ROUND_LEVEL_OUTPUT_CONTRACT,
     ROUND_LEVEL_SYSTEM_PROMPT,
 )
 from ctxcore.summarize.redact import redact
+from ctxcore.summarize.sections import conform_sections
 from ctxcore.tokens import TokenCounter
 
 __all__ = [
@@ -154,7 +157,9 @@ def run_stage(
         if not texts and raw_text.strip() and _one_segment(targets, view):
             merged = _merge_targets(targets, view, cfg, counter)
             targets = [merged]
-            texts = {merged.target_id: raw_text.strip()}
+            texts = {
+                merged.target_id: conform_sections(raw_text.strip(), BLOCK_SECTIONS, where="a non-JSON reply")
+            }
         for target in targets:
             text = texts.get(target.target_id)
             if text:
@@ -525,6 +530,7 @@ def _llm_blocks(
             )
             for t in targets
         ],
+        sections=list(BLOCK_SECTIONS),
         context=context,
         query=query,
     )
@@ -533,93 +539,14 @@ def _llm_blocks(
         [SystemMessage(content=system), UserMessage(content=prompt)], max_tokens=max_tokens, contract=contract
     )
     usage = completion.usage
-    return parse_blocks(completion.text), completion.text, usage.input_tokens, usage.output_tokens
+    texts = {
+        bid: conform_sections(text, BLOCK_SECTIONS, where=f"block {bid}")
+        for bid, text in parse_blocks(completion.text).items()
+    }
+    return texts, completion.text, usage.input_tokens, usage.output_tokens
 
 
 # --- hard truncate ----------------------------------------------------------------------
-
-
-def truncate_blocks(
-    view: View, cfg: PipelineConfig, counter: TokenCounter, target_tokens: int
-) -> list[SummaryBlock]:
-    """Deterministically cut block text (never pinned or tail messages) until the view fits.
-
-    Each run of blocks between pinned messages becomes one truncated block; a global
-    fraction of each run's serialized text is kept, found by binary search.
-    """
-    segments: list[list[SummaryBlock]] = [[]]
-    for item in view.prefix():
-        if isinstance(item, SummaryBlock):
-            segments[-1].append(item)
-        else:
-            segments.append([])
-    segments = [s for s in segments if s]
-    if not segments:
-        return list(view.blocks)
-    texts = [serialize_messages([m for b in seg for m in b.messages]) for seg in segments]
-    fixed_view = View(
-        version=view.version,
-        system=view.system,
-        tools=view.tools,
-        pinned=view.pinned,
-        tail=view.tail,
-        covered_until=view.covered_until,
-        detector=view.detector,
-    )
-    fixed = served_tokens(fixed_view, cfg, counter)
-
-    def build(fraction: float | None) -> list[SummaryBlock]:
-        blocks = []
-        for seg, text in zip(segments, texts, strict=True):
-            first, last = seg[0].first_id, seg[-1].last_id
-            level = max(b.level for b in seg)
-            if fraction is None:
-                body = cfg.truncated_marker
-                scope = "compact"
-            else:
-                body = head_tail(
-                    text, int(len(text) * fraction), cfg.truncate_head_ratio, cfg.truncated_marker
-                )
-                scope = "truncated_full_context"
-            block_id = f"T{level}-{first}-{last}"
-            message = block_message(
-                body,
-                block_id=block_id,
-                first_id=first,
-                last_id=last,
-                level=level,
-                scope=scope,
-                marker=cfg.compression_marker,
-                tokens_before=sum(b.tokens_before for b in seg),
-            )
-            blocks.append(
-                SummaryBlock(
-                    block_id=block_id,
-                    messages=[message],
-                    first_id=first,
-                    last_id=last,
-                    level=level,
-                    tokens_before=sum(b.tokens_before for b in seg),
-                    tokens_after=message_tokens(counter, [message]),
-                )
-            )
-        return blocks
-
-    def fits(blocks: list[SummaryBlock]) -> bool:
-        return fixed + sum(message_tokens(counter, b.messages) for b in blocks) <= target_tokens
-
-    lo, hi = 0, 1000
-    best: list[SummaryBlock] | None = None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        candidate = build(mid / 1000)
-        if fits(candidate):
-            best, lo = candidate, mid + 1
-        else:
-            hi = mid - 1
-    if best is not None:
-        return best
-    return build(None)
 
 
 # --- the loop ---------------------------------------------------------------------------

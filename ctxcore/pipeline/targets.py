@@ -16,6 +16,8 @@ from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
 from ctxcore.pipeline.view import View, block_message
 from ctxcore.state.models import SummaryBlock
+from ctxcore.summarize.prompts import BLOCK_SECTIONS
+from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, newest_step_start, steps
 
@@ -246,6 +248,9 @@ def _build_targets(
     barriers = view.anchor_id_set()
     window = served_tokens(view, config, counter)
     header = _header_tokens(counter, config)
+    # Every summary carries the section headings (and "(none)" under empty ones): a fixed
+    # cost per block like its header, added to each target on top of its share of the room.
+    fixed = counter.count_text(skeleton(BLOCK_SECTIONS))
 
     def budget(pass_target: int, source_tokens: int, n_blocks: int) -> int:
         # Summaries may use the room left under the target, so a pass lands near the target
@@ -269,7 +274,9 @@ def _build_targets(
         total = sum(sizes) or 1
         room = budget(first_pass, total, len(chunks))
         return [
-            _make(f"block_{n}", _scope(chunk), chunk, 1, room * size / total, counter, raw_tokens=size)
+            _make(
+                f"block_{n}", _scope(chunk), chunk, 1, room * size / total + fixed, counter, raw_tokens=size
+            )
             for n, (chunk, size) in enumerate(zip(chunks, sizes, strict=True), 1)
         ]
 
@@ -304,7 +311,7 @@ def _build_targets(
         targets = []
         for n, (run, group, size) in enumerate(zip(runs, run_items, run_sizes, strict=True), 1):
             lv = max(max(b.level, 1) for b in run)
-            share = room * size / (sum(run_sizes) or 1)
+            share = room * size / (sum(run_sizes) or 1) + fixed
             targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", group, lv + 1, share, counter))
         return [t for t in targets if t.target_tokens < t.source_tokens]
 
@@ -319,7 +326,7 @@ def _build_targets(
         targets = []
         for n, seg in enumerate(segments, 1):
             seg_tokens = _item_tokens(counter, seg)
-            share = room * seg_tokens / total
+            share = room * seg_tokens / total + fixed
             if len(seg) == 1 and isinstance(seg[0], SummaryBlock) and seg_tokens <= share:
                 continue
             lv = max([b.level for b in seg if isinstance(b, SummaryBlock)] + [0]) + 1
@@ -333,9 +340,9 @@ def _build_targets(
 
 
 def _header_tokens(counter: TokenCounter, config: PipelineConfig) -> int:
-    """Tokens a block message costs beyond its summary text."""
+    """Tokens a block message costs beyond its summary's lines (its sections' headings included)."""
     probe = block_message(
-        "",
+        skeleton(BLOCK_SECTIONS),
         block_id="L1-000000000000-000000000000",
         first_id="000000000000",
         last_id="000000000000",

@@ -94,7 +94,8 @@ class OutputContract(BaseModel):
     * ``kind="state_snapshot"``: one ``<state_snapshot>`` with a ``## <title>`` section per
       entry of ``sections`` (in order), summarising ``source`` within ``target_tokens``.
     * ``kind="blocks"``: JSON ``{"blocks": [{"block_id", "summary"}]}`` with exactly one
-      entry per ``blocks`` item, each summary within that block's ``target_tokens``.
+      entry per ``blocks`` item, each summary within that block's ``target_tokens``; with
+      ``sections``, each summary has one ``## <title>`` per section, in order.
 
     ``context`` is reference-only (e.g. earlier summaries, never summarised again),
     ``instruction`` a user preservation instruction, ``query`` the latest real user request
@@ -122,8 +123,8 @@ class OutputContract(BaseModel):
         else:
             if not self.blocks:
                 raise ValueError("a blocks contract needs at least one block")
-            if self.sections or self.source:
-                raise ValueError("a blocks contract carries its sources per block, not sections/source")
+            if self.source:
+                raise ValueError("a blocks contract carries its sources per block, not source")
             ids = [b.block_id for b in self.blocks]
             if len(set(ids)) != len(ids):
                 raise ValueError(f"block ids must be unique, got {ids}")

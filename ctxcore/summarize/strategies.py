@@ -21,7 +21,9 @@ from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.stages import Summarizer, parse_blocks
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
+from ctxcore.summarize.prompts import BLOCK_SECTIONS, LINE_TAG_RULE, block_sections_rule
 from ctxcore.summarize.redact import redact
+from ctxcore.summarize.sections import conform_sections
 from ctxcore.turns import is_real_user, turns
 
 __all__ = [
@@ -124,7 +126,7 @@ def model(
             f"[Earlier summaries, reference only]\n{serialize_messages(context)}\n\n"
             f"[Pending steps to summarise]\n{serialize_messages(pending_steps)}\n\n"
             f'Return JSON only: {{"blocks": [{{"block_id": "summary", "summary": "..."}}]}} '
-            f"with a summary of at most {target_tokens} tokens."
+            f"with a summary of at most {target_tokens} tokens. {block_sections_rule()} {LINE_TAG_RULE}"
         )
         if redact_secrets:
             prompt = redact(prompt)
@@ -136,6 +138,7 @@ def model(
                     block_id="summary", target_tokens=max(target_tokens, 1), source=list(pending_steps)
                 )
             ],
+            sections=list(BLOCK_SECTIONS),
             context=context,
             query=query,
         )
@@ -145,7 +148,9 @@ def model(
             contract=contract,
         )
         summary = parse_blocks(completion.text).get("summary") or completion.text.strip()
-        return [UserMessage(content=summary)] if summary else None
+        if not summary:
+            return None
+        return [UserMessage(content=conform_sections(summary, BLOCK_SECTIONS, where="an L1 summary"))]
 
     return summarize
 

@@ -159,7 +159,8 @@ def test_blocks_json_with_exact_ids_within_each_target(
     contract = OutputContract(
         kind="blocks",
         blocks=[
-            ContractBlock(block_id="blk-1", target_tokens=60, source=source[:9]),
+            # 75, not 60: every line now carries its source tag ("- tool run_tests: ").
+            ContractBlock(block_id="blk-1", target_tokens=75, source=source[:9]),
             ContractBlock(block_id="blk-2", target_tokens=120, source=source[9:]),
             ContractBlock(block_id="blk-3", target_tokens=30, source=[]),
         ],
@@ -169,7 +170,7 @@ def test_blocks_json_with_exact_ids_within_each_target(
     blocks = json.loads(text)["blocks"]
     assert [b["block_id"] for b in blocks] == ["blk-1", "blk-2", "blk-3"]
     assert set(blocks[0]) == {"block_id", "summary"}
-    for block, target in zip(blocks, (60, 120, 30), strict=True):
+    for block, target in zip(blocks, (75, 120, 30), strict=True):
         assert counter.count_text(block["summary"]) <= target
     assert "src/dates/parse.py" in blocks[0]["summary"]
     assert "v2" in blocks[1]["summary"]

@@ -75,7 +75,7 @@ def test_contract_round_trips_through_json() -> None:
         {"kind": "blocks", "blocks": [{"block_id": "x", "target_tokens": 5, "source": []}] * 2},
         {
             "kind": "blocks",
-            "sections": ["A"],
+            "source": [{"role": "user", "content": "a source belongs to a block"}],
             "blocks": [{"block_id": "x", "target_tokens": 5, "source": []}],
         },
         {"kind": "blocks", "blocks": [{"block_id": "", "target_tokens": 5, "source": []}]},
@@ -87,6 +87,18 @@ def test_contract_round_trips_through_json() -> None:
 def test_invalid_contracts_are_rejected(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         OutputContract.model_validate(fields)
+
+
+def test_a_blocks_contract_takes_sections() -> None:
+    contract = OutputContract.model_validate(
+        {
+            "kind": "blocks",
+            "sections": ["Task state", "Next steps"],
+            "blocks": [{"block_id": "x", "target_tokens": 5, "source": []}],
+        }
+    )
+    assert contract.sections == ["Task state", "Next steps"]
+    assert OutputContract.model_validate_json(contract.model_dump_json()) == contract
 
 
 def test_clients_satisfy_the_protocol() -> None:

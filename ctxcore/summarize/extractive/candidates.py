@@ -1,0 +1,384 @@
+"""Candidate lines of the extractive summariser, built from source messages.
+
+``Extractor`` holds the candidates of one call; each method reads one kind of source (a
+user message, an assistant message, a tool call and its result, a line of an earlier
+summary) and adds scored ``Item``s. ``extract`` (in ``extract``) walks a source with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+from ctxcore.markers import INTERNAL_USER_PREFIXES
+from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage
+from ctxcore.summarize.extractive.features import (
+    COMMENT,
+    CONSTRAINT,
+    DATE,
+    DECISION,
+    MAX_LINE_CHARS,
+    PATH,
+    PENDING,
+    SENTENCE_SPLIT,
+    SPEAKER,
+    classify_title,
+    clip,
+    collapse,
+    earlier_lines,
+    is_error,
+    line_features,
+    meaningful,
+    scan,
+    tool_tag,
+)
+from ctxcore.summarize.extractive.tools import (
+    TASK_TOOL,
+    args_short,
+    call_path,
+    parse_args,
+    result_line,
+    shell_removed,
+    shell_write_target,
+    writes_file,
+)
+from ctxcore.summarize.prompts import BLOCK_SECTIONS
+
+__all__ = ["BASE_SCORE", "Extractor", "Item", "user_key"]
+
+# Prior value of a line by what it is; the words it covers and its features add to it.
+BASE_SCORE: Final = MappingProxyType(
+    {
+        "request": 8.0,
+        "constraint": 12.0,
+        "error": 10.0,
+        "file": 15.0,
+        "tool": 6.0,
+        "pending": 6.0,
+        "decision": 6.0,
+        "work": 2.0,
+        "fact": 3.0,
+        "paths": 2.0,
+        "other": 1.0,
+        # A sentence of a dialogue: no prior at all, it is worth what it says.
+        "chat": 0.0,
+    }
+)
+
+
+@dataclass
+class Item:
+    """A candidate line: where it came from, what it is and what it is worth.
+
+    ``static`` is its prior plus its features; ``words`` the content words it would add
+    to the summary (each worth its rarity in the source, once); ``decay`` discounts the
+    second, third... line taken from one message.
+    """
+
+    order: tuple[int, int]
+    category: str
+    text: str
+    static: float
+    key: str
+    words: frozenset[str] = frozenset()
+    must: bool = False
+    # For anchors: the largest share of the budget they may take whole.
+    share: float = 1.0
+    decay: float = 1.0
+    tokens: int = field(default=-1, compare=False)
+    # A line of an earlier summary: chosen on its own once already, so the lines of one
+    # memory block do not share a message's diminishing returns.
+    independent: bool = False
+    # Who wrote what the line says: ``user``, ``assistant`` or ``tool <name>`` ("" unknown).
+    tag: str = ""
+    # For a line of an earlier summary: the section heading it sat under.
+    section: str = ""
+
+    @property
+    def weight(self) -> float:
+        """The line's value without coverage, used to drop the weakest line first."""
+        return self.static * self.decay
+
+
+def user_key(text: str) -> str:
+    """The deduplication key of a user message."""
+    # Harness messages repeat word for word (format reminders); one copy is enough.
+    return "user:" + " ".join(text.split()).casefold()
+
+
+class Extractor:
+    """Builds scored candidates from source messages (one instance per call)."""
+
+    def __init__(self, query_words: frozenset[str], known: frozenset[str], with_paths: bool) -> None:
+        self.query_words = query_words
+        self.known = known
+        self.with_paths = with_paths
+        self.items: list[Item] = []
+        # Path -> how much it matters: written > used by a tool > merely mentioned.
+        self.paths: dict[str, float] = {}
+        # Path -> the tag of the latest line naming it.
+        self.path_tags: dict[str, str] = {}
+        self._scans: dict[int, list[tuple[str, bool]]] = {}
+        # Files deleted later in the source: their last write is no longer current state.
+        self.removed: dict[str, tuple[int, int]] = {}
+
+    # scoring
+
+    def note_path(self, path: str, weight: float, tag: str) -> None:
+        """Record a path for the paths section (when the contract has one)."""
+        if self.with_paths:
+            self.paths[path] = max(self.paths.get(path, 0.0), weight)
+            self.path_tags[path] = tag
+
+    def features(self, text: str, tag: str) -> tuple[float, frozenset[str]]:
+        """The feature value of a line and its content words."""
+        value, words, paths = line_features(text, self.query_words)
+        for path in paths:
+            self.note_path(path, 1.0, tag)
+        return value, words
+
+    def add(
+        self,
+        order: tuple[int, int],
+        category: str,
+        text: str,
+        *,
+        tag: str,
+        key: str | None = None,
+        bonus: float = 0.0,
+        independent: bool = False,
+        section: str = "",
+    ) -> None:
+        """One candidate line (nothing for a line without a word)."""
+        text = clip(text.strip())
+        if len(text) < 3 or not meaningful(text):
+            return
+        norm = key or collapse(text).casefold()
+        value, words = self.features(text, tag)
+        static = BASE_SCORE[category] + bonus + value
+        if norm in self.known:
+            static *= 0.3
+        self.items.append(
+            Item(
+                order, category, text, static, norm, words, independent=independent, tag=tag, section=section
+            )
+        )
+
+    def anchor(self, index: int, text: str, priority: float, category: str, share: float) -> None:
+        """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
+        if not meaningful(text):
+            return
+        words = self.features(text[:20_000], "user")[1]
+        self.items.append(
+            Item(
+                (index, 0),
+                category,
+                text.strip(),
+                priority,
+                user_key(text),
+                words,
+                must=True,
+                share=share,
+                tag="user",
+            )
+        )
+
+    def user(self, index: int, text: str) -> None:
+        """A real user message between the anchors: verbatim, competing on content."""
+        category = "constraint" if CONSTRAINT.search(text) else "request"
+        stripped = text.strip()
+        if len(stripped) <= 2 * MAX_LINE_CHARS:
+            if meaningful(stripped):
+                value, words = self.features(stripped, "user")
+                static = BASE_SCORE[category] + value
+                self.items.append(
+                    Item((index, 0), category, stripped, static, user_key(stripped), words, tag="user")
+                )
+            return
+        self.lines(index, text, lambda _line: category, "user")
+
+    def dialogue(self, index: int, text: str, tag: str) -> None:
+        """A turn of a tool-free dialogue: every sentence is a fact of its own.
+
+        Without tools, neither side is narrating agent work: what both say is the content
+        (a chat between people, questions and answers), so both compete on content alone
+        and a long turn can give its one informative sentence without its small talk.
+        """
+        sub = 0
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line:
+                continue
+            label = SPEAKER.match(line)
+            prefix = label.group(0) if label else ""
+            for piece in SENTENCE_SPLIT.split(line[len(prefix) :]):
+                sub += 1
+                self.chat((index, sub), prefix, piece, tag, independent=True)
+
+    def chat(
+        self,
+        order: tuple[int, int],
+        prefix: str,
+        piece: str,
+        tag: str,
+        *,
+        independent: bool = False,
+        section: str = "",
+    ) -> None:
+        """One dialogue sentence; its speaker label is printed but scores nothing, and a
+        sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate."""
+        piece = piece.strip()
+        value, words = self.features(piece, tag)
+        if not words or not meaningful(piece):
+            return
+        text = clip(f"{prefix}{piece}")
+        if not meaningful(text):
+            return
+        norm = collapse(text).casefold()
+        static = BASE_SCORE["chat"] + value
+        if norm in self.known:
+            static *= 0.3
+        self.items.append(
+            Item(order, "chat", text, static, norm, words, independent=independent, tag=tag, section=section)
+        )
+
+    # sources
+
+    def lines(self, index: int, text: str, classify: Callable[[str], str], tag: str) -> None:
+        """Every line of ``text`` (long ones split into sentences), classified by ``classify``."""
+        sub = 0
+        for raw in text.splitlines():
+            line = raw.strip().lstrip("-*• ").strip()
+            if not line:
+                continue
+            pieces = SENTENCE_SPLIT.split(line) if len(line) > MAX_LINE_CHARS else [line]
+            for piece in pieces:
+                sub += 1
+                self.add((index, sub), classify(piece), piece, tag=tag)
+
+    def memory_block(self, index: int, text: str) -> None:
+        """Lines of an earlier summary, routed by the heading they sat under.
+
+        An internal user message that is no memory block (a harness's format reminder) is
+        read the same way; its lines are the user role's.
+        """
+        default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
+        for sub, (section, tag, line) in enumerate(earlier_lines(text), 1):
+            # A pipeline block's sections place its lines, they do not rank them: its lines
+            # were chosen once on their merits and compete as facts again. A snapshot's
+            # section says what kind of line it holds.
+            kind = classify_title(section) if section and section not in BLOCK_SECTIONS else "fact"
+            category = {"critical": "fact", "other": "fact", "paths": "file"}.get(kind, kind)
+            # The line keeps the tag it was written with (none for an untagged model reply).
+            tag = tag or default_tag
+            key = None
+            if " <- " in line and (category == "file" or section in BLOCK_SECTIONS):
+                # A file's write from an earlier block and a newer one of the same file:
+                # only the latest is its state.
+                key = "file:" + line.split(" <- ", 1)[0]
+            label = SPEAKER.match(line)
+            if label is not None and not is_error(line):
+                # A dialogue sentence kept by an earlier summary competes as one again
+                # ("ValueError: ..." is an error line, not a speaker's).
+                self.chat(
+                    (index, sub), label.group(0), line[label.end() :], tag, independent=True, section=section
+                )
+                continue
+            # Lines of an earlier summary were already chosen once; requests carried over
+            # from it outrank ordinary facts.
+            bonus = 3.0 if category == "request" else 1.0
+            self.add(
+                (index, sub), category, line, tag=tag, key=key, bonus=bonus, independent=True, section=section
+            )
+
+    def assistant(self, index: int, message: AssistantMessage) -> None:
+        """The lines of an assistant message's text, classified by what they say."""
+
+        def classify(line: str) -> str:
+            if is_error(line):
+                return "error"
+            if PENDING.search(line):
+                return "pending"
+            if DECISION.search(line):
+                return "decision"
+            return "work"
+
+        self.lines(index, message.text, classify, "assistant")
+
+    def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
+        """The scanned lines of a tool result, computed once per message."""
+        lines = self._scans.get(index)
+        if lines is None:
+            lines = self._scans[index] = scan(message.text)
+        return lines
+
+    def tool_call(
+        self, index: int, pos: int, call: ToolCall, result: ToolMessage | None, result_index: int
+    ) -> str:
+        """Add the one-line item for a call; returns the result line it used."""
+        parsed = parse_args(call.arguments)
+        args = args_short(call.arguments, parsed)
+        # A line built from the call and its result takes the tag of the latest: the result.
+        tag = "assistant" if result is None else tool_tag(result.name or call.name)
+        # The tag names the tool already; the line need not say it again.
+        named = tag != tool_tag(call.name) or not args
+
+        def head(shown_args: str) -> str:
+            return f"{call.name}({shown_args})" if named else shown_args
+
+        failed = result is not None and result.metadata.get("is_error") is True
+        line = ""
+        if result is None:
+            shown = "(no result)"
+        else:
+            line = result_line(self.scanned(result_index, result))
+            shown = line or "(empty)"
+            if result.metadata.get("cancelled") is True:
+                shown = f"(cancelled) {shown}"
+        item_text = f"{head(args)} -> {shown}"
+        name = call.name.casefold()
+        path = call_path(call, parsed)
+        command = parsed.get("command") if isinstance(parsed, dict) else None
+        written = shell_write_target(command) if isinstance(command, str) else None
+        order = (index, 10_000 + pos)
+        if failed or is_error(line):
+            self.add(order, "error", item_text, tag=tag)
+        elif writes_file(name, written, path):
+            target = written or path or ""
+            # Keyed by path: only the last write of each file survives deduplication, and
+            # the path leads so that clipping the arguments never hides it.
+            brief = f"{head(clip(args, 60, mark=True))} -> {shown}"
+            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}")
+        elif TASK_TOOL.search(name):
+            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}")
+        else:
+            self.add(order, "tool", item_text, tag=tag)
+        if path:
+            self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
+        if written:
+            self.note_path(written, 6.0, tag)
+        if isinstance(command, str) and not failed:
+            for gone in shell_removed(command):
+                self.removed[gone] = order
+        return line
+
+    def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
+        """Error lines and dense lines of a tool result beyond the one already shown."""
+        sub = 0
+        shown = set(used.split(" | "))
+        for line, error in self.scanned(index, message):
+            if len(line) < 3 or line in shown:
+                continue
+            sub += 1
+            if error:
+                self.add((index, sub), "error", line, tag=tag)
+            elif (
+                not line.startswith(COMMENT)
+                and len(line.split()) >= 4
+                and (PATH.search(line) or DATE.search(line))
+            ):
+                # A bare path is a directory listing; a path with words around it
+                # (a grep hit, a log line) says something about it.
+                self.add((index, sub), "fact", line, tag=tag)

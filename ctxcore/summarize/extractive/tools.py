@@ -1,0 +1,120 @@
+"""Tool calls and shell commands as the extractive summariser reads them.
+
+A call becomes one line (``name(args) -> result``); these helpers shorten its arguments,
+pick the line of its result worth showing, and tell which file it writes or deletes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ctxcore.messages import ToolCall
+from ctxcore.summarize.extractive.features import PATH, clip, collapse
+
+__all__ = [
+    "TASK_TOOL",
+    "args_short",
+    "call_path",
+    "parse_args",
+    "result_line",
+    "shell_removed",
+    "shell_write_target",
+    "writes_file",
+]
+
+_WRITE_TOOL = re.compile(
+    r"write|edit|create|patch|apply|replace|save|update|insert|append|delete|remove|rename|move|mkdir"
+)
+TASK_TOOL = re.compile(r"todo|task|plan")
+# Shell commands that write a file: redirection (not "2>&1"), tee, in-place sed.
+_REDIRECT = re.compile(r"(?<![0-9&<>-])>>?\s*([\w./~@-]+)")
+_TEE = re.compile(r"\btee\s+(?:-a\s+)?([\w./~@-]+)")
+_SED_INPLACE = re.compile(r"\bsed\s+(?:-\w+\s+)*-i")
+_FILE_TOKEN = re.compile(r"[\w./~@-]+\.\w+")
+_PATH_KEYS: Final = ("path", "file_path", "filepath", "file", "filename", "notebook_path")
+
+
+def result_line(lines: Sequence[tuple[str, bool]]) -> str:
+    """What a tool call did: its first error line if any, else its first meaningful line
+    (plus the next one when the first is as terse as ``returncode=0``)."""
+    if not lines:
+        return ""
+    error = next((line for line, is_error in lines if is_error), None)
+    if error is not None:
+        return error
+    first = lines[0][0]
+    if len(first) < 24 and len(lines) > 1:
+        return f"{first} | {lines[1][0]}"
+    return first
+
+
+def _short_value(value: Any) -> str:
+    if isinstance(value, str):
+        flat = collapse(value)
+        limit = 120 if PATH.fullmatch(flat) else 80
+        return json.dumps(clip(flat, limit, mark=True), ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    # Cut at a word end, or the whole value goes: never half a token.
+    return clip(text, 40, mark=True) or "…"
+
+
+def parse_args(arguments: str) -> Any:
+    """The decoded JSON arguments of a call (``{}`` when blank, None when not JSON)."""
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return None
+
+
+def args_short(arguments: str, parsed: Any) -> str:
+    """A call's arguments as ``key=value, ...`` with long values shortened."""
+    if isinstance(parsed, dict):
+        text = ", ".join(f"{k}={_short_value(v)}" for k, v in parsed.items())
+    else:
+        text = collapse(arguments)
+    return clip(text, 160, mark=True)
+
+
+def shell_write_target(command: str) -> str | None:
+    """The file a shell command writes, if it visibly writes one."""
+    if _SED_INPLACE.search(command):
+        # The sed script is quoted; the files follow the last quote.
+        files: list[str] = _FILE_TOKEN.findall(command.rsplit("'", 1)[-1])
+        if files:
+            return files[-1]
+    first = command.split("\n", 1)[0]
+    match = _REDIRECT.search(first) or _TEE.search(first)
+    if match is None:
+        return None
+    target = str(match.group(1))
+    return None if target.startswith("/dev/") else target
+
+
+def shell_removed(command: str) -> list[str]:
+    """Files a shell command visibly deletes (``rm a.py b.py``)."""
+    first = command.split("\n", 1)[0]
+    removed: list[str] = []
+    for part in re.split(r"&&|;|\|\|", first):
+        words = part.split()
+        if words and words[0] == "rm":
+            removed.extend(w for w in words[1:] if not w.startswith("-"))
+    return removed
+
+
+def writes_file(name: str, written: str | None, path: str | None) -> bool:
+    """True when a tool call writes a file (by its name or its shell command)."""
+    return bool(written) or (path is not None and _WRITE_TOOL.search(name) is not None)
+
+
+def call_path(call: ToolCall, parsed: Any) -> str | None:
+    """The file a call is about: a path-like argument, else the first path in its arguments."""
+    if isinstance(parsed, dict):
+        for key in _PATH_KEYS:
+            value = parsed.get(key)
+            if isinstance(value, str) and PATH.search(value):
+                return value.strip()
+    match = PATH.search(call.arguments)
+    return match.group(0) if match else None
