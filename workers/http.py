@@ -62,11 +62,7 @@ from ctxcore.client.models import (
     WindowStats,
 )
 from ctxcore.config import Settings
-from ctxcore.errors import (
-    ConflictError,
-    InvalidKeyError,
-    InvalidMessageError,
-)
+from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError
 from ctxcore.messages import from_openai, to_openai
 from ctxcore.state import CompressionState, validate_id
 from ctxcore.state.filesystem import validate_handle
@@ -84,6 +80,7 @@ from workers.http_ops import operations_router
 from workers.http_recall import recall_router
 from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
+from workers.proxy import proxy_router
 from workers.runtime import Runtime
 from workers.service import CompactionQueue
 
@@ -128,6 +125,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     conv = "/v1/conversations/{conversation_id}"
     app.include_router(log_router(api, Tenant))
     app.include_router(recall_router(api, Tenant))
+    app.include_router(proxy_router(api))
 
     @app.post(
         f"{conv}/messages",

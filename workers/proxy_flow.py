@@ -1,0 +1,145 @@
+"""The proxy's log side, run in the thread pool: match a request against the log, append
+what is new (idempotently), serve the window, and append the upstream's reply."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxcore.errors import InvalidMessageError
+from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai
+from ctxcore.state import ConversationKey
+from workers.proxy_errors import ProxyError
+from workers.proxy_match import (
+    PROXY_HASH_KEY,
+    Divergence,
+    canonical_hash,
+    entry_hash,
+    match_request,
+    new_message_id,
+    reply_message_id,
+)
+from workers.service import ContextService
+
+__all__ = ["Prepared", "ProxyFlow"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A request ready to go upstream (``window``) or answered from the log (``replay``)."""
+
+    reply_id: str
+    window: list[dict[str, Any]] = field(default_factory=list)
+    replay: dict[str, Any] | None = None
+    appended: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _stamp(message: AnyMessage, message_id: str, digest: str) -> AnyMessage:
+    return message.model_copy(
+        update={"message_id": message_id, "metadata": {**message.metadata, PROXY_HASH_KEY: digest}}
+    )
+
+
+class ProxyFlow:
+    """Matching, appends and windows over one ``ContextService``."""
+
+    def __init__(self, service: ContextService) -> None:
+        self.service = service
+
+    def prepare(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        indices: Sequence[int],
+        system: Sequence[SystemMessage],
+        tools: Sequence[Mapping[str, Any]],
+        model: str,
+        budget: int,
+    ) -> Prepared:
+        """Match ``messages`` (the request's non-system messages, at request ``indices``)
+        against the log, append the new ones and serve the window (system messages first).
+
+        ``ProxyError`` 400 ``history_diverged`` when the request does not follow the log.
+        """
+        started = time.perf_counter()
+        logged = self.service.log.read_after(key, None)
+        hashes = [canonical_hash(m) for m in messages]
+        match = match_request(logged, [entry_hash(m) for m in logged], hashes)
+        if isinstance(match, Divergence):
+            raise _diverged(indices, match.index, match.log_id)
+        end = match.end(len(messages))
+        reply_id = reply_message_id(key.conversation_id, end, hashes)
+        if end < len(logged):
+            following = logged[end]
+            if following.message_id == reply_id:
+                return Prepared(reply_id, replay=to_openai([following])[0])
+            raise _diverged(indices, len(messages), following.context_message_id)
+        fresh = [
+            _stamp(
+                m,
+                new_message_id(key.conversation_id, len(logged) + j, hashes[match.new_from + j]),
+                hashes[match.new_from + j],
+            )
+            for j, m in enumerate(messages[match.new_from :])
+        ]
+        if fresh:
+            try:
+                self.service.append(key, fresh)
+            except InvalidMessageError as exc:
+                if exc.index < 0:
+                    raise
+                at = indices[match.new_from + exc.index]
+                raise ProxyError(
+                    400,
+                    f"message {at}: field {exc.field!r}: {exc.detail}",
+                    exc.field,
+                    param=f"messages[{at}]",
+                ) from None
+        appended = time.perf_counter()
+        result = self.service.get_window(key, budget, list(system), tools, model, own_tools=False)
+        served = [m for m in result.messages if not isinstance(m, SystemMessage)]
+        done = time.perf_counter()
+        return Prepared(
+            reply_id,
+            window=to_openai(served),
+            appended=len(fresh),
+            timings={"append": (appended - started) * 1000, "window": (done - appended) * 1000},
+        )
+
+    def record_reply(
+        self, key: ConversationKey, reply_id: str, reply: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Append the upstream's complete reply under ``reply_id``.
+
+        Returns the logged reply when another attempt of the same request logged a different
+        one first (the client must get what the log holds), else None.
+        """
+        try:
+            parsed = from_openai([{k: v for k, v in reply.items() if k in ("role", "content", "tool_calls")}])
+        except InvalidMessageError as exc:
+            # The client's next request carries the reply, and it is appended then.
+            log.warning("proxy: the upstream's reply is not a loggable message (%s); not appended", exc)
+            return None
+        digest = canonical_hash(parsed[0])
+        ids = self.service.append(key, [_stamp(parsed[0], reply_id, digest)])
+        existing = self.service.log.get(key, ids[0])
+        if existing is not None and entry_hash(existing) != digest:
+            return to_openai([existing])[0]
+        return None
+
+
+def _diverged(indices: Sequence[int], index: int, log_id: str | None) -> ProxyError:
+    at = indices[index] if index < len(indices) else (indices[-1] + 1 if indices else 0)
+    return ProxyError(
+        400,
+        f"history_diverged: request message {at} does not match the conversation's log at {log_id!r}; "
+        "send the conversation as logged (a trimmed prefix is fine), or start a new conversation",
+        "history_diverged",
+        param=f"messages[{at}]",
+    )
