@@ -48,6 +48,7 @@ class ProxyError(CtxcoreError):
     ) -> None:
         super().__init__(message)
         self.status = status
+        self.status_code = status
         self.code = code
         self.message = message
         self.param = param
@@ -59,7 +60,7 @@ class ProxyError(CtxcoreError):
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(body, status_code=self.status_code, headers=self.headers)
 
 
 def openai_error(exc: Exception, offset: int = 0) -> JSONResponse | None:
