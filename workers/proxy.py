@@ -37,6 +37,7 @@ from ctxcore.window import known_context_window
 from workers.http_api import ApiState
 from workers.proxy_errors import ProxyError, openai_error
 from workers.proxy_flow import Prepared, ProxyFlow
+from workers.proxy_index import HashIndex
 from workers.proxy_stream import ReplyAssembler, replay_chunks, replay_completion, sse
 from workers.proxy_upstream import Upstream
 
@@ -161,7 +162,8 @@ def proxy_router(api: ApiState) -> APIRouter:
         service = api.service
         found = flows.get(id(service))
         if found is None:
-            found = flows.setdefault(id(service), ProxyFlow(service))
+            index = HashIndex(api.runtime.redis, api.settings.redis.key_prefix)
+            found = flows.setdefault(id(service), ProxyFlow(service, index))
         return found
 
     def prepare(
@@ -263,15 +265,19 @@ def proxy_router(api: ApiState) -> APIRouter:
         if not stream:
             answer = await upstream.post(proxy.upstream_base_url, outgoing, api_key, proxy.upstream_timeout)
             forward_ms = (time.perf_counter() - started) * 1000
-            headers = {**answer.headers, "server-timing": f"{timing}, upstream;dur={forward_ms:.3f}"}
+            reply_ms = 0.0
             if answer.status_code == 200:
                 reply = _reply_of(answer.content)
                 if reply is not None:
-                    logged = await run_in_threadpool(flow().record_reply, key, prepared.reply_id, reply)
+                    logged = await run_in_threadpool(flow().record_reply, key, prepared, reply)
+                    reply_ms = (time.perf_counter() - started) * 1000 - forward_ms
                     if logged is not None:
                         return JSONResponse(
                             replay_completion(logged, body["model"], prepared.reply_id), headers=replayed
                         )
+            # Server-Timing: what the proxy spent (ms), so a client can split the overhead.
+            timing += f", upstream;dur={forward_ms:.3f}, reply;dur={reply_ms:.3f}"
+            headers = {**answer.headers, "server-timing": timing}
             return Response(answer.content, status_code=answer.status_code, headers=headers)
         opened = await upstream.open_stream(
             proxy.upstream_base_url, outgoing, api_key, proxy.upstream_timeout
@@ -289,9 +295,7 @@ def proxy_router(api: ApiState) -> APIRouter:
                 async for chunk in opened.aiter_bytes():
                     if assembler.feed(chunk) and assembler.complete:
                         # Logged before the client sees [DONE]: its next request finds it.
-                        await run_in_threadpool(
-                            flow().record_reply, key, prepared.reply_id, assembler.message()
-                        )
+                        await run_in_threadpool(flow().record_reply, key, prepared, assembler.message())
                     yield chunk
                 if not assembler.done:
                     yield _stream_error(

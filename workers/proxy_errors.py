@@ -83,7 +83,8 @@ def openai_error(exc: Exception, offset: int = 0) -> JSONResponse | None:
         ).response()
     if isinstance(exc, InvalidWindowError):
         log.warning("proxy: not serving an invalid window: %s", exc)
-        return ProxyError(409, str(exc), "invalid_window").response()
+        # Retrying cannot help (the saved state is at fault): tell the SDK not to.
+        return ProxyError(409, str(exc), "invalid_window", headers={"x-should-retry": "false"}).response()
     if isinstance(exc, OUTAGES):
         log.warning("proxy: store unavailable: %s", exc)
         return ProxyError(

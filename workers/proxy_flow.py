@@ -13,6 +13,7 @@ from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai
 from ctxcore.state import ConversationKey
 from workers.proxy_errors import ProxyError
+from workers.proxy_index import HashIndex, IndexEntry
 from workers.proxy_match import (
     PROXY_HASH_KEY,
     Divergence,
@@ -34,6 +35,7 @@ class Prepared:
     """A request ready to go upstream (``window``) or answered from the log (``replay``)."""
 
     reply_id: str
+    last_id: str | None = None
     window: list[dict[str, Any]] = field(default_factory=list)
     replay: dict[str, Any] | None = None
     appended: int = 0
@@ -49,8 +51,9 @@ def _stamp(message: AnyMessage, message_id: str, digest: str) -> AnyMessage:
 class ProxyFlow:
     """Matching, appends and windows over one ``ContextService``."""
 
-    def __init__(self, service: ContextService) -> None:
+    def __init__(self, service: ContextService, index: HashIndex) -> None:
         self.service = service
+        self.index = index
 
     def prepare(
         self,
@@ -68,29 +71,30 @@ class ProxyFlow:
         ``ProxyError`` 400 ``history_diverged`` when the request does not follow the log.
         """
         started = time.perf_counter()
-        logged = self.service.log.read_after(key, None)
+        entries = self.index.entries(key, self.service.log)
         hashes = [canonical_hash(m) for m in messages]
-        match = match_request(logged, [entry_hash(m) for m in logged], hashes)
+        match = match_request([e.log_id for e in entries], [e.digest for e in entries], hashes)
         if isinstance(match, Divergence):
             raise _diverged(indices, match.index, match.log_id)
         end = match.end(len(messages))
         reply_id = reply_message_id(key.conversation_id, end, hashes)
-        if end < len(logged):
-            following = logged[end]
+        if end < len(entries):
+            following = entries[end]
             if following.message_id == reply_id:
-                return Prepared(reply_id, replay=to_openai([following])[0])
-            raise _diverged(indices, len(messages), following.context_message_id)
+                stored = self.service.log.get(key, following.log_id)
+                if stored is not None:
+                    return Prepared(reply_id, following.log_id, replay=to_openai([stored])[0])
+            raise _diverged(indices, len(messages), following.log_id)
+        last = entries[-1].log_id if entries else None
         fresh = [
-            _stamp(
-                m,
-                new_message_id(key.conversation_id, len(logged) + j, hashes[match.new_from + j]),
-                hashes[match.new_from + j],
+            _stamp(m, new_message_id(key.conversation_id, len(entries) + j, digest), digest)
+            for j, (m, digest) in enumerate(
+                zip(messages[match.new_from :], hashes[match.new_from :], strict=True)
             )
-            for j, m in enumerate(messages[match.new_from :])
         ]
         if fresh:
             try:
-                self.service.append(key, fresh)
+                ids = self.service.append(key, fresh)
             except InvalidMessageError as exc:
                 if exc.index < 0:
                     raise
@@ -101,21 +105,29 @@ class ProxyFlow:
                     exc.field,
                     param=f"messages[{at}]",
                 ) from None
+            new = [
+                IndexEntry(i, m.metadata[PROXY_HASH_KEY], m.message_id or "")
+                for i, m in zip(ids, fresh, strict=True)
+                if last is None or i > last
+            ]
+            self.index.extend(key, last, new)
+            last = max([last or "", *ids]) or None
         appended = time.perf_counter()
         result = self.service.get_window(key, budget, list(system), tools, model, own_tools=False)
         served = [m for m in result.messages if not isinstance(m, SystemMessage)]
         done = time.perf_counter()
         return Prepared(
             reply_id,
+            last,
             window=to_openai(served),
             appended=len(fresh),
             timings={"append": (appended - started) * 1000, "window": (done - appended) * 1000},
         )
 
     def record_reply(
-        self, key: ConversationKey, reply_id: str, reply: Mapping[str, Any]
+        self, key: ConversationKey, prepared: Prepared, reply: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        """Append the upstream's complete reply under ``reply_id``.
+        """Append the upstream's complete reply under ``prepared.reply_id``.
 
         Returns the logged reply when another attempt of the same request logged a different
         one first (the client must get what the log holds), else None.
@@ -127,7 +139,12 @@ class ProxyFlow:
             log.warning("proxy: the upstream's reply is not a loggable message (%s); not appended", exc)
             return None
         digest = canonical_hash(parsed[0])
-        ids = self.service.append(key, [_stamp(parsed[0], reply_id, digest)])
+        ids = self.service.append(key, [_stamp(parsed[0], prepared.reply_id, digest)])
+        last = prepared.last_id
+        if last is None or ids[0] > last:
+            self.index.extend(key, last, [IndexEntry(ids[0], digest, prepared.reply_id)])
+            return None
+        # Another attempt of this request logged its reply first: answer with that one.
         existing = self.service.log.get(key, ids[0])
         if existing is not None and entry_hash(existing) != digest:
             return to_openai([existing])[0]

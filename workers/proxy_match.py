@@ -91,7 +91,7 @@ def _agreeing(log_hashes: Sequence[str], request_hashes: Sequence[str], k: int) 
 
 
 def match_request(
-    log: Sequence[AnyMessage], log_hashes: Sequence[str], request_hashes: Sequence[str]
+    log_ids: Sequence[str], log_hashes: Sequence[str], request_hashes: Sequence[str]
 ) -> Match | Divergence:
     """Align the request with the log (see the module docstring); ``Divergence`` names the
     first differing request index of the longest partial agreement and the log id there."""
@@ -109,4 +109,4 @@ def match_request(
         if agreeing > best[0]:
             best = (agreeing, k)
     index, k = best
-    return Divergence(index=index, log_id=log[k + index].context_message_id)
+    return Divergence(index=index, log_id=log_ids[k + index])
