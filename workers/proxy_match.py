@@ -35,8 +35,15 @@ PROXY_HASH_KEY = "ctxcore_proxy_hash"
 
 
 def canonical_hash(message: AnyMessage) -> str:
-    """sha256 of the message's canonical form (OpenAI keys only, sorted JSON)."""
-    rendered = json.dumps(to_openai([message])[0], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """sha256 of the message's canonical form (OpenAI keys only, sorted JSON).
+
+    Empty content counts as none: OpenAI answers a tool call with ``"content": null``, and
+    SDKs echo it back as ``null``, ``""`` or no key at all (``model_dump(exclude_none=True)``).
+    """
+    form = to_openai([message])[0]
+    if form.get("content") == "":
+        del form["content"]
+    rendered = json.dumps(form, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(rendered.encode("utf-8")).hexdigest()
 
 

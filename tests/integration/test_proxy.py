@@ -309,3 +309,78 @@ def test_streaming_relays_and_logs_the_assembled_reply(live: LiveApi, fresh: Ope
         if c.choices
     )
     assert text == "Found a.txt." and logged(live, conv)[-1].text == "Found a.txt."
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_tool_call_reply_without_content_echoed_back_any_way_matches(
+    live: LiveApi, fresh: OpenAIServer, stream: bool
+) -> None:
+    conv = conv_id()
+    client = sdk(live, conv)
+    fresh.push_reply(None, [CALL])
+    history: Any = [SYSTEM, {"role": "user", "content": "go"}]
+    response = client.chat.completions.create(model=MODEL, messages=history, stream=stream)  # type: ignore[call-overload]
+    if stream:
+        list(response)
+    logged_reply = logged(live, conv)[-1]
+    assert isinstance(logged_reply, AssistantMessage) and not logged_reply.content
+    for echoed in (
+        {"role": "assistant", "tool_calls": [CALL]},  # model_dump(exclude_none=True)
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    ):
+        fresh.push_text("ok")
+        tail: Any = [echoed, {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}]
+        client.chat.completions.create(model=MODEL, messages=[*history, *tail])
+        assert len(logged(live, conv)) == 4  # user, call, result, reply: nothing diverged or doubled
+
+
+def test_rejected_messages_rate_limits_and_interrupted_calls(
+    live: LiveApi, fresh: OpenAIServer, redis_url: str
+) -> None:
+    conv = conv_id()
+    client = sdk(live, conv)
+    orphan: Any = [
+        SYSTEM,
+        {"role": "user", "content": "hi"},
+        {"role": "tool", "tool_call_id": "nope", "content": "x"},
+    ]
+    status, body = _status(lambda: client.chat.completions.create(model=MODEL, messages=orphan))
+    assert (status, body["param"]) == (400, "messages[2]") and "orphan_tool_result" in body["message"]
+    # An unanswered call followed by a user message is an interrupted step: accepted.
+    fresh.push_text("fine")
+    interrupted: Any = [
+        SYSTEM,
+        {"role": "user", "content": "run it"},
+        {"role": "assistant", "content": "Running.", "tool_calls": [CALL]},
+        {"role": "user", "content": "stop, do something else"},
+    ]
+    assert (
+        client.chat.completions.create(model=MODEL, messages=interrupted).choices[0].message.content == "fine"
+    )
+    assert len(logged(live, conv)) == 4
+    # The tenant's rate limit: 429 with Retry-After, OpenAI-shaped.
+    proxy = {"upstream_base_url": fresh.base_url, "context_window_tokens": {MODEL: WINDOW}}
+    with live_api(
+        redis_url, worker=False, proxy=proxy, http={"burst": 1, "requests_per_second": 0.1}
+    ) as strict:
+        limited = sdk(strict, conv)
+        _status(lambda: limited.chat.completions.create(model=MODEL, messages=orphan))
+        with pytest.raises(openai.RateLimitError) as info:
+            limited.chat.completions.create(model=MODEL, messages=orphan)
+        assert info.value.code == "rate_limited" and int(info.value.response.headers["retry-after"]) >= 1
+
+
+def test_a_store_outage_is_a_503_with_retry_after(fresh: OpenAIServer) -> None:
+    proxy = {"upstream_base_url": fresh.base_url, "context_window_tokens": {MODEL: WINDOW}}
+    down = serve_api(f"redis://127.0.0.1:{free_port()}/0", worker=False, clean=False, proxy=proxy)
+    try:
+        with pytest.raises(openai.InternalServerError) as info:
+            sdk(down, conv_id()).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert info.value.status_code == 503 and info.value.code == "store_unavailable"
+        assert info.value.response.headers["retry-after"] == "1"
+    finally:
+        down.close()
+    assert fresh.request_count == 0
