@@ -9,8 +9,9 @@ the same server. The direct call sends the agent's whole history, as an agent wi
 ctxcore does; the proxied one sends the same and gets the window forwarded.
 
 Prints p50/p95 of both, the overhead (p50 of the per-turn differences and the difference of
-the p50s) and its split from the proxy's ``Server-Timing`` header: ``append`` (reading the
-log, matching, appending the request's new messages and the reply), ``window``
+the p50s) and its split from the proxy's ``Server-Timing`` header: ``append`` (parsing the
+request, matching it against the hash index, appending its new messages and the reply),
+``window``
 (``get_window``) and ``forwarding`` (the rest: the extra HTTP hop, authentication, JSON
 re-encoding and the upstream call's own overhead). Asserts nothing.
 
@@ -146,6 +147,7 @@ def main() -> None:
             wait_healthy(url, serve)
             direct_ms, proxied_ms, diffs = [], [], []
             split: dict[str, list[float]] = {"append": [], "window": [], "forwarding": []}
+            cpu: dict[str, list[float]] = {"parse": [], "append": [], "window": []}
             calls = 0
             for head, steps in runs():
                 conv = f"bench-{uuid.uuid4().hex[:8]}"
@@ -186,11 +188,16 @@ def main() -> None:
                     proxied_ms.append(p)
                     diffs.append(p - d)
                     if not args.stream:
-                        append = server.get("append", 0.0) + server.get("reply", 0.0)
+                        append = (
+                            server.get("parse", 0.0) + server.get("append", 0.0) + server.get("reply", 0.0)
+                        )
                         window = server.get("window", 0.0)
                         split["append"].append(append)
                         split["window"].append(window)
                         split["forwarding"].append(p - d - append - window)
+                        cpu["parse"].append(server.get("parse-cpu", 0.0))
+                        cpu["append"].append(server.get("append-cpu", 0.0))
+                        cpu["window"].append(server.get("window-cpu", 0.0))
                     history += [{"role": "assistant", **reply}, *following]
                     calls += 1
                 direct.close()
@@ -224,6 +231,11 @@ def main() -> None:
     if not args.stream:
         print("\nsplit of the overhead (p50 of each part, Server-Timing):")
         for name, values in split.items():
+            print(f"  {name:<11}{statistics.median(values):>8.2f} ms   p95 {pct(values, 0.95):.2f} ms")
+        print(
+            "CPU time of the proxy's thread before the upstream call (a loaded machine's waiting left out):"
+        )
+        for name, values in cpu.items():
             print(f"  {name:<11}{statistics.median(values):>8.2f} ms   p95 {pct(values, 0.95):.2f} ms")
 
 

@@ -209,13 +209,17 @@ def proxy_router(api: ApiState) -> APIRouter:
                 400, "n must be 1: the log holds one reply per request", "invalid_value", param="n"
             )
         budget = _budget(proxy, scope, model, body)
+        parse_started, parse_cpu = time.perf_counter(), time.thread_time()
         system_raw, system, rest, indices = _split(messages)
+        parse_ms = (time.perf_counter() - parse_started) * 1000
+        parse_cpu_ms = (time.thread_time() - parse_cpu) * 1000
         tools = body.get("tools") or []
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise ProxyError(400, "tools must be a list of objects", "invalid_value", param="tools")
         if api.runtime.log.last_id(key) is None:
             api.check_conversation_limit(tenant)
         prepared = flow().prepare(key, rest, indices, system, tools, model, budget)
+        prepared.timings = {"parse": parse_ms, "parse-cpu": parse_cpu_ms, **prepared.timings}
         return key, proxy, prepared, system_raw
 
     @router.post("/v1/chat/completions", responses={200: {"description": "The upstream's chat completion"}})

@@ -70,7 +70,7 @@ class ProxyFlow:
 
         ``ProxyError`` 400 ``history_diverged`` when the request does not follow the log.
         """
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         entries = self.index.entries(key, self.service.log)
         hashes = [canonical_hash(m) for m in messages]
         match = match_request([e.log_id for e in entries], [e.digest for e in entries], hashes)
@@ -112,16 +112,22 @@ class ProxyFlow:
             ]
             self.index.extend(key, last, new)
             last = max([last or "", *ids]) or None
-        appended = time.perf_counter()
+        appended, cpu_appended = time.perf_counter(), time.thread_time()
         result = self.service.get_window(key, budget, list(system), tools, model, own_tools=False)
         served = [m for m in result.messages if not isinstance(m, SystemMessage)]
-        done = time.perf_counter()
+        done, cpu_done = time.perf_counter(), time.thread_time()
         return Prepared(
             reply_id,
             last,
             window=to_openai(served),
             appended=len(fresh),
-            timings={"append": (appended - started) * 1000, "window": (done - appended) * 1000},
+            # Wall and CPU milliseconds (CPU: this thread's, so a loaded machine's waiting is out).
+            timings={
+                "append": (appended - started) * 1000,
+                "window": (done - appended) * 1000,
+                "append-cpu": (cpu_appended - cpu_started) * 1000,
+                "window-cpu": (cpu_done - cpu_appended) * 1000,
+            },
         )
 
     def record_reply(
