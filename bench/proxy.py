@@ -17,6 +17,7 @@ re-encoding and the upstream call's own overhead). Asserts nothing.
 
     .venv/bin/python bench/proxy.py                       # 100 calls, Redis db 14 on 6379
     .venv/bin/python bench/proxy.py --stream --redis-url redis://127.0.0.1:6419/14
+    .venv/bin/python bench/proxy.py --long                # every call of the three runs (187)
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="model calls to play (default 100)")
+    parser.add_argument("--long", action="store_true", help="every model call of the bundled runs (187)")
     parser.add_argument("--window", type=int, default=8000, help="the model's window (tokens)")
     parser.add_argument("--reserve", type=int, default=2000, help="max_tokens of each call")
     parser.add_argument(
@@ -120,6 +122,8 @@ def main() -> None:
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()
+    if args.long:
+        args.calls = sum(len(steps) for _, steps in runs())
 
     prefix = f"benchpx{uuid.uuid4().hex[:8]}"
     port = free_port()

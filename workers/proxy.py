@@ -260,14 +260,16 @@ def proxy_router(api: ApiState) -> APIRouter:
             return JSONResponse(
                 replay_completion(prepared.replay, body["model"], prepared.reply_id), headers=replayed
             )
-        assert proxy.upstream_base_url is not None
+        base_url = proxy.upstream_base_url
+        if base_url is None:  # prepare() refused it already; this keeps the type honest
+            raise ProxyError(404, "no upstream is configured for this tenant", "proxy_not_configured")
         outgoing = {**body, "messages": [*system_raw, *prepared.window]}
         key_name = proxy.upstream_api_key_env
         api_key = keys.get(key_name) if key_name else None
         timing = ", ".join(f"{name};dur={ms:.3f}" for name, ms in prepared.timings.items())
         started = time.perf_counter()
         if not stream:
-            answer = await upstream.post(proxy.upstream_base_url, outgoing, api_key, proxy.upstream_timeout)
+            answer = await upstream.post(base_url, outgoing, api_key, proxy.upstream_timeout)
             forward_ms = (time.perf_counter() - started) * 1000
             reply_ms = 0.0
             if answer.status_code == 200:
@@ -283,9 +285,7 @@ def proxy_router(api: ApiState) -> APIRouter:
             timing += f", upstream;dur={forward_ms:.3f}, reply;dur={reply_ms:.3f}"
             headers = {**answer.headers, "server-timing": timing}
             return Response(answer.content, status_code=answer.status_code, headers=headers)
-        opened = await upstream.open_stream(
-            proxy.upstream_base_url, outgoing, api_key, proxy.upstream_timeout
-        )
+        opened = await upstream.open_stream(base_url, outgoing, api_key, proxy.upstream_timeout)
         if opened.status_code != 200:
             content = await opened.aread()
             await opened.aclose()
