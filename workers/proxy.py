@@ -35,7 +35,7 @@ from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey
 from ctxcore.window import known_context_window
 from workers.http_api import ApiState
-from workers.proxy_errors import ProxyError, openai_error
+from workers.proxy_errors import ProxyError, openai_error, proxy_responses
 from workers.proxy_flow import Prepared, ProxyFlow
 from workers.proxy_index import HashIndex
 from workers.proxy_stream import ReplyAssembler, replay_chunks, replay_completion, sse
@@ -222,7 +222,20 @@ def proxy_router(api: ApiState) -> APIRouter:
         prepared.timings = {"parse": parse_ms, "parse-cpu": parse_cpu_ms, **prepared.timings}
         return key, proxy, prepared, system_raw
 
-    @router.post("/v1/chat/completions", responses={200: {"description": "The upstream's chat completion"}})
+    @router.post(
+        "/v1/chat/completions",
+        responses=proxy_responses(),
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"type": "object", "description": "OpenAI's chat completion request"}
+                    }
+                },
+            }
+        },
+    )
     async def chat_completions(request: Request) -> Response:
         """OpenAI's chat completions, with ``messages`` replaced by ctxcore's window."""
         try:

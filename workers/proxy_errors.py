@@ -9,12 +9,15 @@ The proxy route never lets an exception reach the app's ctxcore-shaped handlers:
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
+from ctxcore.client.models import ErrorBody
 from ctxcore.errors import (
     BudgetExceeded,
     CtxcoreError,
@@ -24,13 +27,56 @@ from ctxcore.errors import (
 )
 from workers.http_errors import ApiError
 
-__all__ = ["ProxyError", "openai_error"]
+__all__ = ["OpenAIErrorResponse", "ProxyError", "openai_error", "proxy_responses"]
 
 log = logging.getLogger(__name__)
 
 OUTAGES = (StoreUnavailable, redis.ConnectionError, redis.TimeoutError, SqlOperationalError, SqlTimeoutError)
 
 _TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorResponse(BaseModel):
+    """The body of every error the proxy answers itself."""
+
+    error: OpenAIError
+
+
+def proxy_responses() -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of ``POST /v1/chat/completions``."""
+    text = {
+        400: "Invalid request, history_diverged, context_length_exceeded, unknown model window",
+        401: "Missing or invalid bearer token (a ctxcore token)",
+        403: "The tenant's conversation limit is reached",
+        404: "No upstream configured for the tenant (proxy_not_configured)",
+        409: "The conversation's saved state cannot be served (invalid_window)",
+        429: "Rate limited (see Retry-After)",
+        502: "The upstream refused the connection or broke off",
+        503: "A store is unavailable (see Retry-After)",
+        504: "The upstream did not answer within proxy.upstream_timeout",
+    }
+    out: dict[int | str, dict[str, Any]] = {
+        code: {"model": OpenAIErrorResponse, "description": about} for code, about in text.items()
+    }
+    out[200] = {
+        "description": "The upstream's chat completion (a JSON body, or server-sent events when streamed)",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
+    out[413] = {"model": ErrorBody, "description": "Request body too large (checked before any parsing)"}
+    out["default"] = {"description": "The upstream's own error status and body, unchanged"}
+    return out
 
 
 class ProxyError(CtxcoreError):
