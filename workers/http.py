@@ -81,6 +81,7 @@ from workers.http_recall import recall_router
 from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
 from workers.proxy import proxy_router
+from workers.proxy_index import HashIndex
 from workers.runtime import Runtime
 from workers.service import CompactionQueue
 
@@ -343,6 +344,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
                     runtime.offloads.delete(key)
                     runtime.state_store.delete(key)
                     runtime.failures.delete(key)
+                    HashIndex(runtime.redis, settings.redis.key_prefix).delete(key)  # the proxy's
                     # The log goes last: if anything above fails, the conversation still
                     # exists and the DELETE can simply be retried.
                     runtime.log.delete(key)

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -84,3 +85,30 @@ def test_developer_messages_and_the_upstream_key(
         assert fresh.headers[-1]["authorization"] == "Bearer sk-upstream"
         log = keyed.runtime.log.read_after(ConversationKey("acme", conv), None)
         assert [m.text for m in log] == ["hi", "salut"]  # system and developer never logged
+
+
+def test_deleting_a_conversation_removes_the_proxy_index(redis_url: str, fresh: OpenAIServer) -> None:
+    proxy = {"upstream_base_url": fresh.base_url, "context_window_tokens": {MODEL: WINDOW}}
+    with live_api(redis_url, worker=False, proxy=proxy) as api:
+        conv = conv_id()
+        fresh.push_text("hello")
+        sdk(api, conv).chat.completions.create(
+            model=MODEL, messages=[SYSTEM, {"role": "user", "content": "hi"}]
+        )
+        prefix = api.settings.redis.key_prefix
+        index = f"{prefix}:{ConversationKey('acme', conv).hash_tag}:proxyidx"
+        assert api.runtime.redis.llen(index) == 2
+        deleted = httpx.delete(
+            f"{api.url}/v1/conversations/{conv}", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert deleted.status_code == 204
+        assert api.runtime.redis.exists(index) == 0
+        # Started again under the same id, the conversation is new.
+        fresh.push_text("again")
+        sdk(api, conv).chat.completions.create(
+            model=MODEL, messages=[SYSTEM, {"role": "user", "content": "new"}]
+        )
+        assert [m.text for m in api.runtime.log.read_after(ConversationKey("acme", conv), None)] == [
+            "new",
+            "again",
+        ]
