@@ -1,7 +1,7 @@
 """HTTP load: the real ``ctxcore serve`` and real Celery workers on real Redis, loopback only.
 
 One ``ctxcore serve`` process (uvicorn, one worker process) and one ``celery -A workers.app
-worker`` (prefork, ``--concurrency`` children, the offline summariser) on Redis db 14 under
+worker`` (prefork, ``--concurrency`` children, the offline summariser) on Redis db 15 under
 a run-own key prefix (deleted at the end, nothing flushed). Simulated agents (asyncio +
 httpx in this process, one conversation each, spread over four tenants) append a step and
 then ask for a window, in a loop, for ``--duration`` seconds per phase:
@@ -399,10 +399,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker children (default 2)")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
     args = parser.parse_args()
     server = ensure_redis(args.redis_url)
-    url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/14"
+    url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/15"
     prefix = f"httpload{uuid.uuid4().hex[:8]}"
     try:
         with tempfile.TemporaryDirectory(prefix="ctxcore-http-load-") as workdir:

@@ -6,7 +6,8 @@
 #
 # Benchmarks print figures and assert nothing; a failing one is reported and the others
 # still run. Redis: the benchmarks that need it use 127.0.0.1:6379 (db 10 for fast_path, fast_path_flat and
-# incremental, 11 for the soak, 12 for turn_latency, 13 for throughput, 14 for http_load); when nothing answers
+# incremental, 11 for the soak, 12 for turn_latency, 13 for throughput, 14 for proxy, 15 for http_load); when
+# nothing answers
 # there and a redis-server binary is on PATH, one is started for the run and stopped after.
 # Bench-only dependencies (not in pyproject): pip install matplotlib langchain
 set -uo pipefail
@@ -49,6 +50,7 @@ if [[ $LONG -eq 1 ]]; then
     run soak bench/soak.py --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py --long
     run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
+    run proxy bench/proxy.py --long
     run retention bench/retention.py --plot "$OUT/retention.png" --json "$OUT/retention.json"
 else
     run rule_processors bench/rule_processors.py
@@ -62,6 +64,7 @@ else
     run soak bench/soak.py --duration 20 --conversations 20 --drain 20 --redis-url redis://127.0.0.1:6379/11
     run throughput bench/throughput.py
     run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"
+    run proxy bench/proxy.py
     run retention bench/retention.py --quick --plot "$OUT/retention.png" --json "$OUT/retention.json"
 fi
 

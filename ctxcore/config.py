@@ -30,6 +30,7 @@ __all__ = [
     "EngineSettings",
     "HttpSettings",
     "ModelSettings",
+    "ProxySettings",
     "RedisSettings",
     "ServiceSettings",
     "Settings",
@@ -197,11 +198,26 @@ class RecallSettings(BaseModel):
         return self
 
 
+class ProxySettings(BaseModel):
+    """The OpenAI-compatible proxy's upstream: the agent's model (``model`` is the summariser).
+
+    ``upstream_api_key_env`` is read once at start-up (None: no key is sent)."""
+
+    model_config = _STRICT
+    upstream_base_url: str | None = None
+    upstream_api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    upstream_timeout: float = Field(default=600.0, gt=0)
+    context_window_tokens: dict[str, int] = Field(default_factory=dict)
+    default_reserve_tokens: int = Field(default=4096, ge=0)
+
+
 class TenantSettings(BaseModel):
     """Per-tenant overrides."""
 
     model_config = _STRICT
     model: ModelSettings | None = None
+    # Replaces the global proxy section whole for this tenant's requests.
+    proxy: ProxySettings | None = None
     # Replaces the global recall section whole for this tenant's conversations.
     recall: RecallSettings | None = None
     default_budget: int | None = Field(default=None, gt=0)
@@ -255,6 +271,7 @@ class Settings(BaseModel):
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     recall: RecallSettings = Field(default_factory=RecallSettings)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
 
     @field_validator("tenants")
     @classmethod
@@ -274,6 +291,10 @@ class Settings(BaseModel):
     def model_for_tenant(self, tenant_id: str) -> ModelSettings:
         """The model a tenant's conversations are summarised with."""
         return self.tenant(tenant_id).model or self.model
+
+    def proxy_for_tenant(self, tenant_id: str) -> ProxySettings:
+        """The proxy settings of a tenant's requests (its own section, else the global one)."""
+        return self.tenant(tenant_id).proxy or self.proxy
 
     def budget_for_tenant(self, tenant_id: str) -> int:
         """A tenant's default budget."""

@@ -35,6 +35,7 @@ __all__ = [
     "compute_stats",
     "drop_leading_orphans",
     "drop_leading_tool_messages",
+    "known_context_window",
     "resolve_context_max",
     "resolve_ratio_token_threshold",
 ]
@@ -211,6 +212,22 @@ def _lookup(table: Mapping[str, int], name: str) -> int | None:
     return None
 
 
+def known_context_window(model_name: str, table: Mapping[str, int] | None = None) -> int | None:
+    """The window of ``model_name``: from ``table``, else the built-in table (also after
+    stripping a ``provider/`` prefix and by the longest known prefix); None when unknown."""
+    if table:
+        found = _lookup(table, model_name)
+        if found:
+            return found
+    for name in (model_name, model_name.rsplit("/", 1)[-1]):
+        found = _lookup(MODEL_CONTEXT_WINDOW_TOKENS, name)
+        if found:
+            return found
+    bare = model_name.rsplit("/", 1)[-1].casefold()
+    prefixes = [k for k in MODEL_CONTEXT_WINDOW_TOKENS if bare.startswith(k.casefold() + "-")]
+    return MODEL_CONTEXT_WINDOW_TOKENS[max(prefixes, key=len)] if prefixes else None
+
+
 def resolve_context_max(
     context_window_tokens: int | None = None,
     model_name: str | None = None,
@@ -223,20 +240,8 @@ def resolve_context_max(
     """
     if isinstance(context_window_tokens, int) and context_window_tokens > 0:
         return context_window_tokens
-    if model_name:
-        if model_context_window_tokens:
-            found = _lookup(model_context_window_tokens, model_name)
-            if found:
-                return found
-        for name in (model_name, model_name.rsplit("/", 1)[-1]):
-            found = _lookup(MODEL_CONTEXT_WINDOW_TOKENS, name)
-            if found:
-                return found
-        bare = model_name.rsplit("/", 1)[-1].casefold()
-        prefixes = [k for k in MODEL_CONTEXT_WINDOW_TOKENS if bare.startswith(k.casefold() + "-")]
-        if prefixes:
-            return MODEL_CONTEXT_WINDOW_TOKENS[max(prefixes, key=len)]
-    return DEFAULT_CONTEXT_MAX_TOKENS
+    found = known_context_window(model_name, model_context_window_tokens) if model_name else None
+    return found or DEFAULT_CONTEXT_MAX_TOKENS
 
 
 def resolve_ratio_token_threshold(context_max: int, ratio: float) -> int:

@@ -62,11 +62,7 @@ from ctxcore.client.models import (
     WindowStats,
 )
 from ctxcore.config import Settings
-from ctxcore.errors import (
-    ConflictError,
-    InvalidKeyError,
-    InvalidMessageError,
-)
+from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError
 from ctxcore.messages import from_openai, to_openai
 from ctxcore.state import CompressionState, validate_id
 from ctxcore.state.filesystem import validate_handle
@@ -84,6 +80,8 @@ from workers.http_ops import operations_router
 from workers.http_recall import recall_router
 from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
+from workers.proxy import proxy_router
+from workers.proxy_index import HashIndex
 from workers.runtime import Runtime
 from workers.service import CompactionQueue
 
@@ -128,6 +126,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     conv = "/v1/conversations/{conversation_id}"
     app.include_router(log_router(api, Tenant))
     app.include_router(recall_router(api, Tenant))
+    app.include_router(proxy_router(api))
 
     @app.post(
         f"{conv}/messages",
@@ -345,6 +344,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
                     runtime.offloads.delete(key)
                     runtime.state_store.delete(key)
                     runtime.failures.delete(key)
+                    HashIndex(runtime.redis, settings.redis.key_prefix).delete(key)  # the proxy's
                     # The log goes last: if anything above fails, the conversation still
                     # exists and the DELETE can simply be retried.
                     runtime.log.delete(key)

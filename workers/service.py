@@ -251,6 +251,8 @@ class ContextService:
         system_messages: Sequence[AnyMessage] = (),
         tools: Sequence[Mapping[str, Any]] = (),
         model: str | None = None,
+        *,
+        own_tools: bool = True,
     ) -> WindowResult:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
@@ -258,7 +260,8 @@ class ContextService:
         ``trigger_ratio`` of it. ``compaction`` is the queue's status, or ``failing`` while
         the conversation's last job failed (``compaction_detail`` says why, from the
         ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
-        anchors alone do not fit.
+        anchors alone do not fit. ``own_tools=False`` counts and serves the request's tools
+        alone (the proxy never injects the recall tool).
         """
         if budget_tokens <= 0:
             raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
@@ -266,7 +269,7 @@ class ContextService:
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
         started = self._clock()
-        tools = self.window_tools(key, tools)
+        tools = self.window_tools(key, tools) if own_tools else [dict(t) for t in tools]
         # One counter for the rules and the window (the request's model), each message
         # counted once however often the window's steps ask.
         counter = WindowCounter(self._counter_for(model))

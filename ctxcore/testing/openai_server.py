@@ -16,79 +16,31 @@ endpoint (benchmarks, manual runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Final
+from typing import Any
 
-__all__ = ["FAULT_KINDS", "OpenAIServer", "main"]
-
-logger = logging.getLogger(__name__)
-
-FAULT_KINDS: Final = frozenset(
-    {
-        "rate_limit",
-        "server_error",
-        "unavailable",
-        "too_large",
-        "overflow",
-        "auth",
-        "bad_request",
-        "timeout",
-        "invalid_json",
-        "empty",
-        "wrong_block_ids",
-        "disconnect",
-    }
+from ctxcore.testing.openai_replies import (
+    FAULT_KINDS,
+    Reply,
+    Responder,
+    completion_body,
+    echo_summary,
+    error_body,
+    fault_reply,
+    stream_events,
 )
 
-Responder = Callable[[dict[str, Any]], str]
+__all__ = ["FAULT_KINDS", "OpenAIServer", "echo_summary", "main"]
 
-
-@dataclass(frozen=True)
-class _Reply:
-    """One scripted answer: an HTTP status, headers and a body (or a completion text)."""
-
-    status: int = 200
-    text: str | None = None
-    body: bytes | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    usage: Mapping[str, int] | None = None
-    delay: float = 0.0
-    disconnect: bool = False
-
-
-def _error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
-
-
-def _last_user_text(request: Mapping[str, Any]) -> str:
-    for message in reversed(request.get("messages") or []):
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return " ".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    return ""
-
-
-def echo_summary(request: dict[str, Any]) -> str:
-    """The default responder: a short, deterministic summary of the last user message."""
-    words = _last_user_text(request).split()
-    head = " ".join(words[:40])
-    return f"Summary of {len(words)} words: {head}" if words else "Summary: (nothing to summarise)"
-
-
-def _estimate_tokens(text: str) -> int:
-    # The server only reports usage; len/4 is enough and keeps benchmarks cheap.
-    return max(len(text) // 4, 1) if text else 0
+logger = logging.getLogger(__name__)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -114,27 +66,43 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _stream(self, events: list[bytes], reply: Reply) -> None:
+        """Server-sent events in chunked encoding; ``cut_after`` closes mid-way, unterminated."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("x-request-id", f"req_{self.server.owner.request_count:06d}")
+        self.end_headers()
+        for n, event in enumerate(events):
+            if reply.cut_after is not None and n >= reply.cut_after:
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.write(b"0\r\n\r\n")
+
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
             owner = self.server.owner
             body = {"object": "list", "data": [{"id": owner.model, "object": "model", "owned_by": "ctxcore"}]}
             self._send(200, json.dumps(body).encode())
         else:
-            self._send(404, _error_body(f"no route {self.path}", "invalid_request_error", "not_found"))
+            self._send(404, error_body(f"no route {self.path}", "invalid_request_error", "not_found"))
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         if self.path.split("?", 1)[0].rstrip("/") != "/v1/chat/completions":
-            self._send(404, _error_body(f"no route {self.path}", "invalid_request_error", "not_found"))
+            self._send(404, error_body(f"no route {self.path}", "invalid_request_error", "not_found"))
             return
         try:
             request = json.loads(raw or b"{}")
         except json.JSONDecodeError:
-            self._send(400, _error_body("request body is not JSON", "invalid_request_error", None))
+            self._send(400, error_body("request body is not JSON", "invalid_request_error", None))
             return
         if not isinstance(request, dict):
-            self._send(400, _error_body("request body must be an object", "invalid_request_error", None))
+            self._send(400, error_body("request body must be an object", "invalid_request_error", None))
             return
         owner = self.server.owner
         reply = owner._next_reply(request, {k.lower(): v for k, v in self.headers.items()})
@@ -147,7 +115,12 @@ class _Handler(BaseHTTPRequestHandler):
             if reply.body is not None:
                 self._send(reply.status, reply.body, reply.headers)
                 return
-            self._send(reply.status, owner._completion_body(request, reply), reply.headers)
+            number = owner.request_count
+            if request.get("stream") is True:
+                self._stream(stream_events(request, reply, owner.responder, number, owner.model), reply)
+                return
+            body = completion_body(request, reply, owner.responder, number, owner.model)
+            self._send(reply.status, body, reply.headers)
         except (BrokenPipeError, ConnectionResetError):
             # The client gave up (its timeout fired); nothing to answer.
             self.close_connection = True
@@ -187,7 +160,7 @@ class OpenAIServer:
         # Another loopback-only address (a veth end of a test's own namespace) may be given.
         self.host = host
         self._lock = threading.Lock()
-        self._script: deque[_Reply] = deque()
+        self._script: deque[Reply] = deque()
         self._requests: list[dict[str, Any]] = []
         self._headers: list[dict[str, str]] = []
         self._closing = threading.Event()
@@ -246,7 +219,22 @@ class OpenAIServer:
 
     def push_text(self, text: str, usage: Mapping[str, int] | None = None, *, delay: float = 0.0) -> None:
         """Queue a successful completion with ``text`` (and explicit ``usage`` fields if given)."""
-        self._push(_Reply(text=text, usage=usage, delay=delay))
+        self._push(Reply(text=text, usage=usage, delay=delay))
+
+    def push_reply(
+        self,
+        content: str | None = None,
+        tool_calls: list[Mapping[str, Any]] | None = None,
+        *,
+        delay: float = 0.0,
+    ) -> None:
+        """Queue an assistant message: ``content`` and OpenAI-shaped ``tool_calls``
+        (``{"id", "type": "function", "function": {"name", "arguments"}}``); streamed when
+        the request asks for ``stream``."""
+        message: dict[str, Any] = {"content": content}
+        if tool_calls:
+            message["tool_calls"] = [dict(c) for c in tool_calls]
+        self._push(Reply(message=message, delay=delay))
 
     def push_fault(
         self,
@@ -265,66 +253,14 @@ class OpenAIServer:
         carries a request id with "500" in it; ``timeout`` answers only after ``delay``
         seconds (default ``timeout_delay``); ``invalid_json`` a 200 with a non-JSON body;
         ``empty`` a 200 with empty content; ``wrong_block_ids`` a 200 whose blocks JSON
-        names ``block_ids``; ``disconnect`` closes the connection without an answer.
+        names ``block_ids``; ``disconnect`` closes the connection without an answer;
+        ``stream_cut`` (streamed) sends two events, then closes without ending the stream.
         """
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault {kind!r}; expected one of {sorted(FAULT_KINDS)}")
-        self._push(self._fault(kind, delay, retry_after, message, block_ids))
+        self._push(fault_reply(kind, delay, retry_after, message, block_ids, self.timeout_delay))
 
-    def _fault(
-        self,
-        kind: str,
-        delay: float | None,
-        retry_after: float | str,
-        message: str | None,
-        block_ids: tuple[str, ...],
-    ) -> _Reply:
-        wait = delay or 0.0
-        if kind == "rate_limit":
-            body = _error_body(
-                message or "Rate limit reached for requests per minute. Please try again later.",
-                "requests",
-                "rate_limit_exceeded",
-            )
-            return _Reply(429, body=body, headers={"Retry-After": str(retry_after)}, delay=wait)
-        if kind == "server_error":
-            text = message or "The server had an error while processing your request."
-            return _Reply(500, body=_error_body(text, "server_error", None), delay=wait)
-        if kind == "unavailable":
-            text = message or "The engine is currently overloaded, please try again later."
-            return _Reply(503, body=_error_body(text, "server_error", None), delay=wait)
-        if kind == "too_large":
-            text = message or "Request entity too large."
-            return _Reply(413, body=_error_body(text, "invalid_request_error", None), delay=wait)
-        if kind == "overflow":
-            text = message or (
-                "This model's maximum context length is 8192 tokens. However, your messages "
-                "resulted in 9100 tokens. Please reduce the length of the messages."
-            )
-            body = _error_body(text, "invalid_request_error", "context_length_exceeded", "messages")
-            return _Reply(400, body=body, delay=wait)
-        if kind == "auth":
-            text = (
-                message or "Incorrect API key provided. You can find your API key in your account settings."
-            )
-            return _Reply(401, body=_error_body(text, "invalid_request_error", "invalid_api_key"), delay=wait)
-        if kind == "bad_request":
-            # The "500" inside the request id is a trap for substring-based classifiers.
-            text = message or "Invalid value for 'temperature': expected a number. (request id req_500abc)"
-            body = _error_body(text, "invalid_request_error", None, "temperature")
-            return _Reply(400, body=body, headers={"x-request-id": "req_500abc"}, delay=wait)
-        if kind == "timeout":
-            return _Reply(text="too late", delay=self.timeout_delay if delay is None else delay)
-        if kind == "invalid_json":
-            return _Reply(200, body=b"<html>this is not JSON {", delay=wait)
-        if kind == "empty":
-            return _Reply(text="", delay=wait)
-        if kind == "wrong_block_ids":
-            blocks = [{"block_id": b, "summary": "a summary for a block nobody asked for"} for b in block_ids]
-            return _Reply(text=json.dumps({"blocks": blocks}), delay=wait)
-        return _Reply(disconnect=True, delay=wait)
-
-    def _push(self, reply: _Reply) -> None:
+    def _push(self, reply: Reply) -> None:
         with self._lock:
             self._script.append(reply)
 
@@ -361,56 +297,15 @@ class OpenAIServer:
 
     # --- serving -----------------------------------------------------------------------
 
-    def _next_reply(self, request: dict[str, Any], headers: dict[str, str]) -> _Reply:
+    def _next_reply(self, request: dict[str, Any], headers: dict[str, str]) -> Reply:
         with self._lock:
             self._requests.append(request)
             self._headers.append(headers)
             scripted = self._script.popleft() if self._script else None
-        reply = scripted or _Reply(text=None)
+        reply = scripted or Reply(text=None)
         if self.delay > 0:
-            reply = _Reply(
-                reply.status,
-                reply.text,
-                reply.body,
-                reply.headers,
-                reply.usage,
-                reply.delay + self.delay,
-                reply.disconnect,
-            )
+            reply = dataclasses.replace(reply, delay=reply.delay + self.delay)
         return reply
-
-    def _completion_body(self, request: dict[str, Any], reply: _Reply) -> bytes:
-        text = reply.text if reply.text is not None else self.responder(request)
-        prompt_chars = sum(
-            len(m.get("content") or "") if isinstance(m.get("content"), str) else len(json.dumps(m))
-            for m in request.get("messages") or []
-            if isinstance(m, Mapping)
-        )
-        prompt_tokens = max(prompt_chars // 4, 1)
-        completion_tokens = _estimate_tokens(text)
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        if reply.usage:
-            usage.update(reply.usage)
-        body = {
-            "id": f"chatcmpl-{self.request_count:06d}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": str(request.get("model") or self.model),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage,
-        }
-        return json.dumps(body).encode()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ctxcore.config import ModelSettings, RecallSettings, Settings, TenantSettings
+from ctxcore.config import ModelSettings, ProxySettings, RecallSettings, Settings, TenantSettings
 from tests.datasets import require_data
 from workers import cli
 from workers.cli import build_parser, main
@@ -74,7 +74,8 @@ def _leaf_names() -> set[str]:
 
     top = walk(Settings().model_dump(exclude={"tenants"}), "CTXCORE")
     tenant = walk(
-        TenantSettings(model=ModelSettings(), recall=RecallSettings()).model_dump(), "CTXCORE_TENANTS__<ID>"
+        TenantSettings(model=ModelSettings(), recall=RecallSettings(), proxy=ProxySettings()).model_dump(),
+        "CTXCORE_TENANTS__<ID>",
     )
     return {n.replace("CTXCORE__", "CTXCORE_", 1) for n in top} | tenant
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -299,6 +300,7 @@ def test_every_fault_kind_is_covered() -> None:
         "empty",
         "wrong_block_ids",
         "disconnect",
+        "stream_cut",  # test_stream_cut_ends_the_stream_with_an_error
     }
     assert covered == FAULT_KINDS
 
@@ -321,3 +323,67 @@ def test_cli_serves_until_stopped() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+# --- streaming and scripted tool calls, through the real openai SDK -----------------------
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "bash", "arguments": '{"command": "ls -la /tmp"}'},
+}
+
+
+def _sdk(server: OpenAIServer) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+def test_scripted_tool_call_reply_non_streamed(fresh: OpenAIServer) -> None:
+    fresh.push_reply("Let me look.", [CALL])
+    reply = _sdk(fresh).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    message = reply.choices[0].message
+    assert message.content == "Let me look." and reply.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls is not None and message.tool_calls[0].model_dump() == CALL
+
+
+def test_streamed_reply_assembles_content_tool_calls_and_usage(fresh: OpenAIServer) -> None:
+    fresh.push_reply("A long enough answer to need several pieces of content.", [CALL])
+    stream = _sdk(fresh).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    arguments = "".join(
+        t.function.arguments or "" for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []
+    )
+    assert content == "A long enough answer to need several pieces of content."
+    assert arguments == CALL["function"]["arguments"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    # Without include_usage there is no usage chunk; text replies stream as well.
+    fresh.push_text("plain")
+    plain = list(
+        _sdk(fresh).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+    )
+    assert (
+        all(c.usage is None for c in plain)
+        and "".join(c.choices[0].delta.content or "" for c in plain) == "plain"
+    )
+
+
+def test_stream_cut_ends_the_stream_with_an_error(fresh: OpenAIServer) -> None:
+    import openai
+
+    fresh.push_fault("stream_cut")
+    stream = _sdk(fresh).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    with pytest.raises(openai.APIError):
+        list(stream)

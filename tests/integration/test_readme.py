@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ctxcore.state import ConversationKey
 from ctxcore.testing.openai_server import OpenAIServer
 from tests.live_server import TOKEN, live_api
 
@@ -26,7 +27,11 @@ def test_the_readme_python_blocks_run(
 ) -> None:
     blocks = python_blocks(README.read_text(encoding="utf-8"))
     assert len(blocks) >= 4  # embedded, client, LangChain, Agents SDK
-    with live_api(redis_url, worker=False) as api, OpenAIServer() as llm:
+    proxy = {"context_window_tokens": {"local-8k": 8192}}
+    with (
+        OpenAIServer() as llm,
+        live_api(redis_url, worker=False, proxy={**proxy, "upstream_base_url": llm.base_url}) as api,
+    ):
         monkeypatch.setenv("CTXCORE_URL", api.url)
         monkeypatch.setenv("CTXCORE_TOKEN", TOKEN)
         monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
@@ -35,7 +40,9 @@ def test_the_readme_python_blocks_run(
         for number, block in enumerate(blocks):
             exec(compile(block, f"README.md python block {number + 1}", "exec"), namespace)
         conversations = set(api.runtime.log.list_conversations("acme"))
-        assert {"run-42", "langchain-run-1", "agents-run-1"} <= conversations
+        assert {"run-42", "langchain-run-1", "agents-run-1", "proxy-run-1"} <= conversations
+        # The proxy's two calls: user, reply, user, streamed reply, each logged once
+        assert len(api.runtime.log.read_after(ConversationKey("acme", "proxy-run-1"), None)) == 4
         # Every block's model call reached the local endpoint
         assert len(llm.requests) >= 4
     assert capsys.readouterr().out.count("\n") >= 4

@@ -1,0 +1,100 @@
+"""The proxy's upstream: one async httpx client per process (per event loop, to be exact:
+an httpx pool cannot cross loops) and the mapping of transport failures to 504 and 502."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from workers.proxy_errors import ProxyError
+
+__all__ = ["Answer", "Upstream"]
+
+# Hop-by-hop and framing headers are the relay's own business, not the upstream's.
+_DROPPED = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server"}
+)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A complete upstream response."""
+
+    status_code: int
+    content: bytes
+    headers: dict[str, str]
+
+
+class Upstream:
+    """Posts chat-completion requests to an OpenAI-compatible endpoint."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        """The shared client, built on first use in the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            )
+            self._loop = loop
+        return self._client
+
+    @staticmethod
+    def relayed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+        """The upstream's headers a client should see (request ids, rate limits, Retry-After)."""
+        return {k: v for k, v in headers.items() if k.lower() not in _DROPPED}
+
+    def _request(
+        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+    ) -> httpx.Request:
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        return self.client().build_request(
+            "POST",
+            base_url.rstrip("/") + "/chat/completions",
+            content=json.dumps(body, separators=(",", ":")).encode(),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        )
+
+    async def post(
+        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+    ) -> Answer:
+        """The upstream's whole answer; ``ProxyError`` 504 on a timeout, 502 when unreachable."""
+        request = self._request(base_url, body, api_key, timeout)
+        try:
+            response = await self.client().send(request)
+        except httpx.HTTPError as exc:
+            raise _failure(exc, timeout) from exc
+        return Answer(response.status_code, response.content, self.relayed_headers(response.headers))
+
+    async def open_stream(
+        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+    ) -> httpx.Response:
+        """The upstream's response with its body unread (the caller closes it)."""
+        request = self._request(base_url, body, api_key, timeout)
+        try:
+            return await self.client().send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _failure(exc, timeout) from exc
+
+
+def _failure(exc: httpx.HTTPError, timeout: float) -> ProxyError:
+    if isinstance(exc, httpx.TimeoutException):
+        return ProxyError(
+            504,
+            f"the upstream did not answer within {timeout:g} s (proxy.upstream_timeout)",
+            "upstream_timeout",
+        )
+    if isinstance(exc, httpx.ConnectError):
+        return ProxyError(502, f"the upstream refused the connection: {exc}", "upstream_unreachable")
+    return ProxyError(502, f"the upstream's answer broke off: {type(exc).__name__}: {exc}", "upstream_error")
