@@ -42,7 +42,7 @@ class Metrics:
         self.client = client
         tag = f"{{{prefix}:metrics}}"
         self.key = f"{tag}:values"
-        self.usage_key = f"{tag}:usage"
+        self._prefix = prefix
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to a counter."""
@@ -85,11 +85,15 @@ class Metrics:
             lines.append(f"{series} {values[series]:g}")
         return "\n".join(lines) + "\n"
 
+    def usage_key(self, tenant: str) -> str:
+        """The tenant's usage hash, under its own hash tag (one cluster slot per tenant)."""
+        return f"{{{self._prefix}:usage:{tenant}}}"
+
     def add_usage(self, tenant: str, calls: int, input_tokens: int, output_tokens: int) -> None:
         """Summariser usage of one tenant (for ``GET /v1/usage``)."""
         try:
             pipe = self.client.pipeline(transaction=False)
-            key = self.usage_key
+            key = self.usage_key(tenant)
             pipe.hincrby(key, f"{tenant}:calls", calls)
             pipe.hincrby(key, f"{tenant}:input_tokens", input_tokens)
             pipe.hincrby(key, f"{tenant}:output_tokens", output_tokens)
@@ -99,7 +103,7 @@ class Metrics:
 
     def usage(self, tenant: str) -> dict[str, int]:
         """Summariser calls and tokens of one tenant."""
-        key = self.usage_key
+        key = self.usage_key(tenant)
         fields = [f"{tenant}:calls", f"{tenant}:input_tokens", f"{tenant}:output_tokens"]
         values = self.client.hmget(key, fields)
         names = ["calls", "input_tokens", "output_tokens"]

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
@@ -26,21 +24,11 @@ from ctxcore.turns import UserDetector
 from workers.circuit import CircuitBreaker, CircuitBreakerClient
 from workers.failures import FailureStore
 from workers.metrics import Metrics
+from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
 from workers.service import ContextService
 
 __all__ = ["Runtime", "redis_client"]
-
-
-def redis_client(url: str, socket_timeout: float = 5.0) -> redis.Redis:
-    """A client that fails fast: redis-py retries by default, which turns an outage into
-    seconds of hanging instead of a clear ``StoreUnavailable``."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 2.0),
-        retry=Retry(NoBackoff(), 0),
-    )
 
 
 @dataclass
@@ -53,8 +41,9 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        """The process's Redis client."""
-        return redis_client(self.settings.redis.url, self.settings.redis.socket_timeout)
+        """The process's client for ctxcore's keys: one ``RedisCluster`` when
+        ``redis.cluster_nodes`` is set, else a plain Redis on ``redis.url``."""
+        return settings_client(self.settings.redis)
 
     @cached_property
     def _sql_engine(self):  # type: ignore[no-untyped-def]

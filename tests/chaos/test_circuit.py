@@ -132,13 +132,13 @@ def test_opens_after_n_consecutive_failures_then_half_opens_one_probe(
     assert _call(wrapped) == "ok"
 
 
-def test_key_layout_one_hash_tag_and_no_raw_url(client: redis.Redis, redis_prefix: str) -> None:
+def test_key_layout_a_hash_tag_per_tenant_and_no_raw_url(client: redis.Redis, redis_prefix: str) -> None:
     breaker = CircuitBreaker(client, redis_prefix, failure_threshold=1)
     secret_url = "https://user:hunter2@api.example.invalid/v1"
     breaker.record_failure("t1", secret_url)
-    keys = [k.decode() for k in client.scan_iter(match=f"{{{redis_prefix}:circuit}}*")]
+    keys = [k.decode() for k in client.scan_iter(match=f"{{{redis_prefix}:circuit:*")]
     assert (
-        len(keys) == 1 and "hunter2" not in keys[0] and keys[0].startswith(f"{{{redis_prefix}:circuit}}:t1:")
+        len(keys) == 1 and "hunter2" not in keys[0] and keys[0].startswith(f"{{{redis_prefix}:circuit:t1}}:")
     )
     assert 0 < client.ttl(keys[0]) <= 7 * 24 * 3600
 

@@ -132,8 +132,9 @@ def _keys(rt: Runtime) -> set[str]:
 
 
 def _conversation_keys(rt: Runtime) -> set[str]:
-    # Rate buckets and metrics are per tenant / global, not per conversation.
-    return {k for k in _keys(rt) if ":rate}" not in k and ":metrics}" not in k}
+    prefix = "{" + rt.settings.redis.key_prefix
+    # Rate buckets, usage and metrics are per tenant / global, not per conversation.
+    return {k for k in _keys(rt) if not any(f"{prefix}:{kind}" in k for kind in ("rate", "usage", "metrics"))}
 
 
 def _routes(conv: str) -> list[tuple[str, str, dict[str, Any] | None]]:
