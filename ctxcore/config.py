@@ -255,7 +255,7 @@ class WorkerSettings(BaseModel):
     # The fair scheduler's shards (workers/scheduler.py): tenants hash onto this many rings,
     # each in its own cluster slot, with at most ``ring_tokens`` drain tokens out per ring.
     # Fixed at a deployment's first start (queued jobs would be stranded by a re-mapping).
-    scheduler_rings: int = Field(default=16, ge=1, le=1024)
+    scheduler_rings: int = Field(default=16, ge=1, le=256)
     ring_tokens: int = Field(default=2, ge=1)
 
     @model_validator(mode="after")

@@ -172,6 +172,8 @@ class Runtime:
             prefix=self.settings.redis.key_prefix,
             lease_seconds=worker.hard_time_limit * 4,
             requeue_after_seconds=worker.requeue_after_seconds,
+            rings=worker.scheduler_rings,
+            ring_tokens=worker.ring_tokens,
         )
 
     @cached_property

@@ -64,8 +64,8 @@ _KNOWN_KINDS = frozenset(
 )
 
 
-def send_drain_tokens(count: int = 1) -> int:
-    """Send ``count`` drain tokens; returns how many went out.
+def send_drain_tokens(count: int = 1, ring: int | None = None) -> int:
+    """Send ``count`` drain tokens of ``ring``; returns how many went out.
 
     A broker that refuses is logged, not raised: the job stays queued in the scheduler and
     the reconciler sends its token again after ``worker.requeue_after_seconds``.
@@ -73,7 +73,7 @@ def send_drain_tokens(count: int = 1) -> int:
     jobs = queue_names(runtime().settings).jobs
     for sent in range(max(count, 0)):
         try:
-            drain.apply_async(queue=jobs)
+            drain.apply_async(kwargs={} if ring is None else {"ring": ring}, queue=jobs)
         except OperationalError as exc:
             log.warning("drain token not sent (%s); the reconciler sends it again", exc)
             return sent
@@ -89,12 +89,12 @@ def request_compaction(key: ConversationKey, reason: str = "window") -> Compacti
     record = rt.failures.get(key)
     if record.backing_off():
         return "failing"
-    created = rt.scheduler.request(key)
-    if created:
-        send_drain_tokens(1)
+    requested = rt.scheduler.request(key)
+    if requested.token is not None:
+        send_drain_tokens(1, requested.token)
     if record.failing:
         return "failing"
-    return "queued" if created else rt.scheduler.status(key)
+    return "queued" if requested.created else rt.scheduler.status(key)
 
 
 class CeleryQueue:
@@ -118,12 +118,15 @@ def compact(tenant: str, conversation: str, reason: str = "manual") -> dict[str,
 
 
 @app.task(name="ctxcore.drain", acks_late=True, ignore_result=True)
-def drain() -> dict[str, Any]:
-    """Start the next job, fairly: tokens are interchangeable, the scheduler picks the job."""
+def drain(ring: int | None = None) -> dict[str, Any]:
+    """Start the next job of ``ring`` (else of the rings onward), fairly: the scheduler picks
+    the job; a ring with more jobs gets its token back, behind the other rings' tokens."""
     rt = runtime()
-    job = rt.scheduler.next_job()
+    job = rt.scheduler.next_job(ring)
     if job is None:
         return {"job": None}
+    if job.resend:
+        send_drain_tokens(1, job.ring)
     rt.failures.job_started(job.key)
     try:
         planned = _plan_and_send(job.key, [])
@@ -154,7 +157,7 @@ def _finish(key: ConversationKey) -> None:
     if pause is not None:
         log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
     if finished == 1:
-        send_drain_tokens(1)
+        send_drain_tokens(1, rt.scheduler.ring_of(key.tenant_id))
 
 
 def _plan_and_send(key: ConversationKey, exhausted: Sequence[str]) -> str | None:
