@@ -52,7 +52,7 @@ def redis_client(url: str, socket_timeout: float = 5.0) -> redis.Redis:
 
 def _node(text: str) -> ClusterNode:
     host, _, port = text.rpartition(":")
-    return ClusterNode(host.strip("[]"), int(port))
+    return ClusterNode(host.strip("[]"), int(port))  # type: ignore[no-untyped-call]
 
 
 def uncovered_slots(client: RedisCluster) -> list[tuple[int, int]]:

@@ -6,6 +6,7 @@ pool and, when ``database.url`` is set, the SQL engine.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,6 +15,7 @@ import redis
 
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
+from ctxcore.errors import StoreUnavailable
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -28,7 +30,9 @@ from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
 from workers.service import ContextService
 
-__all__ = ["Runtime", "redis_client"]
+__all__ = ["Runtime", "check_startup", "redis_client"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -191,6 +195,20 @@ class Runtime:
     def metrics(self) -> Metrics:
         """Shared counters."""
         return Metrics(self.redis, prefix=self.settings.redis.key_prefix)
+
+
+def check_startup(settings: Settings) -> None:
+    """Fail a worker's or the API's start with ``ConfigError`` on a misconfigured Redis: a
+    cluster node as ``redis.url``, a cluster without full slot coverage, or a
+    ``worker.scheduler_rings`` other than the deployment's. Redis not answering yet is only
+    logged: the process starts and meets the outage as ``StoreUnavailable``."""
+    rt = Runtime(settings)
+    try:
+        rt.scheduler.check()
+    except StoreUnavailable as exc:
+        log.warning("Redis not reachable at start-up (%s); the start-up checks run at first use", exc)
+        return
+    rt.redis.close()
 
 
 def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:

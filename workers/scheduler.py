@@ -56,7 +56,7 @@ __all__ = ["FairScheduler", "Job", "Requested", "Status", "ring_tags"]
 
 Status = Literal["idle", "queued", "running"]
 _SLOTS = 16384
-_ERRORS = (redis.RedisError, *UNAVAILABLE)
+_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *UNAVAILABLE)
 
 
 def ring_tags(prefix: str, rings: int) -> list[str]:

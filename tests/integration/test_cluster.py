@@ -207,3 +207,18 @@ def test_distributed_end_to_end_on_the_cluster(cluster_settings: Settings) -> No
             test_end_to_end_swe_run_turn_by_turn(rt)
     finally:
         configure(Settings())
+
+
+def test_start_up_refuses_a_cluster_broker_and_a_changed_ring_count(
+    redis_cluster_nodes: list[str], cluster: tuple[redis.Redis, str], redis_url: str
+) -> None:
+    from workers.runtime import check_startup
+
+    _, prefix = cluster
+    as_broker = Settings.load({"redis": {"url": f"redis://{redis_cluster_nodes[0]}/0", "key_prefix": prefix}})
+    with pytest.raises(ConfigError, match="is a Redis Cluster node"):
+        check_startup(as_broker)
+    on_cluster = {"url": redis_url, "key_prefix": prefix, "cluster_nodes": redis_cluster_nodes}
+    check_startup(Settings.load({"redis": on_cluster}))
+    with pytest.raises(ConfigError, match=r"scheduler_rings is 4 but .* 16 rings"):
+        check_startup(Settings.load({"redis": on_cluster, "worker": {"scheduler_rings": 4}}))
