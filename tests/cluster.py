@@ -68,6 +68,19 @@ class ScratchCluster:
 
     nodes: list[str]
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    commands: list[list[str]] = field(default_factory=list)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one server (a crash: nothing flushed beyond what its AOF already holds)."""
+        self.processes[index].kill()
+        self.processes[index].wait(timeout=5)
+
+    def restart(self, index: int) -> None:
+        """Start a killed server again with its own config (its nodes.conf and AOF)."""
+        self.processes[index] = subprocess.Popen(
+            self.commands[index], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        _wait_listening(ScratchCluster([self.nodes[index]], [self.processes[index]]))
 
     def stop(self) -> None:
         """Stop the servers this run started (never any other)."""
@@ -81,8 +94,9 @@ class ScratchCluster:
                 proc.wait(timeout=5)
 
 
-def start_cluster(workdir: Path, masters: int = 3) -> ScratchCluster:
-    """Start and join ``masters`` cluster-enabled servers under ``workdir``."""
+def start_cluster(workdir: Path, masters: int = 3, durable: bool = False) -> ScratchCluster:
+    """Start and join ``masters`` cluster-enabled servers under ``workdir`` (``durable``:
+    ``appendonly yes`` with ``appendfsync always``, so an acknowledged write survives a kill)."""
     server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if server is None or cli is None:
         raise ClusterUnavailable("redis-server or redis-cli is not installed")
@@ -94,7 +108,9 @@ def start_cluster(workdir: Path, masters: int = 3) -> ScratchCluster:
             node_dir.mkdir(parents=True)
             args = [server, "--port", str(port), "--cluster-port", str(bus), "--cluster-enabled", "yes"]
             args += ["--cluster-config-file", str(node_dir / "nodes.conf"), "--dir", str(node_dir)]
-            args += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            args += ["--bind", "127.0.0.1", "--save", ""]
+            args += ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
+            cluster.commands.append(args)
             proc = subprocess.Popen(
                 args,
                 stdout=subprocess.DEVNULL,
