@@ -5,7 +5,7 @@ send failed, or a consumer took it and did nothing with it. Every worker runs th
 reconciler as a bootstep timer (no extra process, unlike Celery beat) every
 ``worker.requeue_after_seconds / 2``: one Lua call per ring (``FairScheduler.stuck_rings``)
 finds the rings with jobs whose tokens were neither sent nor consumed for
-``requeue_after_seconds``, re-stamps them and returns each one's token allowance, so N
+``requeue_after_seconds``, re-stamps them and returns one token for each, so N
 workers revive a ring once per interval.
 
 Tokens are interchangeable, so tokens still waiting in the jobs queue already stand for

@@ -29,7 +29,7 @@ runs out and the next request re-queues the conversation.
 Liveness: a token can be lost (a failed send, a consumer that died). Each ring stamps when
 its last token was sent or consumed; ``stuck_rings`` (the reconciler in every worker) finds
 the rings with jobs whose stamp is older than ``requeue_after_seconds``, re-stamps them and
-returns a token allowance for each, atomically per ring, so N workers revive a ring once per
+returns one token for each, atomically per ring, so N workers revive a ring once per
 interval; a request for a queued job of such a ring sends a token at once.
 
 The ring count is stored at first start (``{<prefix>:sched:meta}``): a different
@@ -247,7 +247,7 @@ class FairScheduler:
 
     def stuck_rings(self) -> dict[int, int]:
         """Rings with jobs whose tokens were neither sent nor consumed for over
-        ``requeue_after_seconds``, each with the tokens to send now; atomic per ring, so
+        ``requeue_after_seconds``, each with the tokens to send now (one); atomic per ring, so
         concurrent reconcilers never both revive one ring in one interval."""
         out: dict[int, int] = {}
         now = repr(time.time())
