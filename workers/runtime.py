@@ -178,6 +178,7 @@ class Runtime:
             requeue_after_seconds=worker.requeue_after_seconds,
             rings=worker.scheduler_rings,
             ring_tokens=worker.ring_tokens,
+            mirror=self.failures.key,
         )
 
     @cached_property

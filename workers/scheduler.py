@@ -41,6 +41,7 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,11 +53,25 @@ from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import UNAVAILABLE
 from workers import scheduler_scripts as lua
 
-__all__ = ["FairScheduler", "Job", "Requested", "Status", "ring_tags"]
+__all__ = ["FairScheduler", "Job", "Requested", "Status", "parse_status", "ring_tags"]
 
 Status = Literal["idle", "queued", "running"]
 _SLOTS = 16384
 _ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *UNAVAILABLE)
+
+
+def parse_status(raw: bytes | str | None) -> Status:
+    """A stored status (``queued:<t>``, ``running:<deadline>``, ``dirty:<deadline>``, None)
+    as ``idle``, ``queued`` or ``running``; a run whose lease ran out (its worker died) is idle."""
+    if raw is None or raw in (b"", ""):
+        return "idle"
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if text.startswith("queued"):
+        return "queued"
+    deadline = text.split(":", 1)[1] if ":" in text else ""
+    if deadline and float(deadline) < time.time():
+        return "idle"
+    return "running"
 
 
 def ring_tags(prefix: str, rings: int) -> list[str]:
@@ -106,10 +121,12 @@ class FairScheduler:
         *,
         rings: int = 16,
         ring_tokens: int = 2,
+        mirror: Callable[[ConversationKey], str] | None = None,
     ) -> None:
         if rings < 1 or ring_tokens < 1:
             raise ConfigError(f"scheduler rings and ring_tokens must be >= 1, got {rings}, {ring_tokens}")
         self.client = client
+        self._mirror_key = mirror
         self.rings = rings
         self.ring_tokens = ring_tokens
         self.tags = ring_tags(prefix, rings)
@@ -124,6 +141,7 @@ class FairScheduler:
         self._finish = client.register_script(lua.FINISH)
         self._forget = client.register_script(lua.FORGET)
         self._stuck = client.register_script(lua.STUCK)
+        self._mirror = client.register_script(lua.MIRROR)
 
     def ring_of(self, tenant_id: str) -> int:
         """The ring ``tenant_id`` is served in (a stable hash: every process agrees)."""
@@ -138,6 +156,7 @@ class FairScheduler:
             f"{tag}:q:{tenant_id}",
             f"{tag}:out",
             f"{tag}:stamp",
+            f"{tag}:seq",
         ]
 
     def _ring_keys(self, ring: int) -> list[str]:
@@ -180,13 +199,12 @@ class FairScheduler:
         """Ask for a compaction of ``key``; see ``Requested`` for whether to send a token."""
         ring = self.ring_of(key.tenant_id)
         args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
-        code = int(
-            self._call(
-                self._enqueue,
-                self._keys(ring, key.tenant_id),
-                [*args, self.requeue_after_seconds, self.ring_tokens],
-            )
+        got = self._call(
+            self._enqueue,
+            self._keys(ring, key.tenant_id),
+            [*args, self.requeue_after_seconds, self.ring_tokens],
         )
+        code = int(self._mirrored(key, got))
         return Requested(created=code in (1, 3), token=ring if code in (1, 2) else None)
 
     def next_job(self, ring: int | None = None) -> Job | None:
@@ -219,7 +237,9 @@ class FairScheduler:
             )
             if got:
                 conv = got[0].decode() if isinstance(got[0], bytes) else str(got[0])
-                return Job(ConversationKey(name, conv), ring, bool(int(got[1])))
+                job = Job(ConversationKey(name, conv), ring, bool(int(got[1])))
+                self._mirrored(job.key, got)
+                return job
         return None
 
     def _status_key(self, key: ConversationKey) -> str:
@@ -228,7 +248,8 @@ class FairScheduler:
     def renew(self, key: ConversationKey) -> bool:
         """Extend a running job's lease (called by each stage)."""
         deadline = time.time() + self.lease_seconds
-        return bool(self._call(self._renew, [self._status_key(key)], [self._member(key), deadline]))
+        keys = [self._status_key(key), f"{self.tags[self.ring_of(key.tenant_id)]}:seq"]
+        return bool(self._mirrored(key, self._call(self._renew, keys, [self._member(key), deadline])))
 
     def finish(self, key: ConversationKey, *, follow_up: bool = True) -> int:
         """Mark a run finished: -1 when it was not running (nothing to finish), 0 finished,
@@ -237,13 +258,12 @@ class FairScheduler:
         drops the follow-up a request during the run asked for (the run failed: back off)."""
         ring = self.ring_of(key.tenant_id)
         args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
-        return int(
-            self._call(
-                self._finish,
-                self._keys(ring, key.tenant_id),
-                [*args, "1" if follow_up else "0", self.ring_tokens],
-            )
+        got = self._call(
+            self._finish,
+            self._keys(ring, key.tenant_id),
+            [*args, "1" if follow_up else "0", self.ring_tokens],
         )
+        return int(self._mirrored(key, got))
 
     def stuck_rings(self) -> dict[int, int]:
         """Rings with jobs whose tokens were neither sent nor consumed for over
@@ -262,27 +282,30 @@ class FairScheduler:
         return out
 
     def status(self, key: ConversationKey) -> Status:
-        """``idle``, ``queued`` or ``running`` (a dirty run counts as running)."""
+        """``idle``, ``queued`` or ``running`` (a dirty run counts as running), from the
+        ring's slot (the fast path reads the mirror in the compaction hash instead)."""
         self._check_meta()
         try:
             raw = self.client.hget(self._status_key(key), self._member(key))
         except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
-        if raw is None:
-            return "idle"
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if text.startswith("queued"):
-            return "queued"
-        deadline = text.split(":", 1)[1] if ":" in text else ""
-        if deadline and float(deadline) < time.time():
-            return "idle"  # the lease ran out: the worker died
-        return "running"
+        return parse_status(raw)
 
     def forget(self, key: ConversationKey) -> None:
         """Drop a conversation's queued work and status (on delete)."""
         ring = self.ring_of(key.tenant_id)
         args = [self._member(key), key.tenant_id, key.conversation_id]
-        self._call(self._forget, self._keys(ring, key.tenant_id)[:4], args)
+        keys = self._keys(ring, key.tenant_id)
+        self._mirrored(key, self._call(self._forget, [*keys[:4], keys[6]], args))
+
+    def _mirrored(self, key: ConversationKey, got: list[Any]) -> Any:
+        """Mirror a script's status change (its last two values: status, ring seq) into the
+        conversation's compaction hash; returns the script's first value."""
+        seq = int(got[-1])
+        if self._mirror_key is not None and seq > 0:
+            status = got[-2].decode() if isinstance(got[-2], bytes) else str(got[-2])
+            self._call(self._mirror, [self._mirror_key(key)], [status, seq])
+        return got[0]
 
     def depth(self) -> int:
         """Jobs waiting in all tenant queues (two calls per ring: ``/metrics`` only)."""

@@ -94,7 +94,8 @@ def request_compaction(key: ConversationKey, reason: str = "window") -> Compacti
         send_drain_tokens(1, requested.token)
     if record.failing:
         return "failing"
-    return "queued" if requested.created else rt.scheduler.status(key)
+    # The status mirrored in the conversation's compaction hash: its slot, not the ring's.
+    return "queued" if requested.created else rt.failures.get(key).scheduler_status
 
 
 class CeleryQueue:
@@ -106,8 +107,8 @@ class CeleryQueue:
 
     def status(self, key: ConversationKey) -> CompactionStatus:
         """``failing`` while the last job failed, else ``idle``, ``queued`` or ``running``."""
-        rt = runtime()
-        return "failing" if rt.failures.get(key).failing else rt.scheduler.status(key)
+        record = runtime().failures.get(key)
+        return "failing" if record.failing else record.scheduler_status
 
 
 @app.task(name="ctxcore.compact", acks_late=True)

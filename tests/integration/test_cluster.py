@@ -22,6 +22,7 @@ from ctxcore.config import Settings
 from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.state import ConversationKey
 from tests.cluster import _free_ports
+from workers import scheduler_scripts
 from workers.locks import LockBusy, conversation_lock
 from workers.ratelimit import RateLimiter
 from workers.redis_clients import check_plain_broker, cluster_client, settings_client
@@ -62,6 +63,34 @@ def test_scheduler_round_trip_on_the_cluster(cluster: tuple[redis.Redis, str]) -
     sched.request(ConversationKey("acme", "gone"))
     sched.forget(ConversationKey("acme", "gone"))
     assert sched.depth() == 0 and sched.next_job(None) is None
+
+
+def test_the_status_is_mirrored_into_the_conversations_compaction_hash(
+    cluster: tuple[redis.Redis, str],
+) -> None:
+    from workers.failures import FailureStore
+
+    client, prefix = cluster
+    failures = FailureStore(client, prefix)
+    sched = FairScheduler(client, prefix, mirror=failures.key)
+    key = ConversationKey("acme", "mirrored")
+    seen = [failures.get(key).scheduler_status]
+    sched.request(key)
+    seen.append(failures.get(key).scheduler_status)
+    job = sched.next_job(sched.ring_of("acme"))
+    assert job is not None
+    seen.append(failures.get(key).scheduler_status)
+    sched.request(key)  # dirty: still running
+    seen.append(failures.get(key).scheduler_status)
+    sched.finish(key)  # the follow-up is queued
+    seen.append(failures.get(key).scheduler_status)
+    assert sched.next_job(sched.ring_of("acme")) is not None and sched.finish(key) == 0
+    seen.append(failures.get(key).scheduler_status)
+    assert seen == ["idle", "queued", "running", "running", "queued", "idle"]
+    # A late writer (an older seq of the ring) changes nothing.
+    mirror = client.register_script(scheduler_scripts.MIRROR)
+    assert mirror(keys=[failures.key(key)], args=["queued:1", 1]) == 0
+    assert failures.get(key).scheduler_status == "idle" == sched.status(key)
 
 
 def test_fairness_one_tenant_with_ten_thousand_jobs(cluster: tuple[redis.Redis, str]) -> None:

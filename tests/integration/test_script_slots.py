@@ -21,6 +21,7 @@ from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.models import CompressionState
 from workers import scheduler_scripts
 from workers.circuit import CircuitBreaker
+from workers.failures import FailureStore
 from workers.locks import conversation_lock
 from workers.ratelimit import RateLimiter
 from workers.scheduler import FairScheduler
@@ -57,7 +58,8 @@ def test_every_script_call_stays_in_one_slot(
     assert state.save(key, CompressionState(), 1, archive=ArchiveWrite((chunk,), b"index", 2))
     offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="x")])
 
-    sched = FairScheduler(client, p, lease_seconds=60, requeue_after_seconds=0.0)
+    failures = FailureStore(client, p)
+    sched = FairScheduler(client, p, lease_seconds=60, requeue_after_seconds=0.0, mirror=failures.key)
     for tenant in ("t1", "t2", "t3"):
         sched.request(ConversationKey(tenant, "c1"))
     job = sched.next_job(sched.ring_of("t1"))
