@@ -153,15 +153,29 @@ def run_redis_benchmark(
         node = client.get_node_from_key(keys[0])  # type: ignore[attr-defined]
         base = [binary, "-h", node.host, "-p", str(node.port), "-c", str(per_ring), "-n", str(requests)]
         base += ["-r", "100000000", "-q", "-P", str(PIPELINE)]
-        enqueue = ["EVALSHA", sha["ENQUEUE"], "6", *keys, f"{tenant}/__rand_int__", tenant, "__rand_int__"]
+        enqueue = [
+            "EVALSHA",
+            sha["ENQUEUE"],
+            str(len(keys)),
+            *keys,
+            f"{tenant}/__rand_int__",
+            tenant,
+            "__rand_int__",
+        ]
         commands.append([*base, *enqueue, "1000000000", "30", "2"])
-        commands.append([*base, "EVALSHA", sha["POP"], "6", *keys, tenant, "1000000000", "600", "2"])
+        commands.append(
+            [*base, "EVALSHA", sha["POP"], str(len(keys)), *keys, tenant, "1000000000", "600", "2"]
+        )
     before, cpu_before = _sample(masters), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.time()
-    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in commands]
-    for proc in procs:
-        proc.wait()
+    procs = [
+        subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands
+    ]
+    failed = [err for proc in procs if (err := proc.communicate()[1].strip()) or proc.returncode]
     wall = time.time() - started
+    if failed:
+        # A script error is answered fast: counting it would inflate ops/s.
+        raise SystemExit(f"redis-benchmark reported errors: {failed[0][:300]}")
     after, cpu_after = _sample(masters), resource.getrusage(resource.RUSAGE_CHILDREN)
     calls = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
     total = max(sum(calls), 1)
