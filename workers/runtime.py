@@ -122,7 +122,7 @@ class Runtime:
             self.circuit,
             key.tenant_id,
             cfg.base_url,
-            on_refused=lambda: self.metrics.inc("ctxcore_circuit_open_total"),
+            on_refused=lambda: self.metrics.inc("ctxcore_circuit_open_total", tenant=key.tenant_id),
         )
 
     @cached_property
@@ -194,8 +194,9 @@ class Runtime:
 
     @cached_property
     def metrics(self) -> Metrics:
-        """Shared counters."""
-        return Metrics(self.redis, prefix=self.settings.redis.key_prefix)
+        """Shared counters, per tenant; ``/metrics`` sums the configured tenants."""
+        configured = {*self.settings.tenants, *self.settings.http.tokens.values()}
+        return Metrics(self.redis, prefix=self.settings.redis.key_prefix, tenants=configured)
 
 
 def check_startup(settings: Settings) -> None:

@@ -223,11 +223,11 @@ def _run_stage(
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
-        rt.metrics.inc("ctxcore_failures_total", kind="store_unavailable")
+        rt.metrics.inc("ctxcore_failures_total", tenant=key.tenant_id, kind="store_unavailable")
         _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
     elapsed = time.perf_counter() - started
-    rt.metrics.observe("ctxcore_stage_seconds", elapsed, stage=stage.kind)
-    rt.metrics.inc("ctxcore_compactions_total", stage=stage.kind, outcome=result.outcome)
+    rt.metrics.observe("ctxcore_stage_seconds", elapsed, tenant=tenant, stage=stage.kind)
+    rt.metrics.inc("ctxcore_compactions_total", tenant=tenant, stage=stage.kind, outcome=result.outcome)
     if result.model_calls:
         rt.metrics.add_usage(tenant, result.model_calls, result.input_tokens, result.output_tokens)
     summary: dict[str, Any] = {
@@ -239,10 +239,12 @@ def _run_stage(
         "tokens_after": result.tokens_after,
     }
     if result.outcome == "compressed":
-        rt.metrics.inc("ctxcore_tokens_saved_total", max(result.tokens_before - result.tokens_after, 0))
+        rt.metrics.inc(
+            "ctxcore_tokens_saved_total", max(result.tokens_before - result.tokens_after, 0), tenant=tenant
+        )
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":
-        rt.metrics.inc("ctxcore_cas_conflicts_total")
+        rt.metrics.inc("ctxcore_cas_conflicts_total", tenant=tenant)
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
         summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
@@ -252,7 +254,9 @@ def _run_stage(
         # view gives the same invalid summary, so FAILURE at once). on_failure then records
         # it and escalates: for a rejected result only this stage is exhausted.
         kind = result.error_kind or "unknown"
-        rt.metrics.inc("ctxcore_failures_total", kind=kind if kind in _KNOWN_KINDS else "other")
+        rt.metrics.inc(
+            "ctxcore_failures_total", tenant=tenant, kind=kind if kind in _KNOWN_KINDS else "other"
+        )
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
@@ -277,7 +281,7 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
         endpoint,
     )
     if kind == "internal":
-        rt.metrics.inc("ctxcore_failures_total", kind="internal")
+        rt.metrics.inc("ctxcore_failures_total", tenant=key.tenant_id, kind="internal")
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:
