@@ -53,6 +53,7 @@ from tests.chaos.helpers import (  # noqa: E402
 )
 from workers.app import celery_config, queue_names  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
+from workers.metrics import Metrics  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 from workers.scheduler import Status  # noqa: E402
 
@@ -255,7 +256,9 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
         invalid += problems
         state = rt.state_store.load(key)
         compacted += bool(state and state.version >= 1)
-    metrics = rt.metrics.snapshot()
+    # Metrics live per tenant; these tenants are not configured, so name them.
+    tenants = {k.tenant_id for k in keys}
+    metrics = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants=tenants).snapshot()
     stages = sum(v for k, v in metrics.items() if k.startswith("ctxcore_compactions_total"))
     figures = {
         "duration_s": round(load_seconds, 1),

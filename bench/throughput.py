@@ -226,7 +226,11 @@ def throughput(
         deadline = time.monotonic() + 60
         while any(rt.scheduler.status(k) != "idle" for k in warm) and time.monotonic() < deadline:
             time.sleep(0.05)
-        before = rt.metrics.snapshot()
+        # Metrics live per tenant; these tenants are not configured, so name them.
+        from workers.metrics import Metrics
+
+        view = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants={k.tenant_id for k in keys})
+        before = view.snapshot()
         started = time.perf_counter()
         for key in keys:
             request_compaction(key, reason="bench")
@@ -237,7 +241,7 @@ def throughput(
             if pending:
                 time.sleep(0.02)
         elapsed = time.perf_counter() - started
-        after = rt.metrics.snapshot()
+        after = view.snapshot()
         snap = {k: v - before.get(k, 0.0) for k, v in after.items()}
         stages = sum(v for k, v in snap.items() if k.startswith("ctxcore_compactions_total"))
         stage_sum = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_sum"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,18 +50,37 @@ _ALIASES = {
 }
 
 
+_HOST_PORT = re.compile(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}")
+
+
 def hash_token(token: str) -> str:
     """sha256 hex of a bearer token: only hashes are configured or stored."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 class RedisSettings(BaseModel):
-    """Redis: broker, locks, fast-path state and log."""
+    """Redis: broker, locks, fast-path state and log.
+
+    With ``cluster_nodes`` (``host:port`` seeds, a list or one comma-separated string) every
+    ctxcore key lives on that Redis Cluster and ``url`` names only Celery's broker and result
+    backend, a plain Redis (kombu's Redis transport has no cluster mode).
+    """
 
     model_config = _STRICT
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = Field(default="ctxcore", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     socket_timeout: float = Field(default=5.0, gt=0)
+    cluster_nodes: tuple[str, ...] = ()
+
+    @field_validator("cluster_nodes", mode="before")
+    @classmethod
+    def _nodes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        for node in value if isinstance(value, list | tuple) else ():
+            if not isinstance(node, str) or _HOST_PORT.fullmatch(node) is None:
+                raise ValueError(f"cluster node {node!r} is not host:port (e.g. 127.0.0.1:7000)")
+        return value
 
 
 class DatabaseSettings(BaseModel):
@@ -248,6 +268,11 @@ class WorkerSettings(BaseModel):
     # A queued job whose last drain token was sent longer ago than this gets a new one (the
     # reconciler in every worker checks every half of it): no job waits without a token.
     requeue_after_seconds: float = Field(default=30.0, gt=0)
+    # The fair scheduler's shards (workers/scheduler.py): tenants hash onto this many rings,
+    # each in its own cluster slot, with at most ``ring_tokens`` drain tokens out per ring.
+    # Fixed at a deployment's first start (queued jobs would be stranded by a re-mapping).
+    scheduler_rings: int = Field(default=16, ge=1, le=256)
+    ring_tokens: int = Field(default=2, ge=1)
 
     @model_validator(mode="after")
     def _limits(self) -> Self:

@@ -37,7 +37,9 @@ from ctxcore.state import (
     SqlStateStore,
     StateStore,
 )
+from tests.cluster import ClusterUnavailable, ScratchCluster, check_cluster, start_cluster
 from workers.keyspace import delete_prefixed_keys
+from workers.redis_clients import cluster_client
 
 # Property tests: 100 examples; in CI the examples are derandomized, so a landing is judged on
 # the same inputs every time (exploration with fresh seeds happens on developers' runs and in
@@ -77,6 +79,42 @@ def redis_url() -> str:
     finally:
         client.close()
     return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """``host:port`` of a three-master Redis Cluster: ``CTXCORE_TEST_REDIS_CLUSTER`` when set,
+    else one started for the whole run (see ``tests.cluster``) and stopped after it."""
+    given = os.environ.get("CTXCORE_TEST_REDIS_CLUSTER", "").strip()
+    if given:
+        nodes = [n.strip() for n in given.split(",") if n.strip()]
+        try:
+            check_cluster(nodes, timeout=5)
+        except ClusterUnavailable as exc:
+            server_unavailable(f"CTXCORE_TEST_REDIS_CLUSTER: {exc}")
+        yield nodes
+        return
+    try:
+        cluster: ScratchCluster = start_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    except ClusterUnavailable as exc:
+        server_unavailable(f"no Redis Cluster for the redis_cluster tests: {exc}")
+    try:
+        yield cluster.nodes
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_redis(redis_cluster_nodes: list[str]) -> Iterator[tuple[redis.Redis, str]]:
+    """A ``RedisCluster`` client (as the runtime builds it) and a key prefix unique to this
+    test, whose keys are deleted afterwards."""
+    client = cluster_client(redis_cluster_nodes)
+    prefix = f"ctxcore-test-{uuid.uuid4().hex}"
+    try:
+        yield client, prefix
+        delete_prefixed_keys(client, prefix)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +179,9 @@ class Backend:
 
     @cached_property
     def _redis(self) -> tuple[redis.Redis, str]:
+        if self.kind == "redis_cluster":
+            client, prefix = self._request.getfixturevalue("cluster_redis")
+            return client, prefix
         client = redis.Redis.from_url(self._request.getfixturevalue("redis_url"))
         self._request.addfinalizer(client.close)
         return client, self._request.getfixturevalue("redis_prefix")
@@ -160,7 +201,7 @@ class Backend:
         """This backend's ``StateStore``."""
         if self.kind == "memory":
             return MemoryStateStore()
-        if self.kind == "redis":
+        if self.kind in ("redis", "redis_cluster"):
             return RedisStateStore(*self._redis)
         engine, prefix = self._sql
         return SqlStateStore(engine=engine, table_prefix=prefix)
@@ -170,7 +211,7 @@ class Backend:
         """This backend's ``MessageLog``."""
         if self.kind == "memory":
             return MemoryMessageLog()
-        if self.kind == "redis":
+        if self.kind in ("redis", "redis_cluster"):
             return RedisMessageLog(*self._redis)
         engine, prefix = self._sql
         return SqlMessageLog(engine=engine, table_prefix=prefix)
@@ -184,6 +225,10 @@ class Backend:
             client = redis.Redis.from_url(self._request.getfixturevalue("redis_url"))
             self._request.addfinalizer(client.close)
             return RedisMessageLog(client, self._redis[1])
+        if self.kind == "redis_cluster":
+            other = cluster_client(self._request.getfixturevalue("redis_cluster_nodes"))
+            self._request.addfinalizer(other.close)
+            return RedisMessageLog(other, self._redis[1])
         engine, prefix = self._sql
         log = SqlMessageLog(engine.url, table_prefix=prefix)
         self._request.addfinalizer(log.close)
@@ -195,7 +240,7 @@ class Backend:
             return MemoryOffloadStore()
         if self.kind == "filesystem":
             return FilesystemOffloadStore(self._tmp_path / "offloads")
-        if self.kind == "redis":
+        if self.kind in ("redis", "redis_cluster"):
             return RedisOffloadStore(*self._redis, ttl_seconds=ttl_seconds)
         engine, prefix = self._sql
         return SqlOffloadStore(engine=engine, table_prefix=prefix, ttl_seconds=ttl_seconds)
@@ -204,6 +249,7 @@ class Backend:
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("redis_cluster", id="redis_cluster", marks=pytest.mark.redis_cluster),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
@@ -211,7 +257,8 @@ BACKENDS = [
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """Each store backend in turn: memory, Redis, SQLite (a file in tmp_path), PostgreSQL."""
+    """Each store backend in turn: memory, Redis, Redis Cluster, SQLite (a file in tmp_path),
+    PostgreSQL."""
     return Backend(request.param, request, tmp_path)
 
 

@@ -14,9 +14,9 @@ Only failures that say the endpoint is unwell count (rate limits, timeouts, 5xx,
 answers: ``TRANSIENT_KINDS``). A context overflow or a bad request is an answer from a
 healthy endpoint about *our* request: it neither counts nor resets.
 
-State: one Redis hash per tenant + endpoint, ``{<prefix>:circuit}:<tenant>:<sha256(url)[:16]>``
-(fields ``state``, ``failures``, ``since``, ``opened``), all under one hash tag so the
-layout works on Redis Cluster; each write refreshes a one-week expiry so circuits of
+State: one Redis hash per tenant + endpoint, ``{<prefix>:circuit:<tenant>}:<sha256(url)[:16]>``
+(fields ``state``, ``failures``, ``since``, ``opened``), under a hash tag per tenant so the
+tenants spread over a Redis Cluster's masters; each write refreshes a one-week expiry so circuits of
 tenants that left do not pile up. Every transition is one Lua script, so concurrent
 workers agree. The clock is the caller's (``time.time``), injectable for tests. If Redis
 itself is unreachable the breaker lets calls through: the stage will meet the outage in
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.errors import TRANSIENT_KINDS, ModelCallError, classify_error
@@ -128,7 +129,7 @@ class CircuitBreaker:
         self.failure_threshold = failure_threshold
         self.reset_seconds = reset_seconds
         self._clock = clock
-        self._tag = f"{{{prefix}:circuit}}"
+        self._prefix = prefix
         self._allow = client.register_script(_ALLOW)
         self._failure = client.register_script(_FAILURE)
         self._success = client.register_script(_SUCCESS)
@@ -136,7 +137,7 @@ class CircuitBreaker:
     def key(self, tenant: str, endpoint: str) -> str:
         """The Redis key of one circuit (the endpoint URL is hashed: it may carry credentials)."""
         digest = hashlib.sha256(endpoint.encode("utf-8")).hexdigest()[:16]
-        return f"{self._tag}:{tenant}:{digest}"
+        return f"{{{self._prefix}:circuit:{tenant}}}:{digest}"
 
     def allow(self, tenant: str, endpoint: str) -> CircuitDecision:
         """May a call to ``endpoint`` for ``tenant`` go ahead now?"""
@@ -144,7 +145,7 @@ class CircuitBreaker:
             code, wait = self._allow(
                 keys=[self.key(tenant, endpoint)], args=[self._clock(), self.reset_seconds, _TTL_SECONDS]
             )
-        except redis.RedisError:
+        except (redis.RedisError, RedisClusterException):
             log.debug("circuit breaker state unavailable; letting the call through", exc_info=True)
             return CircuitDecision(True)
         code = int(code)
@@ -157,7 +158,7 @@ class CircuitBreaker:
                 keys=[self.key(tenant, endpoint)],
                 args=[self._clock(), self.failure_threshold, _TTL_SECONDS],
             )
-        except redis.RedisError:
+        except (redis.RedisError, RedisClusterException):
             log.debug("circuit breaker state unavailable", exc_info=True)
             return False
         if opened:
@@ -174,7 +175,7 @@ class CircuitBreaker:
         """A call succeeded: close the circuit and reset the failure count."""
         try:
             self._success(keys=[self.key(tenant, endpoint)], args=[_TTL_SECONDS])
-        except redis.RedisError:
+        except (redis.RedisError, RedisClusterException):
             log.debug("circuit breaker state unavailable", exc_info=True)
 
     def state(self, tenant: str, endpoint: str) -> CircuitState:

@@ -96,8 +96,10 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     """Start a Celery worker consuming continuation stages first, then new jobs."""
     from workers.app import app, configure, queue_names
+    from workers.runtime import check_startup
 
     settings = settings_for(args)
+    check_startup(settings)
     configure(settings)
     queues = ",".join(queue_names(settings).consume_order())
     argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
@@ -120,8 +122,10 @@ def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
     from workers.http import serve
+    from workers.runtime import check_startup
 
     settings = settings_for(args)
+    check_startup(settings)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})

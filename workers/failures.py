@@ -7,6 +7,9 @@ budget (one job per conversation runs at a time):
 - ``last_error``: JSON ``{"kind", "message", "stage", "at"}`` of the last stage that failed
   for good; ``last_success_at``: ISO time of the last job that ended without one;
 - ``run_failed``: set while the running job has had such a failure;
+- ``sched`` / ``sched_seq``: the scheduler's status of the conversation, mirrored here by
+  ``FairScheduler`` on every change (ordered by its ring's counter), so the fast path reads
+  it with this record in one call to the conversation's slot;
 - ``failures`` / ``retry_at``: consecutive failed jobs and the time (epoch seconds) before
   which windows and ``POST .../compact`` do not queue the conversation again; the pause is
   ``worker.failure_backoff_seconds`` doubled per consecutive failed job, capped at
@@ -30,6 +33,7 @@ from kombu.exceptions import OperationalError
 from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.status import CompactionDetail, LastError
+from workers.scheduler import Status, parse_status
 
 __all__ = [
     "FailureRecord",
@@ -98,6 +102,12 @@ class FailureRecord:
 
     detail: CompactionDetail
     retry_at: float = 0.0
+    sched: str | None = None
+
+    @property
+    def scheduler_status(self) -> Status:
+        """The scheduler's mirrored status: ``idle``, ``queued`` or ``running``."""
+        return parse_status(self.sched)
 
     @property
     def failing(self) -> bool:
@@ -120,7 +130,9 @@ def _parse(fields: dict[Any, Any]) -> FailureRecord:
         raw = json.loads(data["last_error"])
         error = LastError(raw["kind"], raw["message"], raw.get("stage"), datetime.fromisoformat(raw["at"]))
     success = datetime.fromisoformat(data["last_success_at"]) if "last_success_at" in data else None
-    return FailureRecord(CompactionDetail(error, success), float(data.get("retry_at", 0) or 0))
+    return FailureRecord(
+        CompactionDetail(error, success), float(data.get("retry_at", 0) or 0), data.get("sched")
+    )
 
 
 class FailureStore:

@@ -222,9 +222,11 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
             result = api.service.get_window(key, body.budget_tokens, system, body.tools, body.model)
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None
-        runtime.metrics.observe("ctxcore_fast_path_seconds", time.perf_counter() - started)
+        runtime.metrics.observe(
+            "ctxcore_fast_path_seconds", time.perf_counter() - started, tenant=key.tenant_id
+        )
         if result.fallback_applied:
-            runtime.metrics.inc("ctxcore_fallback_windows_total")
+            runtime.metrics.inc("ctxcore_fallback_windows_total", tenant=key.tenant_id)
         return WindowResponse(
             messages=to_openai(result.messages, include_extra=format == "ctxcore"),
             tools=result.tools,

@@ -5,7 +5,8 @@ script, so the check-and-take is atomic however many API processes serve the ten
 script reads the clock with Redis ``TIME``: API hosts with skewed clocks still agree.
 Buckets expire once they would be full again, so idle tenants cost no memory.
 
-All keys share the hash tag ``{<prefix>:rate}`` (one cluster slot, like the scheduler's).
+Each tenant's bucket is its own hash tag, ``{<prefix>:rate:<tenant>}``: on Redis Cluster the
+tenants spread over the masters instead of sharing one slot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from ctxcore.errors import StoreUnavailable
+from ctxcore.state.redis_common import UNAVAILABLE
 
 __all__ = ["RateDecision", "RateLimiter"]
 
@@ -67,12 +69,12 @@ class RateLimiter:
 
     def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
         self.client = client
-        self._tag = f"{{{prefix}:rate}}"
+        self._prefix = prefix
         self._take = client.register_script(_TAKE)
 
     def key(self, tenant_id: str) -> str:
         """The Redis key of ``tenant_id``'s bucket."""
-        return f"{self._tag}:{tenant_id}"
+        return f"{{{self._prefix}:rate:{tenant_id}}}"
 
     def take(self, tenant_id: str, rate: float, burst: int, cost: int = 1) -> RateDecision:
         """Take ``cost`` tokens from the tenant's bucket if it holds them.
@@ -84,7 +86,7 @@ class RateLimiter:
             raise ValueError(f"rate and burst must be positive, got rate={rate!r} burst={burst!r}")
         try:
             allowed, wait = self._take(keys=[self.key(tenant_id)], args=[repr(float(rate)), burst, cost])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise StoreUnavailable(f"rate limiter unavailable: {exc}") from exc
         text = wait.decode() if isinstance(wait, bytes) else str(wait)
         return RateDecision(allowed=bool(int(allowed)), wait_seconds=float(text))

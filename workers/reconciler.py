@@ -3,9 +3,10 @@
 A queued job only starts when a drain token reaches a worker, and a token can be lost: its
 send failed, or a consumer took it and did nothing with it. Every worker runs this
 reconciler as a bootstep timer (no extra process, unlike Celery beat) every
-``worker.requeue_after_seconds / 2``: one Lua call (``FairScheduler.stuck_jobs``) takes the
-queued jobs whose last token is older than ``requeue_after_seconds``, re-scores them to now
-and returns them, so N workers send at most one token per stuck job per interval.
+``worker.requeue_after_seconds / 2``: one Lua call per ring (``FairScheduler.stuck_rings``)
+finds the rings with jobs whose tokens were neither sent nor consumed for
+``requeue_after_seconds``, re-stamps them and returns one token for each, so N
+workers revive a ring once per interval.
 
 Tokens are interchangeable, so tokens still waiting in the jobs queue already stand for
 stuck jobs (a backlog that outlasts ``requeue_after_seconds`` is not a loss): only the
@@ -45,19 +46,23 @@ def reconcile_once() -> int:
     rt = runtime()
     wait = rt.settings.worker.requeue_after_seconds
     try:
-        stuck = rt.scheduler.stuck_jobs()
+        stuck = rt.scheduler.stuck_rings()
         if not stuck:
             return 0
-        missing = len(stuck) - _waiting_tokens(queue_names(rt.settings).jobs)
+        missing = sum(stuck.values()) - _waiting_tokens(queue_names(rt.settings).jobs)
     except (StoreUnavailable, OperationalError) as exc:
         log.warning("reconciler: Redis unavailable (%s); trying again in %.0f s", exc, wait / 2)
         return 0
-    sent = send_drain_tokens(missing) if missing > 0 else 0
+    sent = 0
+    for ring, count in sorted(stuck.items()):
+        if sent >= missing:
+            break
+        sent += send_drain_tokens(min(count, missing - sent), ring)
     log.warning(
-        "reconciler: %d queued job(s) had no drain token for %.0f s (e.g. %s); sent %d token(s)",
+        "reconciler: %d ring(s) with queued jobs had no drain token for %.0f s (e.g. ring %d); sent %d token(s)",
         len(stuck),
         wait,
-        stuck[0],
+        min(stuck),
         sent,
     )
     return sent

@@ -6,16 +6,16 @@ pool and, when ``database.url`` is set, the SQL engine.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
+from ctxcore.errors import StoreUnavailable
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -26,21 +26,13 @@ from ctxcore.turns import UserDetector
 from workers.circuit import CircuitBreaker, CircuitBreakerClient
 from workers.failures import FailureStore
 from workers.metrics import Metrics
+from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
 from workers.service import ContextService
 
-__all__ = ["Runtime", "redis_client"]
+__all__ = ["Runtime", "check_startup", "redis_client"]
 
-
-def redis_client(url: str, socket_timeout: float = 5.0) -> redis.Redis:
-    """A client that fails fast: redis-py retries by default, which turns an outage into
-    seconds of hanging instead of a clear ``StoreUnavailable``."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 2.0),
-        retry=Retry(NoBackoff(), 0),
-    )
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,8 +45,9 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        """The process's Redis client."""
-        return redis_client(self.settings.redis.url, self.settings.redis.socket_timeout)
+        """The process's client for ctxcore's keys: one ``RedisCluster`` when
+        ``redis.cluster_nodes`` is set, else a plain Redis on ``redis.url``."""
+        return settings_client(self.settings.redis)
 
     @cached_property
     def _sql_engine(self):  # type: ignore[no-untyped-def]
@@ -129,7 +122,7 @@ class Runtime:
             self.circuit,
             key.tenant_id,
             cfg.base_url,
-            on_refused=lambda: self.metrics.inc("ctxcore_circuit_open_total"),
+            on_refused=lambda: self.metrics.inc("ctxcore_circuit_open_total", tenant=key.tenant_id),
         )
 
     @cached_property
@@ -183,6 +176,9 @@ class Runtime:
             prefix=self.settings.redis.key_prefix,
             lease_seconds=worker.hard_time_limit * 4,
             requeue_after_seconds=worker.requeue_after_seconds,
+            rings=worker.scheduler_rings,
+            ring_tokens=worker.ring_tokens,
+            mirror=self.failures.key,
         )
 
     @cached_property
@@ -198,8 +194,23 @@ class Runtime:
 
     @cached_property
     def metrics(self) -> Metrics:
-        """Shared counters."""
-        return Metrics(self.redis, prefix=self.settings.redis.key_prefix)
+        """Shared counters, per tenant; ``/metrics`` sums the configured tenants."""
+        configured = {*self.settings.tenants, *self.settings.http.tokens.values()}
+        return Metrics(self.redis, prefix=self.settings.redis.key_prefix, tenants=configured)
+
+
+def check_startup(settings: Settings) -> None:
+    """Fail a worker's or the API's start with ``ConfigError`` on a misconfigured Redis: a
+    cluster node as ``redis.url``, a cluster without full slot coverage, or a
+    ``worker.scheduler_rings`` other than the deployment's. Redis not answering yet is only
+    logged: the process starts and meets the outage as ``StoreUnavailable``."""
+    rt = Runtime(settings)
+    try:
+        rt.scheduler.check()
+    except StoreUnavailable as exc:
+        log.warning("Redis not reachable at start-up (%s); the start-up checks run at first use", exc)
+        return
+    rt.redis.close()
 
 
 def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:

@@ -1,10 +1,24 @@
-"""Fair, coalescing compaction queue in Redis.
+"""Fair, coalescing compaction queue in Redis, sharded over rings of tenants.
 
 Celery queues are FIFO, so a tenant that enqueues 10,000 jobs would starve everyone behind
-it. Here jobs wait in one Redis list per tenant, and a ring of tenants with waiting jobs is
-served round-robin: each Celery ``ctxcore.drain`` message is only a token meaning "run the
-next job, fairly", so the order in which jobs *start* is decided by the ring, not by the
-order the tokens were sent.
+it. Here jobs wait in one Redis list per tenant, and tenants with waiting jobs are served
+round-robin in a ring: each Celery ``ctxcore.drain`` message is only a token meaning "run the
+next job of this ring, fairly", so the order in which jobs *start* is decided by the ring,
+not by the order the tokens were sent.
+
+Rings: a stable hash spreads tenants over ``worker.scheduler_rings`` rings (16 by default);
+ring i's keys share the hash tag ``{<prefix>:sched:<i>:<s>}``, where ``s`` is the smallest
+suffix putting the tag's slot in the i-th of N equal slot ranges, so on a cluster the rings
+spread evenly over the masters (3 masters: 5 or 6 of 16 rings each) instead of one slot
+serving every enqueue, drain and finish. Every key a script touches is passed in ``KEYS``;
+a drain is two calls, rotate the ring (which names a tenant) then pop that tenant's queue,
+the second re-checking what the first read.
+
+Tokens per ring: ``drain(ring=i)`` is sent when a job enters ring i, with at most
+``worker.ring_tokens`` tokens outstanding per ring (counted in its slot). A drain that
+starts a job re-sends its ring's token while the ring has more jobs, so a busy ring's tokens
+queue behind the other rings' and fairness holds across rings with no global pointer. A
+token that finds its ring empty scans at most N rings onward.
 
 Per conversation there is at most one queued job and one running job: a request while
 queued is absorbed; a request while running marks it dirty, and exactly one follow-up is
@@ -12,141 +26,91 @@ queued when the run finishes (unless the run failed: the failure backoff decides
 conversation may queue again). A running job holds a lease; if its worker dies the lease
 runs out and the next request re-queues the conversation.
 
-Liveness: a queued job is only started by a drain token, and a token can be lost (a failed
-send, a consumer that died or misbehaved). The sorted set ``tokens`` scores each queued job
-by when its last token was sent; ``stuck_jobs`` (the reconciler in every worker) takes the
-jobs whose token is older than ``requeue_after_seconds``, re-scores them to now and returns
-them, one new token each, atomically, so N workers send at most one token per stuck job per
-interval; a request for such a job re-scores it and sends a token at once. A token that
-finds the ring empty does nothing.
+Liveness: a token can be lost (a failed send, a consumer that died). Each ring stamps when
+its last token was sent or consumed; ``stuck_rings`` (the reconciler in every worker) finds
+the rings with jobs whose stamp is older than ``requeue_after_seconds``, re-stamps them and
+returns one token for each, atomically per ring, so N workers revive a ring once per
+interval; a request for a queued job of such a ring sends a token at once.
 
-All keys share the hash tag ``{<prefix>:sched}`` so the Lua scripts stay in one slot on
-Redis Cluster.
+The ring count is stored at first start (``{<prefix>:sched:meta}``): a different
+``scheduler_rings`` later would re-map tenants and strand their queued jobs, so it is refused.
 """
 
 from __future__ import annotations
 
+import random
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
+from redis.crc import key_slot
 
-from ctxcore.errors import StoreUnavailable
+from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.redis_common import UNAVAILABLE
+from workers import scheduler_scripts as lua
 
-__all__ = ["FairScheduler", "Job", "Status"]
+__all__ = ["FairScheduler", "Job", "Requested", "Status", "parse_status", "ring_tags"]
 
 Status = Literal["idle", "queued", "running"]
+_SLOTS = 16384
+_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *UNAVAILABLE)
 
-# Returns 1: a new job was queued; 2: the job was queued already but its last token is older
-# than ARGV[6] seconds (re-scored: send another); 0: absorbed. Either of 1 and 2 asks the
-# caller for one drain token.
-_ENQUEUE = """
-local status, inring, ring, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, tenant, conv, now, qprefix = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local stale = tonumber(ARGV[6])
-local st = redis.call('HGET', status, member)
-if st then
-  local kind, deadline = string.match(st, '^(%a+):?(%d*%.?%d*)$')
-  if kind == 'queued' then
-    local sent = tonumber(redis.call('ZSCORE', tokens, member))
-    if sent == nil or sent < now - stale then
-      redis.call('ZADD', tokens, now, member)
-      return 2
-    end
-    return 0
-  end
-  if tonumber(deadline) and tonumber(deadline) > now then
-    redis.call('HSET', status, member, 'dirty:' .. deadline)
-    return 0
-  end
-end
-redis.call('HSET', status, member, 'queued:' .. ARGV[4])
-redis.call('RPUSH', qprefix .. tenant, conv)
-if redis.call('SADD', inring, tenant) == 1 then redis.call('RPUSH', ring, tenant) end
-redis.call('ZADD', tokens, now, member)
-return 1
-"""
 
-_NEXT = """
-local status, inring, ring, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, lease, qprefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-for _ = 1, 1000 do
-  local tenant = redis.call('LPOP', ring)
-  if not tenant then return nil end
-  local q = qprefix .. tenant
-  local conv = redis.call('LPOP', q)
-  if redis.call('LLEN', q) > 0 then redis.call('RPUSH', ring, tenant) else redis.call('SREM', inring, tenant) end
-  if conv then
-    local member = tenant .. '/' .. conv
-    redis.call('HSET', status, member, 'running:' .. (now + lease))
-    redis.call('ZREM', tokens, member)
-    return {tenant, conv}
-  end
-end
-return nil
-"""
+def parse_status(raw: bytes | str | None) -> Status:
+    """A stored status (``queued:<t>``, ``running:<deadline>``, ``dirty:<deadline>``, None)
+    as ``idle``, ``queued`` or ``running``; a run whose lease ran out (its worker died) is idle."""
+    if raw is None or raw in (b"", ""):
+        return "idle"
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if text.startswith("queued"):
+        return "queued"
+    deadline = text.split(":", 1)[1] if ":" in text else ""
+    if deadline and float(deadline) < time.time():
+        return "idle"
+    return "running"
 
-# Queued jobs whose last token was sent before ARGV[1]: re-scored to ARGV[2] and returned
-# (at most ARGV[3]). Members that are no longer queued are dropped from the set.
-_STUCK = """
-local tokens, status = KEYS[1], KEYS[2]
-local members = redis.call('ZRANGEBYSCORE', tokens, '-inf', '(' .. ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-local out = {}
-for _, member in ipairs(members) do
-  local st = redis.call('HGET', status, member)
-  if st and string.sub(st, 1, 6) == 'queued' then
-    redis.call('ZADD', tokens, ARGV[2], member)
-    table.insert(out, member)
-  else
-    redis.call('ZREM', tokens, member)
-  end
-end
-return out
-"""
 
-_RENEW = """
-local st = redis.call('HGET', KEYS[1], ARGV[1])
-if not st then return 0 end
-local kind = string.match(st, '^(%a+)')
-if kind == 'running' or kind == 'dirty' then
-  redis.call('HSET', KEYS[1], ARGV[1], kind .. ':' .. ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# Returns -1: the job was not running (nothing finished); 0: finished; 1: finished and
-# its follow-up queued (send a drain token). ARGV[6] == '0' drops a dirty follow-up.
-_FINISH = """
-local status, inring, ring, tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, tenant, conv, qprefix, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local st = redis.call('HGET', status, member)
-if st and string.match(st, '^dirty') and ARGV[6] == '1' then
-  redis.call('HSET', status, member, 'queued:' .. now)
-  redis.call('RPUSH', qprefix .. tenant, conv)
-  if redis.call('SADD', inring, tenant) == 1 then redis.call('RPUSH', ring, tenant) end
-  redis.call('ZADD', tokens, now, member)
-  return 1
-end
-if st and (string.match(st, '^running') or string.match(st, '^dirty')) then
-  redis.call('HDEL', status, member)
-  return 0
-end
-return -1
-"""
+def ring_tags(prefix: str, rings: int) -> list[str]:
+    """Each ring's hash tag: ``{<prefix>:sched:<i>:<s>}`` with the smallest ``s`` whose slot
+    lies in the i-th of ``rings`` equal slot ranges."""
+    tags = []
+    for i in range(rings):
+        low, high = i * _SLOTS // rings, (i + 1) * _SLOTS // rings
+        s = 0
+        while not low <= key_slot(f"{prefix}:sched:{i}:{s}".encode()) < high:
+            s += 1
+        tags.append(f"{{{prefix}:sched:{i}:{s}}}")
+    return tags
 
 
 @dataclass(frozen=True)
 class Job:
-    """A conversation whose compaction is due."""
+    """A conversation whose compaction is due; ``resend`` when a token for its ``ring`` must
+    be sent again (the ring has more jobs)."""
 
     key: ConversationKey
+    ring: int = 0
+    resend: bool = False
+
+
+@dataclass(frozen=True)
+class Requested:
+    """The outcome of ``FairScheduler.request``: ``created`` when a new job was queued,
+    ``token`` the ring to send one drain token to (None: no token is due). True when either."""
+
+    created: bool
+    token: int | None
+
+    def __bool__(self) -> bool:
+        return self.created or self.token is not None
 
 
 class FairScheduler:
-    """Round-robin per-tenant job queue with per-conversation coalescing (see module doc)."""
+    """Round-robin per-tenant job queues in rings, per-conversation coalescing (module doc)."""
 
     def __init__(
         self,
@@ -154,115 +118,208 @@ class FairScheduler:
         prefix: str = "ctxcore",
         lease_seconds: float = 300.0,
         requeue_after_seconds: float = 30.0,
+        *,
+        rings: int = 16,
+        ring_tokens: int = 2,
+        mirror: Callable[[ConversationKey], str] | None = None,
     ) -> None:
+        if rings < 1 or ring_tokens < 1:
+            raise ConfigError(f"scheduler rings and ring_tokens must be >= 1, got {rings}, {ring_tokens}")
         self.client = client
-        tag = f"{{{prefix}:sched}}"
-        self._status = f"{tag}:status"
-        self._inring = f"{tag}:inring"
-        self._ring = f"{tag}:ring"
-        self._qprefix = f"{tag}:q:"
-        self._tokens = f"{tag}:tokens"
+        self._mirror_key = mirror
+        self.rings = rings
+        self.ring_tokens = ring_tokens
+        self.tags = ring_tags(prefix, rings)
+        self._meta = f"{{{prefix}:sched:meta}}"
+        self._meta_checked = False
         self.lease_seconds = lease_seconds
         self.requeue_after_seconds = requeue_after_seconds
-        self._enqueue = client.register_script(_ENQUEUE)
-        self._next = client.register_script(_NEXT)
-        self._renew = client.register_script(_RENEW)
-        self._finish = client.register_script(_FINISH)
-        self._stuck = client.register_script(_STUCK)
+        self._enqueue = client.register_script(lua.ENQUEUE)
+        self._rotate = client.register_script(lua.ROTATE)
+        self._pop = client.register_script(lua.POP)
+        self._renew = client.register_script(lua.RENEW)
+        self._finish = client.register_script(lua.FINISH)
+        self._forget = client.register_script(lua.FORGET)
+        self._stuck = client.register_script(lua.STUCK)
+        self._mirror = client.register_script(lua.MIRROR)
+
+    def ring_of(self, tenant_id: str) -> int:
+        """The ring ``tenant_id`` is served in (a stable hash: every process agrees)."""
+        return zlib.crc32(tenant_id.encode("utf-8")) % self.rings
+
+    def _keys(self, ring: int, tenant_id: str) -> list[str]:
+        tag = self.tags[ring]
+        return [
+            f"{tag}:status",
+            f"{tag}:inring",
+            f"{tag}:ring",
+            f"{tag}:q:{tenant_id}",
+            f"{tag}:out",
+            f"{tag}:stamp",
+            f"{tag}:seq",
+        ]
+
+    def _ring_keys(self, ring: int) -> list[str]:
+        tag = self.tags[ring]
+        return [f"{tag}:ring", f"{tag}:out", f"{tag}:stamp"]
 
     @staticmethod
     def _member(key: ConversationKey) -> str:
         return f"{key.tenant_id}/{key.conversation_id}"
 
-    def _keys(self) -> list[str]:
-        return [self._status, self._inring, self._ring, self._tokens]
-
-    def request(self, key: ConversationKey) -> bool:
-        """Ask for a compaction of ``key``; True when a drain token must be sent: a new job
-        was queued, or the queued job's last token is older than ``requeue_after_seconds``."""
-        args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time()), self._qprefix]
+    def _call(self, fn: Any, keys: list[str], args: list[Any]) -> Any:
+        self._check_meta()
         try:
-            return bool(self._enqueue(keys=self._keys(), args=[*args, self.requeue_after_seconds]))
-        except redis.RedisError as exc:
+            return fn(keys=keys, args=args)
+        except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
 
-    def next_job(self) -> Job | None:
-        """Pop the next job, round-robin over tenants, and mark it running under a lease."""
+    def _check_meta(self) -> None:
+        """Record the ring count at first start; refuse a different one later."""
+        if self._meta_checked:
+            return
         try:
-            got = self._next(keys=self._keys(), args=[time.time(), self.lease_seconds, self._qprefix])
-        except redis.RedisError as exc:
+            self.client.set(self._meta, self.rings, nx=True)
+            stored = self.client.get(self._meta)
+        except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
-        if not got:
-            return None
-        tenant, conv = (v.decode() if isinstance(v, bytes) else str(v) for v in got)
-        return Job(ConversationKey(tenant, conv))
+        if stored is not None and int(stored) != self.rings:
+            raise ConfigError(
+                f"worker.scheduler_rings is {self.rings} but this deployment's scheduler was started "
+                f"with {int(stored)} rings ({self._meta}): re-mapping would strand queued jobs; set "
+                f"scheduler_rings = {int(stored)}, or drain the queues and delete {self._meta}"
+            )
+        self._meta_checked = True
+
+    def check(self) -> None:
+        """The start-up check: ``ConfigError`` when the stored ring count differs."""
+        self._check_meta()
+
+    def request(self, key: ConversationKey) -> Requested:
+        """Ask for a compaction of ``key``; see ``Requested`` for whether to send a token."""
+        ring = self.ring_of(key.tenant_id)
+        args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
+        got = self._call(
+            self._enqueue,
+            self._keys(ring, key.tenant_id),
+            [*args, self.requeue_after_seconds, self.ring_tokens],
+        )
+        code = int(self._mirrored(key, got))
+        return Requested(created=code in (1, 3), token=ring if code in (1, 2) else None)
+
+    def next_job(self, ring: int | None = None) -> Job | None:
+        """Start the next job of ``ring`` (a token of that ring arrived), else of the next
+        rings onward (at most all N); ``ring=None`` (a token of no ring) starts anywhere."""
+        start = random.randrange(self.rings) if ring is None else ring % self.rings
+        for step in range(self.rings):
+            r = (start + step) % self.rings
+            job = self._take(r, consume=ring is not None and step == 0)
+            if job is not None:
+                return job
+        return None
+
+    def _take(self, ring: int, consume: bool) -> Job | None:
+        # A tenant in the ring with an empty queue (forgotten jobs) is dropped by the pop:
+        # try a few more before moving on.
+        for attempt in range(4):
+            tenant = self._call(
+                self._rotate,
+                self._ring_keys(ring),
+                ["1" if consume and attempt == 0 else "0", repr(time.time())],
+            )
+            if tenant is None:
+                return None
+            name = tenant.decode() if isinstance(tenant, bytes) else str(tenant)
+            got = self._call(
+                self._pop,
+                self._keys(ring, name),
+                [name, repr(time.time()), self.lease_seconds, self.ring_tokens],
+            )
+            if got:
+                conv = got[0].decode() if isinstance(got[0], bytes) else str(got[0])
+                job = Job(ConversationKey(name, conv), ring, bool(int(got[1])))
+                self._mirrored(job.key, got)
+                return job
+        return None
+
+    def _status_key(self, key: ConversationKey) -> str:
+        return f"{self.tags[self.ring_of(key.tenant_id)]}:status"
 
     def renew(self, key: ConversationKey) -> bool:
         """Extend a running job's lease (called by each stage)."""
-        try:
-            return bool(
-                self._renew(keys=[self._status], args=[self._member(key), time.time() + self.lease_seconds])
-            )
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
+        deadline = time.time() + self.lease_seconds
+        keys = [self._status_key(key), f"{self.tags[self.ring_of(key.tenant_id)]}:seq"]
+        return bool(self._mirrored(key, self._call(self._renew, keys, [self._member(key), deadline])))
 
     def finish(self, key: ConversationKey, *, follow_up: bool = True) -> int:
         """Mark a run finished: -1 when it was not running (nothing to finish), 0 finished,
-        1 finished and its follow-up queued (send one drain token). ``follow_up=False`` drops
-        the follow-up a request during the run asked for (the run failed: back off)."""
-        args = [self._member(key), key.tenant_id, key.conversation_id, self._qprefix, repr(time.time())]
-        try:
-            return int(self._finish(keys=self._keys(), args=[*args, "1" if follow_up else "0"]))
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
+        1 finished and its follow-up queued (send one drain token to ``ring_of(tenant)``),
+        2 finished and its follow-up queued behind its ring's tokens. ``follow_up=False``
+        drops the follow-up a request during the run asked for (the run failed: back off)."""
+        ring = self.ring_of(key.tenant_id)
+        args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
+        got = self._call(
+            self._finish,
+            self._keys(ring, key.tenant_id),
+            [*args, "1" if follow_up else "0", self.ring_tokens],
+        )
+        return int(self._mirrored(key, got))
 
-    def stuck_jobs(self, limit: int = 1000) -> list[ConversationKey]:
-        """Queued jobs whose last drain token was sent over ``requeue_after_seconds`` ago,
-        re-scored to now (send one token each); one atomic call, so concurrent reconcilers
-        never both take the same job in one interval."""
-        now = time.time()
-        try:
-            got = self._stuck(
-                keys=[self._tokens, self._status],
-                args=[repr(now - self.requeue_after_seconds), repr(now), limit],
+    def stuck_rings(self) -> dict[int, int]:
+        """Rings with jobs whose tokens were neither sent nor consumed for over
+        ``requeue_after_seconds``, each with the tokens to send now (one); atomic per ring, so
+        concurrent reconcilers never both revive one ring in one interval."""
+        out: dict[int, int] = {}
+        now = repr(time.time())
+        for ring in range(self.rings):
+            count = int(
+                self._call(
+                    self._stuck, self._ring_keys(ring), [now, self.requeue_after_seconds, self.ring_tokens]
+                )
             )
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
-        members = [m.decode() if isinstance(m, bytes) else str(m) for m in got or []]
-        return [ConversationKey(*m.split("/", 1)) for m in members]
+            if count:
+                out[ring] = count
+        return out
 
     def status(self, key: ConversationKey) -> Status:
-        """``idle``, ``queued`` or ``running`` (a dirty run counts as running)."""
+        """``idle``, ``queued`` or ``running`` (a dirty run counts as running), from the
+        ring's slot (the fast path reads the mirror in the compaction hash instead)."""
+        self._check_meta()
         try:
-            raw = self.client.hget(self._status, self._member(key))
-        except redis.RedisError as exc:
+            raw = self.client.hget(self._status_key(key), self._member(key))
+        except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
-        if raw is None:
-            return "idle"
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if text.startswith("queued"):
-            return "queued"
-        deadline = text.split(":", 1)[1] if ":" in text else ""
-        if deadline and float(deadline) < time.time():
-            return "idle"  # the lease ran out: the worker died
-        return "running"
+        return parse_status(raw)
 
     def forget(self, key: ConversationKey) -> None:
         """Drop a conversation's queued work and status (on delete)."""
-        pipe = self.client.pipeline()
-        pipe.hdel(self._status, self._member(key))
-        pipe.lrem(self._qprefix + key.tenant_id, 0, key.conversation_id)
-        pipe.zrem(self._tokens, self._member(key))
-        pipe.execute()
+        ring = self.ring_of(key.tenant_id)
+        args = [self._member(key), key.tenant_id, key.conversation_id]
+        keys = self._keys(ring, key.tenant_id)
+        self._mirrored(key, self._call(self._forget, [*keys[:4], keys[6]], args))
+
+    def _mirrored(self, key: ConversationKey, got: list[Any]) -> Any:
+        """Mirror a script's status change (its last two values: status, ring seq) into the
+        conversation's compaction hash; returns the script's first value."""
+        seq = int(got[-1])
+        if self._mirror_key is not None and seq > 0:
+            status = got[-2].decode() if isinstance(got[-2], bytes) else str(got[-2])
+            self._call(self._mirror, [self._mirror_key(key)], [status, seq])
+        return got[0]
 
     def depth(self) -> int:
-        """Jobs waiting in all tenant queues."""
-        tenants = [
-            t.decode() if isinstance(t, bytes) else str(t) for t in self.client.lrange(self._ring, 0, -1)
-        ]
-        if not tenants:
-            return 0
-        pipe = self.client.pipeline()
-        for tenant in tenants:
-            pipe.llen(self._qprefix + tenant)
-        return int(sum(pipe.execute()))
+        """Jobs waiting in all tenant queues (two calls per ring: ``/metrics`` only)."""
+        total = 0
+        for ring in range(self.rings):
+            tag = self.tags[ring]
+            try:
+                tenants = self.client.lrange(f"{tag}:ring", 0, -1)
+                if not tenants:
+                    continue
+                pipe = self.client.pipeline(transaction=False)
+                for t in tenants:
+                    pipe.llen(f"{tag}:q:{t.decode() if isinstance(t, bytes) else t}")
+                total += int(sum(pipe.execute()))
+            except _ERRORS as exc:
+                raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
+        return total

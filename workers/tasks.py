@@ -64,8 +64,8 @@ _KNOWN_KINDS = frozenset(
 )
 
 
-def send_drain_tokens(count: int = 1) -> int:
-    """Send ``count`` drain tokens; returns how many went out.
+def send_drain_tokens(count: int = 1, ring: int | None = None) -> int:
+    """Send ``count`` drain tokens of ``ring``; returns how many went out.
 
     A broker that refuses is logged, not raised: the job stays queued in the scheduler and
     the reconciler sends its token again after ``worker.requeue_after_seconds``.
@@ -73,7 +73,7 @@ def send_drain_tokens(count: int = 1) -> int:
     jobs = queue_names(runtime().settings).jobs
     for sent in range(max(count, 0)):
         try:
-            drain.apply_async(queue=jobs)
+            drain.apply_async(kwargs={} if ring is None else {"ring": ring}, queue=jobs)
         except OperationalError as exc:
             log.warning("drain token not sent (%s); the reconciler sends it again", exc)
             return sent
@@ -89,12 +89,13 @@ def request_compaction(key: ConversationKey, reason: str = "window") -> Compacti
     record = rt.failures.get(key)
     if record.backing_off():
         return "failing"
-    created = rt.scheduler.request(key)
-    if created:
-        send_drain_tokens(1)
+    requested = rt.scheduler.request(key)
+    if requested.token is not None:
+        send_drain_tokens(1, requested.token)
     if record.failing:
         return "failing"
-    return "queued" if created else rt.scheduler.status(key)
+    # The status mirrored in the conversation's compaction hash: its slot, not the ring's.
+    return "queued" if requested.created else rt.failures.get(key).scheduler_status
 
 
 class CeleryQueue:
@@ -106,8 +107,8 @@ class CeleryQueue:
 
     def status(self, key: ConversationKey) -> CompactionStatus:
         """``failing`` while the last job failed, else ``idle``, ``queued`` or ``running``."""
-        rt = runtime()
-        return "failing" if rt.failures.get(key).failing else rt.scheduler.status(key)
+        record = runtime().failures.get(key)
+        return "failing" if record.failing else record.scheduler_status
 
 
 @app.task(name="ctxcore.compact", acks_late=True)
@@ -118,12 +119,15 @@ def compact(tenant: str, conversation: str, reason: str = "manual") -> dict[str,
 
 
 @app.task(name="ctxcore.drain", acks_late=True, ignore_result=True)
-def drain() -> dict[str, Any]:
-    """Start the next job, fairly: tokens are interchangeable, the scheduler picks the job."""
+def drain(ring: int | None = None) -> dict[str, Any]:
+    """Start the next job of ``ring`` (else of the rings onward), fairly: the scheduler picks
+    the job; a ring with more jobs gets its token back, behind the other rings' tokens."""
     rt = runtime()
-    job = rt.scheduler.next_job()
+    job = rt.scheduler.next_job(ring)
     if job is None:
         return {"job": None}
+    if job.resend:
+        send_drain_tokens(1, job.ring)
     rt.failures.job_started(job.key)
     try:
         planned = _plan_and_send(job.key, [])
@@ -154,7 +158,7 @@ def _finish(key: ConversationKey) -> None:
     if pause is not None:
         log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
     if finished == 1:
-        send_drain_tokens(1)
+        send_drain_tokens(1, rt.scheduler.ring_of(key.tenant_id))
 
 
 def _plan_and_send(key: ConversationKey, exhausted: Sequence[str]) -> str | None:
@@ -219,11 +223,11 @@ def _run_stage(
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
-        rt.metrics.inc("ctxcore_failures_total", kind="store_unavailable")
+        rt.metrics.inc("ctxcore_failures_total", tenant=key.tenant_id, kind="store_unavailable")
         _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
     elapsed = time.perf_counter() - started
-    rt.metrics.observe("ctxcore_stage_seconds", elapsed, stage=stage.kind)
-    rt.metrics.inc("ctxcore_compactions_total", stage=stage.kind, outcome=result.outcome)
+    rt.metrics.observe("ctxcore_stage_seconds", elapsed, tenant=tenant, stage=stage.kind)
+    rt.metrics.inc("ctxcore_compactions_total", tenant=tenant, stage=stage.kind, outcome=result.outcome)
     if result.model_calls:
         rt.metrics.add_usage(tenant, result.model_calls, result.input_tokens, result.output_tokens)
     summary: dict[str, Any] = {
@@ -235,7 +239,9 @@ def _run_stage(
         "tokens_after": result.tokens_after,
     }
     if result.outcome == "compressed":
-        rt.metrics.inc("ctxcore_tokens_saved_total", max(result.tokens_before - result.tokens_after, 0))
+        rt.metrics.inc(
+            "ctxcore_tokens_saved_total", max(result.tokens_before - result.tokens_after, 0), tenant=tenant
+        )
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":
         # Another worker saved first (a redelivered duplicate, or this worker lost its lock
@@ -248,7 +254,7 @@ def _run_stage(
             result.state.version,
             result.detail or "another writer saved first",
         )
-        rt.metrics.inc("ctxcore_cas_conflicts_total")
+        rt.metrics.inc("ctxcore_cas_conflicts_total", tenant=tenant)
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
         summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
@@ -258,7 +264,9 @@ def _run_stage(
         # view gives the same invalid summary, so FAILURE at once). on_failure then records
         # it and escalates: for a rejected result only this stage is exhausted.
         kind = result.error_kind or "unknown"
-        rt.metrics.inc("ctxcore_failures_total", kind=kind if kind in _KNOWN_KINDS else "other")
+        rt.metrics.inc(
+            "ctxcore_failures_total", tenant=tenant, kind=kind if kind in _KNOWN_KINDS else "other"
+        )
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
@@ -283,7 +291,7 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
         endpoint,
     )
     if kind == "internal":
-        rt.metrics.inc("ctxcore_failures_total", kind="internal")
+        rt.metrics.inc("ctxcore_failures_total", tenant=key.tenant_id, kind="internal")
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:

@@ -25,25 +25,14 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import (
-    ConnectionError as RedisConnectionError,
-)
-from redis.exceptions import (
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisError,
-)
-from redis.exceptions import (
-    TimeoutError as RedisTimeoutError,
-)
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
-from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
@@ -63,41 +52,12 @@ from ctxcore.state.base import (
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_common import field, text, translated
 from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_ARCHIVE_LUA, SAVE_LUA, TRUNCATE_LUA
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
 
-# Errors that mean "the infrastructure is not there right now" rather than "this call is wrong".
-_UNAVAILABLE: tuple[type[Exception], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ReadOnlyError,
-    OutOfMemoryError,
-)
-
 _PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-
-
-@contextmanager
-def _translated(what: str) -> Iterator[None]:
-    """Map redis-py errors to ``StoreUnavailable`` / ``StoreError``, cause chained."""
-    try:
-        yield
-    except _UNAVAILABLE as exc:
-        raise StoreUnavailable(f"Redis unavailable during {what}: {exc}") from exc
-    except RedisError as exc:
-        raise StoreError(f"Redis error during {what}: {exc}") from exc
-
-
-def _text(value: bytes | str) -> str:
-    """Clients built with ``decode_responses=True`` return str, others bytes: accept both."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _field(fields: dict[Any, Any], name: str) -> bytes | str:
-    """A stream entry's field, whichever way the client decodes responses."""
-    value: bytes | str = fields[name.encode()] if name.encode() in fields else fields[name]
-    return value
 
 
 class _RedisBackend:
@@ -143,7 +103,7 @@ class RedisStateStore(_RedisBackend):
 
     def load(self, key: ConversationKey) -> CompressionState | None:
         """The current state, or None."""
-        with _translated(f"load {key}"):
+        with translated(f"load {key}"):
             data = self._client.lindex(self._key(key, "state:history"), 0)
         return CompressionState.model_validate_json(data) if data is not None else None
 
@@ -157,7 +117,7 @@ class RedisStateStore(_RedisBackend):
         """Store ``state`` as version ``expected_version + 1`` iff the current version is
         ``expected_version``; ``archive`` goes in the same script (one slot)."""
         data = encode_state(state, expected_version + 1)
-        with _translated(f"save {key}"):
+        with translated(f"save {key}"):
             if archive is None:
                 stored = self._save(keys=list(self._keys(key)), args=[expected_version, data, HISTORY_LIMIT])
             else:
@@ -174,22 +134,22 @@ class RedisStateStore(_RedisBackend):
 
     def load_archive(self, key: ConversationKey) -> bytes | None:
         """The stored recall index, or None."""
-        with _translated(f"load archive of {key}"):
+        with translated(f"load archive of {key}"):
             data = self._client.get(self._key(key, "archive:index"))
         return base64.b64decode(data) if data is not None else None
 
     def archive_chunks(self, key: ConversationKey) -> list[ArchiveChunk]:
         """Every archived chunk, in log order."""
-        with _translated(f"read archive of {key}"):
+        with translated(f"read archive of {key}"):
             stored = self._client.hgetall(self._key(key, "archive"))
-        chunks = {_text(k): v for k, v in stored.items()}
+        chunks = {text(k): v for k, v in stored.items()}
         return [decode_chunk(chunks[i]) for i in sorted(chunks)]
 
     def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
         """The kept versions, newest first."""
         if limit < 1:
             return []
-        with _translated(f"history {key}"):
+        with translated(f"history {key}"):
             rows = self._client.lrange(self._key(key, "state:history"), 0, limit - 1)
         return [CompressionState.model_validate_json(data) for data in rows]
 
@@ -199,19 +159,19 @@ class RedisStateStore(_RedisBackend):
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the state, its history, its budget and its archive (one DEL: one slot)."""
-        with _translated(f"delete {key}"):
+        with translated(f"delete {key}"):
             self._client.delete(*self._keys(key), self._key(key, "budget"), *self._archive_keys(key))
 
     def get_budget(self, key: ConversationKey) -> int | None:
         """The budget last recorded for ``key``."""
-        with _translated(f"get_budget {key}"):
+        with translated(f"get_budget {key}"):
             value = self._client.get(self._key(key, "budget"))
         return int(value) if value is not None else None
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (a plain SET, no version bump)."""
         check_budget(budget_tokens)
-        with _translated(f"set_budget {key}"):
+        with translated(f"set_budget {key}"):
             self._client.set(self._key(key, "budget"), budget_tokens)
 
 
@@ -258,7 +218,12 @@ class RedisMessageLog(_RedisBackend):
         for message in messages:
             args += [message.message_id or "", encode_log_message(message)]
         keys = list(self._keys(key))
-        with _translated(f"append to {key}"):
+        with translated(f"append to {key}"):
+            if isinstance(self._client, RedisCluster):
+                # Two slots, two calls: the listing first (idempotent), then the log.
+                self._client.zadd(self._index(key.tenant_id), {key.conversation_id: 0}, nx=True)
+                ids = self._append(keys=keys, args=args)
+                return self._appended(key, expected_last_id, ids)
             # Listing first (idempotent), then the log, in one round trip. The listing lives
             # in another cluster slot, so it cannot be inside the script.
             for attempt in range(2):
@@ -273,20 +238,24 @@ class RedisMessageLog(_RedisBackend):
                     if isinstance(result, Exception):
                         raise result
                 break
-        out = [_text(i) for i in ids]
+        return self._appended(key, expected_last_id, ids)
+
+    @staticmethod
+    def _appended(key: ConversationKey, expected_last_id: str | None, ids: Any) -> list[str]:
+        out = [text(i) for i in ids]
         if out and out[0] == "!conflict":
             raise append_conflict(key, expected_last_id, int(out[1]))
         return out
 
     def _xrange(self, key: ConversationKey, start: str, end: str, count: int | None) -> list[AnyMessage]:
-        with _translated(f"read {key}"):
+        with translated(f"read {key}"):
             entries: list[tuple[bytes | str, dict[Any, Any]]] = self._client.xrange(  # type: ignore[assignment]
                 self._key(key, "log"), start, end, count=count
             )
         # Entry "n-0" holds the message with log id n.
         return decode_log_messages(
             [
-                (format_log_id(int(_text(entry_id).partition("-")[0])), _field(fields, "m"))
+                (format_log_id(int(text(entry_id).partition("-")[0])), field(fields, "m"))
                 for entry_id, fields in entries
             ]
         )
@@ -315,14 +284,14 @@ class RedisMessageLog(_RedisBackend):
 
     def last_id(self, key: ConversationKey) -> str | None:
         """The newest log id, or None."""
-        with _translated(f"last_id {key}"):
+        with translated(f"last_id {key}"):
             seq, end = self._client.mget(self._key(key, "log:seq"), self._key(key, "log:end"))
         value = end if end is not None else seq
         return format_log_id(int(value)) if value is not None and int(value) > 0 else None
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the log, its counter and dedupe index, then unlist the conversation."""
-        with _translated(f"delete {key}"):
+        with translated(f"delete {key}"):
             self._client.delete(*self._keys(key))
             self._client.zrem(self._index(key.tenant_id), key.conversation_id)
 
@@ -332,8 +301,8 @@ class RedisMessageLog(_RedisBackend):
         """Remove the messages above ``log_id`` in one script (see ``MessageLog.truncate_after``)."""
         after = parse_log_id(log_id)
         expected = "" if expected_last_id is None else str(expected_seq(expected_last_id))
-        with _translated(f"truncate {key}"):
-            out = [_text(i) for i in self._truncate(keys=list(self._keys(key)), args=[after, expected])]
+        with translated(f"truncate {key}"):
+            out = [text(i) for i in self._truncate(keys=list(self._keys(key)), args=[after, expected])]
         if out and out[0] == "!conflict":
             raise truncate_moved(key, str(expected_last_id), int(out[1]))
         return out
@@ -345,11 +314,11 @@ class RedisMessageLog(_RedisBackend):
             validate_id(after, "conversation_id")
         if limit < 1:
             return []
-        with _translated(f"list conversations of {tenant_id}"):
+        with translated(f"list conversations of {tenant_id}"):
             ids: list[bytes | str] = self._client.zrange(  # type: ignore[assignment]
                 self._index(tenant_id), f"({after}" if after else "-", "+", bylex=True, offset=0, num=limit
             )
-        return [_text(i) for i in ids]
+        return [text(i) for i in ids]
 
 
 class RedisOffloadStore(_RedisBackend):
@@ -380,18 +349,18 @@ class RedisOffloadStore(_RedisBackend):
         validate_handle(handle)
         ttl_ms = round(self.ttl_seconds * 1000) if self.ttl_seconds else 0
         data = messages_to_json(messages)
-        with _translated(f"offload to {key}"):
+        with translated(f"offload to {key}"):
             stored = self._put(keys=[self._key(key, "offload")], args=[handle, data, ttl_ms])
         return bool(stored)
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """The stored messages, or None."""
         validate_handle(handle)
-        with _translated(f"read offload of {key}"):
+        with translated(f"read offload of {key}"):
             data = self._client.hget(self._key(key, "offload"), handle)
         return messages_from_json(data) if data is not None else None
 
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""
-        with _translated(f"delete offloads of {key}"):
+        with translated(f"delete offloads of {key}"):
             self._client.delete(self._key(key, "offload"))

@@ -38,6 +38,7 @@ from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
 from tests.chaos.helpers import agent_round, block_responder, deployment_queues, state_problems, worker_env
 from workers.app import celery_config, queue_names
+from workers.metrics import Metrics
 from workers.runtime import Runtime
 
 # Lock and visibility timeouts short enough for a quick test; stage limits far above the
@@ -292,7 +293,9 @@ def run_partition(workdir: Path) -> Outcome:
             for r in range(3):
                 rt.log.append(key, agent_round(rng, f"p-r{r}", steps=3))
             rt.state_store.set_budget(key, BUDGET)
-            conflicts_before = rt.metrics.snapshot().get(CONFLICTS, 0.0)
+            # Series live per tenant: read this one's by name (it is not in the settings).
+            metrics = Metrics(rt.redis, prefix=prefix, tenants=[key.tenant_id])
+            conflicts_before = metrics.snapshot().get(CONFLICTS, 0.0)
 
             worker_a = _start_worker("partition-a", env, queues, a_log, netns=link.name)
             sender = Celery("partition-client")
@@ -338,7 +341,7 @@ def run_partition(workdir: Path) -> Outcome:
                 blocks_before_restore=[b.block_id for b in before.blocks],
                 final_blocks=[b.block_id for b in after.blocks],
                 problems=state_problems(after, log_ids),
-                cas_conflicts=rt.metrics.snapshot().get(CONFLICTS, 0.0) - conflicts_before,
+                cas_conflicts=metrics.snapshot().get(CONFLICTS, 0.0) - conflicts_before,
                 warning=warning,
                 worker_a_log=a_log.read_text(errors="replace")[-4000:],
             )

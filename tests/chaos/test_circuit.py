@@ -13,6 +13,8 @@ from ctxcore.summarize.errors import ModelCallError
 from ctxcore.summarize.model import Completion, OutputContract, Usage
 from tests.chaos.helpers import quick_client
 from workers.circuit import CircuitBreaker, CircuitBreakerClient, CircuitOpenError
+from workers.keyspace import delete_prefixed_keys
+from workers.redis_clients import cluster_client
 
 pytestmark = [pytest.mark.chaos, pytest.mark.redis]
 
@@ -46,10 +48,16 @@ class _Model:
         return Completion(outcome, Usage(1, 1, 2))
 
 
-@pytest.fixture()
-def client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
+@pytest.fixture(params=["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])
+def client(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[redis.Redis]:
+    """The plain Redis, then the Redis Cluster (this test's keys deleted from it after)."""
+    if request.param == "redis_cluster":
+        c = cluster_client(request.getfixturevalue("redis_cluster_nodes"))
+        yield c
+        delete_prefixed_keys(c, redis_prefix)
+    else:
+        c = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        yield c
     c.close()
 
 
@@ -132,13 +140,13 @@ def test_opens_after_n_consecutive_failures_then_half_opens_one_probe(
     assert _call(wrapped) == "ok"
 
 
-def test_key_layout_one_hash_tag_and_no_raw_url(client: redis.Redis, redis_prefix: str) -> None:
+def test_key_layout_a_hash_tag_per_tenant_and_no_raw_url(client: redis.Redis, redis_prefix: str) -> None:
     breaker = CircuitBreaker(client, redis_prefix, failure_threshold=1)
     secret_url = "https://user:hunter2@api.example.invalid/v1"
     breaker.record_failure("t1", secret_url)
-    keys = [k.decode() for k in client.scan_iter(match=f"{{{redis_prefix}:circuit}}*")]
+    keys = [k.decode() for k in client.scan_iter(match=f"{{{redis_prefix}:circuit:*")]
     assert (
-        len(keys) == 1 and "hunter2" not in keys[0] and keys[0].startswith(f"{{{redis_prefix}:circuit}}:t1:")
+        len(keys) == 1 and "hunter2" not in keys[0] and keys[0].startswith(f"{{{redis_prefix}:circuit:t1}}:")
     )
     assert 0 < client.ttl(keys[0]) <= 7 * 24 * 3600
 

@@ -160,31 +160,32 @@ def test_the_api_shows_failing_and_holds_requests_back_until_the_backoff_passes(
         configure(Settings())
 
 
-def test_a_stuck_job_is_taken_by_one_reconciler_and_a_request_resends_a_stale_token(
+def test_a_stuck_ring_is_taken_by_one_reconciler_and_a_request_resends_a_stale_token(
     settings: Settings,
 ) -> None:
     rt = Runtime(settings)
     sched: FairScheduler = rt.scheduler
-    assert sched.request(KEY) is True  # new job: send a token
-    assert sched.request(KEY) is False  # queued, its token is fresh
-    assert sched.stuck_jobs() == []
+    ring = sched.ring_of(KEY.tenant_id)
+    assert sched.request(KEY).token == ring  # new job: send a token of its ring
+    assert not sched.request(KEY)  # queued, the ring's token is fresh
+    assert sched.stuck_rings() == {}
     time.sleep(0.55)  # past requeue_after_seconds without the job starting: the token was lost
-    taken = [sched.stuck_jobs(), sched.stuck_jobs()]  # two reconcilers in one interval
-    assert taken == [[KEY], []]
-    assert sched.request(KEY) is False  # just re-scored
+    taken = [sched.stuck_rings(), sched.stuck_rings()]  # two reconcilers in one interval
+    assert taken == [{ring: 1}, {}]
+    assert not sched.request(KEY)  # just re-stamped
     time.sleep(0.55)
-    assert sched.request(KEY) is True  # a request on a job waiting too long sends a token itself
-    assert sched.stuck_jobs() == []
-    assert sched.next_job() is not None
+    assert sched.request(KEY).token == ring  # a request on a job waiting too long sends a token itself
+    assert sched.stuck_rings() == {}
+    assert sched.next_job(ring) is not None
     time.sleep(0.55)
-    assert sched.stuck_jobs() == []  # started jobs are not stuck
+    assert sched.stuck_rings() == {}  # started jobs are not stuck
     # A request while running marks it dirty; a failed run drops that follow-up.
-    assert sched.request(KEY) is False and sched.status(KEY) == "running"
+    assert not sched.request(KEY) and sched.status(KEY) == "running"
     assert sched.finish(KEY, follow_up=False) == 0 and sched.status(KEY) == "idle"
-    assert sched.request(KEY) is True
+    assert sched.request(KEY).created
     sched.forget(KEY)
     time.sleep(0.55)
-    assert sched.stuck_jobs() == [] and sched.status(KEY) == "idle"
+    assert sched.stuck_rings() == {} and sched.status(KEY) == "idle"
 
 
 def test_celery_config_isolates_deployments(settings: Settings) -> None:

@@ -556,7 +556,7 @@ def test_delete_removes_everything_then_404(api: Api) -> None:
     assert rt.state_store.save(
         key, CompressionState(covered_until="000000000001", pinned=["000000000001"]), 0
     )
-    assert rt.scheduler.request(key) is True
+    assert rt.scheduler.request(key)
     assert rt.scheduler.status(key) == "queued"
 
     assert api.client.delete(f"{CONV}/doomed", headers=AUTH_A).status_code == 204

@@ -89,7 +89,7 @@ def test_a_rejected_stage_fails_without_retry_shows_failing_and_planning_moves_o
         "send_stage",
         lambda k, stage, exhausted: sent.append((stage.kind, stage.model_dump(mode="json"), list(exhausted))),
     )
-    assert rt.scheduler.request(key) is True
+    assert rt.scheduler.request(key)
     started = tasks.drain.apply()
     assert started.state == "SUCCESS" and started.result["stage"] == "l0_to_l1", started.traceback
     assert rt.scheduler.status(key) == "running"

@@ -132,8 +132,9 @@ def _keys(rt: Runtime) -> set[str]:
 
 
 def _conversation_keys(rt: Runtime) -> set[str]:
-    # Rate buckets and metrics are per tenant / global, not per conversation.
-    return {k for k in _keys(rt) if ":rate}" not in k and ":metrics}" not in k}
+    prefix = "{" + rt.settings.redis.key_prefix
+    # Rate buckets, usage and metrics are per tenant / global, not per conversation.
+    return {k for k in _keys(rt) if not any(f"{prefix}:{kind}" in k for kind in ("rate", "usage", "metrics"))}
 
 
 def _routes(conv: str) -> list[tuple[str, str, dict[str, Any] | None]]:
@@ -391,7 +392,7 @@ def test_delete_removes_log_state_history_offloads_and_queued_work(make: Callabl
     assert rt.offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="original")])
     tag = key.hash_tag
     assert any(tag in k for k in _keys(rt))
-    others_before = {k for k in _conversation_keys(rt) if tag not in k and ":sched}" not in k}
+    others_before = {k for k in _conversation_keys(rt) if tag not in k and ":sched:" not in k}
 
     r = client.delete(f"/v1/conversations/{key.conversation_id}", headers=AUTH_A)
     assert r.status_code == 204
@@ -401,7 +402,8 @@ def test_delete_removes_log_state_history_offloads_and_queued_work(make: Callabl
     assert rt.state_store.get_budget(key) is None
     assert rt.offloads.get(key, "0123456789abcdef") is None
     assert rt.scheduler.status(key) == "idle"
-    queued = rt.redis.lrange(f"{{{rt.settings.redis.key_prefix}:sched}}:q:tenant-a", 0, -1)
+    ring = rt.scheduler.tags[rt.scheduler.ring_of("tenant-a")]
+    queued = rt.redis.lrange(f"{ring}:q:tenant-a", 0, -1)
     assert b"doomed" not in queued and b"kept" in queued
     assert (
         rt.scheduler.next_job() is not None
@@ -411,6 +413,6 @@ def test_delete_removes_log_state_history_offloads_and_queued_work(make: Callabl
     assert "doomed" not in rt.log.list_conversations("tenant-a")
     assert client.get(f"/v1/conversations/{key.conversation_id}/state", headers=AUTH_A).status_code == 404
     # Nobody else lost anything.
-    others_after = {k for k in _conversation_keys(rt) if tag not in k and ":sched}" not in k}
+    others_after = {k for k in _conversation_keys(rt) if tag not in k and ":sched:" not in k}
     assert others_after == others_before
     assert len(rt.log.read_after(keep_b, None)) == 8 and len(rt.log.read_after(keep_a, None)) == 8

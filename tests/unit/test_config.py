@@ -71,3 +71,17 @@ def test_bad_file(tmp_path: Path) -> None:
         Settings.from_env({}, config_file=str(bad))
     with pytest.raises(ConfigError, match="cannot read"):
         Settings.from_env({}, config_file=str(tmp_path / "missing.toml"))
+
+
+def test_cluster_nodes_from_a_comma_list_or_toml_and_bad_entries_named() -> None:
+    env = {"CTXCORE_REDIS__CLUSTER_NODES": "127.0.0.1:7000, 127.0.0.1:7001"}
+    assert Settings.from_env(env).redis.cluster_nodes == ("127.0.0.1:7000", "127.0.0.1:7001")
+    assert Settings.load({"redis": {"cluster_nodes": ["h1:7000", "[::1]:7001"]}}).redis.cluster_nodes == (
+        "h1:7000",
+        "[::1]:7001",
+    )
+    assert Settings().redis.cluster_nodes == ()
+    with pytest.raises(ConfigError, match=r"redis.cluster_nodes.*'redis://h:1' is not host:port"):
+        Settings.from_env({"CTXCORE_REDIS__CLUSTER_NODES": "h:1,redis://h:1"})
+    with pytest.raises(ConfigError, match="scheduler_rings"):
+        Settings.load({"worker": {"scheduler_rings": 0}})

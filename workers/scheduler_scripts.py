@@ -1,0 +1,166 @@
+"""The fair scheduler's Lua scripts (see ``workers.scheduler``).
+
+Every key a script touches arrives in ``KEYS``, and all of them are one ring's keys, so each
+call is one cluster slot. Statuses are ``queued:<t>``, ``running:<lease deadline>`` or
+``dirty:<lease deadline>`` (running, and asked for again meanwhile).
+
+Ring keys, in this order where a script takes them all: ``status`` (hash member -> status),
+``inring`` (set of tenants in the ring), ``ring`` (list of tenants, round-robin), ``q`` (the
+named tenant's queue of conversations), ``out`` (drain tokens outstanding for the ring),
+``stamp`` (when a token of the ring was last sent or consumed) and ``seq`` (a counter bumped
+by every status change). Scripts that change a status return the new one ('' for idle) and
+the ring's new ``seq`` last (``seq`` 0: nothing changed), for ``MIRROR``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ENQUEUE", "FINISH", "FORGET", "MIRROR", "POP", "RENEW", "ROTATE", "STUCK"]
+
+# Queue the job unless it is queued or running (absorbed: 0; a running job is marked dirty).
+# ARGV: member, tenant, conversation, now, stale seconds, ring tokens.
+# Returns 0 absorbed; 1 queued, send a token (counted in `out`); 3 queued, the ring has its
+# tokens out already; 2 already queued but the ring's tokens are stale: send one more.
+ENQUEUE = """
+local status, inring, ring, q, out, stamp, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local member, tenant, conv, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local stale, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local last = tonumber(redis.call('GET', stamp) or '0')
+local st = redis.call('HGET', status, member)
+if st then
+  local kind, deadline = string.match(st, '^(%a+):?(%d*%.?%d*)$')
+  if kind == 'queued' then
+    if last < now - stale then
+      redis.call('SET', stamp, ARGV[4])
+      return {2, '', 0}
+    end
+    return {0, '', 0}
+  end
+  if tonumber(deadline) and tonumber(deadline) > now then
+    if kind == 'dirty' then return {0, '', 0} end
+    redis.call('HSET', status, member, 'dirty:' .. deadline)
+    return {0, 'dirty:' .. deadline, redis.call('INCR', seq)}
+  end
+end
+redis.call('HSET', status, member, 'queued:' .. ARGV[4])
+local changed = redis.call('INCR', seq)
+redis.call('RPUSH', q, conv)
+if redis.call('SADD', inring, tenant) == 1 then redis.call('RPUSH', ring, tenant) end
+local n = tonumber(redis.call('GET', out) or '0')
+if n < limit or last < now - stale then
+  if n < limit then redis.call('INCR', out) end
+  redis.call('SET', stamp, ARGV[4])
+  return {1, 'queued:' .. ARGV[4], changed}
+end
+return {3, 'queued:' .. ARGV[4], changed}
+"""
+
+# A drain token reaches the ring (ARGV[1] == '1': it is this ring's own token, counted in
+# `out`; '0': a token scanning onward). Moves the head tenant to the tail and returns it.
+# KEYS: ring, out, stamp. ARGV: consume, now.
+ROTATE = """
+if ARGV[1] == '1' then
+  if tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then redis.call('DECR', KEYS[2]) end
+  redis.call('SET', KEYS[3], ARGV[2])
+end
+return redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
+"""
+
+# Start the named tenant's next job (ARGV: tenant, now, lease, ring tokens). Re-checks the
+# queue: an empty one takes the tenant out of the ring and returns nil. Returns
+# {conversation, 1 when a token for the ring must be re-sent (it has more jobs) else 0,
+# status, seq}.
+POP = """
+local status, inring, ring, q, out, stamp, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local tenant, now, lease, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local conv = redis.call('LPOP', q)
+if redis.call('LLEN', q) == 0 then
+  redis.call('SREM', inring, tenant)
+  redis.call('LREM', ring, 0, tenant)
+end
+if not conv then return nil end
+local running = 'running:' .. (now + lease)
+redis.call('HSET', status, tenant .. '/' .. conv, running)
+local resend = 0
+if redis.call('LLEN', ring) > 0 and tonumber(redis.call('GET', out) or '0') < limit then
+  redis.call('INCR', out)
+  redis.call('SET', stamp, ARGV[2])
+  resend = 1
+end
+return {conv, resend, running, redis.call('INCR', seq)}
+"""
+
+# Extend a running job's lease. KEYS: status, seq. ARGV: member, new deadline.
+RENEW = """
+local st = redis.call('HGET', KEYS[1], ARGV[1])
+if not st then return {0, '', 0} end
+local kind = string.match(st, '^(%a+)')
+if kind == 'running' or kind == 'dirty' then
+  redis.call('HSET', KEYS[1], ARGV[1], kind .. ':' .. ARGV[2])
+  return {1, kind .. ':' .. ARGV[2], redis.call('INCR', KEYS[2])}
+end
+return {0, '', 0}
+"""
+
+# End a run. ARGV: member, tenant, conversation, now, follow-up ('1'/'0'), ring tokens.
+# Returns -1 not running (nothing finished); 0 finished; 1 finished and its follow-up queued
+# with a token to send; 2 finished and its follow-up queued behind the ring's tokens.
+FINISH = """
+local status, inring, ring, q, out, stamp, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local member, tenant, conv, now, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[6])
+local st = redis.call('HGET', status, member)
+if st and string.match(st, '^dirty') and ARGV[5] == '1' then
+  redis.call('HSET', status, member, 'queued:' .. now)
+  redis.call('RPUSH', q, conv)
+  if redis.call('SADD', inring, tenant) == 1 then redis.call('RPUSH', ring, tenant) end
+  local changed = redis.call('INCR', seq)
+  if tonumber(redis.call('GET', out) or '0') < limit then
+    redis.call('INCR', out)
+    redis.call('SET', stamp, now)
+    return {1, 'queued:' .. now, changed}
+  end
+  return {2, 'queued:' .. now, changed}
+end
+if st and (string.match(st, '^running') or string.match(st, '^dirty')) then
+  redis.call('HDEL', status, member)
+  return {0, '', redis.call('INCR', seq)}
+end
+return {-1, '', 0}
+"""
+
+# Drop a conversation's queued job and status. KEYS: status, inring, ring, q, seq.
+# ARGV: member, tenant, conversation.
+FORGET = """
+local status, inring, ring, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+redis.call('HDEL', status, ARGV[1])
+redis.call('LREM', q, 0, ARGV[3])
+if redis.call('LLEN', q) == 0 and redis.call('SREM', inring, ARGV[2]) == 1 then
+  redis.call('LREM', ring, 0, ARGV[2])
+end
+return {1, '', redis.call('INCR', KEYS[5])}
+"""
+
+# The status mirrored into the conversation's compaction hash (KEYS[1], the conversation's
+# slot: the fast path reads it with the failure record in one call). ARGV: status ('' for
+# idle), the ring's seq; an older seq than the stored one (a late writer) changes nothing,
+# and idle on a missing hash (a deleted conversation) creates none.
+MIRROR = """
+if ARGV[1] == '' and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if tonumber(ARGV[2]) <= tonumber(redis.call('HGET', KEYS[1], 'sched_seq') or '0') then return 0 end
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'sched') else redis.call('HSET', KEYS[1], 'sched', ARGV[1]) end
+redis.call('HSET', KEYS[1], 'sched_seq', ARGV[2])
+return 1
+"""
+
+# The reconciler, per ring: a ring with jobs whose tokens were neither sent nor consumed for
+# ARGV[2] seconds lost them. Re-stamps the ring and returns 1: send one token (`out` restarts
+# from it; the drain it starts re-sends it while the ring has jobs, and new jobs add up to
+# the ring's allowance); 0 when the ring is idle or its tokens flow.
+# KEYS: ring, out, stamp. ARGV: now, stale seconds.
+STUCK = """
+if redis.call('LLEN', KEYS[1]) == 0 then return 0 end
+local last = tonumber(redis.call('GET', KEYS[3]) or '0')
+if last >= tonumber(ARGV[1]) - tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[3], ARGV[1])
+redis.call('SET', KEYS[2], 1)
+return 1
+"""
