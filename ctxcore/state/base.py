@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -277,13 +278,17 @@ def decode_log_messages(rows: Sequence[tuple[str, str | bytes]]) -> list[AnyMess
     """Messages from ``(log id, encode_log_message output)`` rows, ``context_message_id`` set."""
     if not rows:
         return []
-    # One JSON array and one validation pass for the whole page rather than one per message.
-    parts = [raw.encode() if isinstance(raw, str) else raw for _, raw in rows]
-    messages = messages_from_json(b"[" + b",".join(parts) + b"]")
-    return [
-        m.model_copy(update={"context_message_id": log_id})
-        for (log_id, _), m in zip(rows, messages, strict=True)
-    ]
+    # One JSON array and one validation pass for the whole page rather than one per message,
+    # the log id spliced into each object first: a model_copy per message to attach it cost
+    # a tenth of a window's time.
+    parts = []
+    for log_id, raw in rows:
+        body = (raw.encode() if isinstance(raw, str) else raw).strip()
+        if body[:1] != b"{" or body[-1:] != b"}" or body[1:-1].strip() == b"":
+            raise StoreError(f"log entry {log_id} is not a stored message: {body[:80]!r}")
+        # Last, so it wins over any id an older writer stored (as the copy's update did).
+        parts.append(body[:-1] + b',"context_message_id":' + json.dumps(log_id).encode() + b"}")
+    return messages_from_json(b"[" + b",".join(parts) + b"]")
 
 
 def encode_state(state: CompressionState, version: int) -> str:
