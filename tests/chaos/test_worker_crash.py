@@ -61,6 +61,9 @@ WORKER_LIMITS = {
     "lock_timeout": 3,
     "retry_delays": [0.2, 0.4, 0.8],
     "circuit_failure_threshold": 1000,
+    # A ring whose drain token died with a killed worker waits for the reconciler (every
+    # requeue_after / 2): 30 s by default, which left jobs stalled past the test's deadline.
+    "requeue_after_seconds": 3.0,
 }
 
 
