@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from ctxcore.client.calls import calls  # noqa: E402
 from ctxcore.config import Settings, hash_token  # noqa: E402
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
+from tests.chaos.helpers import free_port  # noqa: E402
 from workers.app import queue_names  # noqa: E402
 from workers.embedded import ensure_redis  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
@@ -73,12 +73,6 @@ class Phase:
     statuses: Counter[int] = field(default_factory=Counter)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tau_runs() -> list[list[AnyMessage]]:

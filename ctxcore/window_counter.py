@@ -31,6 +31,7 @@ class WindowCounter:
         # A request's count is composed from single messages only where the counter says
         # how (the built-in framing); any other counter counts each request itself.
         self._priming: int | None = priming if callable(own) and isinstance(priming, int) else None
+        self._one = getattr(self.inner, "count_message", None)
         self._messages: dict[int, tuple[AnyMessage, int]] = {}
         self._tools: dict[tuple[int, ...], tuple[Sequence[Mapping[str, Any]], int]] = {}
 
@@ -44,8 +45,8 @@ class WindowCounter:
         found = self._messages.get(id(message))
         if found is not None:
             return found[1]
-        own = getattr(self.inner, "count_message", None)
-        value = int(own(message)) if callable(own) else self.inner.count_messages([message])
+        one = self._one
+        value = int(one(message)) if callable(one) else self.inner.count_messages([message])
         self._messages[id(message)] = (message, value)
         return value
 

@@ -30,13 +30,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
 
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import agent_round, block_responder, deployment_queues, state_problems, worker_env
+from tests.chaos.helpers import (
+    agent_round,
+    answers,
+    block_responder,
+    deployment_queues,
+    free_port,
+    state_problems,
+    worker_env,
+)
 from workers.app import celery_config, queue_names
 from workers.metrics import Metrics
 from workers.runtime import Runtime
@@ -227,9 +234,8 @@ def _until(condition: Any, what: str, timeout: float = WAIT) -> None:
 
 
 @contextmanager
-def _redis_on(link: Link, directory: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    from tests.chaos.helpers import free_port
-
+def _redis_on(link: Link, directory: Path) -> Iterator[int]:
+    """A ``redis-server`` of the scenario's own on 127.0.0.1 and the link's host end: its port."""
     port = free_port()
     directory.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
@@ -253,19 +259,11 @@ def _redis_on(link: Link, directory: Path) -> Iterator[tuple[subprocess.Popen[by
         stderr=subprocess.DEVNULL,
     )
     try:
-        client = redis.Redis(host="127.0.0.1", port=port)
-        _until(lambda: _pings(client), "the scenario's redis-server", 10)
-        yield proc, port
+        _until(lambda: answers(f"redis://127.0.0.1:{port}/0"), "the scenario's redis-server", 10)
+        yield port
     finally:
         proc.kill()
         proc.wait(timeout=5)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 def run_partition(workdir: Path) -> Outcome:
@@ -278,7 +276,7 @@ def run_partition(workdir: Path) -> Outcome:
     responder = HeldFirstReply()
     try:
         with (
-            _redis_on(link, workdir / "redis") as (_, port),
+            _redis_on(link, workdir / "redis") as port,
             OpenAIServer(host=link.host_ip, responder=responder) as model,
         ):
             url = f"redis://{link.host_ip}:{port}/0"
