@@ -7,6 +7,7 @@ summary) and adds scored ``Item``s. ``extract`` (in ``extract``) walks a source 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -19,6 +20,7 @@ from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
     DATE,
     DECISION,
+    ELLIPSIS,
     MAX_LINE_CHARS,
     PATH,
     PENDING,
@@ -31,6 +33,7 @@ from ctxcore.summarize.extractive.features import (
     is_error,
     line_features,
     meaningful,
+    opens_with_error,
     scan,
     tool_tag,
 )
@@ -46,7 +49,7 @@ from ctxcore.summarize.extractive.tools import (
 )
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 
-__all__ = ["BASE_SCORE", "Extractor", "Item", "user_key"]
+__all__ = ["BASE_SCORE", "FILES_WRITTEN", "Extractor", "Item", "user_key"]
 
 # Prior value of a line by what it is; the words it covers and its features add to it.
 BASE_SCORE: Final = MappingProxyType(
@@ -66,6 +69,31 @@ BASE_SCORE: Final = MappingProxyType(
         "chat": 0.0,
     }
 )
+
+
+# A frame of a Python traceback: where a failure passed, which its error line says better.
+_FRAME = re.compile(r'^File "[^"]+", line \d+')
+# The line listing every file the source wrote.
+FILES_WRITTEN: Final = "files written: "
+# A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
+_FILE_WRITE = re.compile(r"^\S+ <- ")
+
+
+def _without_code(text: str) -> str:
+    """``text`` without its fenced code blocks.
+
+    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
+    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
+    calls that read or write it have lines of their own.
+    """
+    kept: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 @dataclass
@@ -95,6 +123,9 @@ class Item:
     tag: str = ""
     # For a line of an earlier summary: the section heading it sat under.
     section: str = ""
+    # Shortened from its end only, never head and tail: an error line's start names the
+    # error, and a list (newest first) loses its oldest entries.
+    keep_head: bool = False
 
     @property
     def weight(self) -> float:
@@ -123,6 +154,9 @@ class Extractor:
         self._scans: dict[int, list[tuple[str, bool]]] = {}
         # Files deleted later in the source: their last write is no longer current state.
         self.removed: dict[str, tuple[int, int]] = {}
+        # Every file written in the source (or named by an earlier summary's list of them),
+        # with when: the one line that tells a resumed agent which files it has touched.
+        self.written: dict[str, tuple[int, int]] = {}
 
     # scoring
 
@@ -266,11 +300,24 @@ class Extractor:
         """
         default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
         for sub, (section, tag, line) in enumerate(earlier_lines(text), 1):
+            if line.startswith(FILES_WRITTEN):
+                for path in line[len(FILES_WRITTEN) :].split(", "):
+                    # A list shortened to fit ends in an elision: no path there.
+                    if path and ELLIPSIS.strip() not in path:
+                        self.written[path.strip()] = (index, sub)
+                continue
             # A pipeline block's sections place its lines, they do not rank them: its lines
             # were chosen once on their merits and compete as facts again. A snapshot's
             # section says what kind of line it holds.
             kind = classify_title(section) if section and section not in BLOCK_SECTIONS else "fact"
             category = {"critical": "fact", "other": "fact", "paths": "file"}.get(kind, kind)
+            if category == "fact" and tag.startswith("tool"):
+                # What a tool showed keeps its kind through every merge: a file's latest
+                # write and the failures it printed are state, not one fact among many.
+                if _FILE_WRITE.match(line):
+                    category = "file"
+                elif opens_with_error(line):
+                    category = "error"
             # The line keeps the tag it was written with (none for an untagged model reply).
             tag = tag or default_tag
             key = None
@@ -305,7 +352,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, message.text, classify, "assistant")
+        self.lines(index, _without_code(message.text), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
@@ -347,6 +394,8 @@ class Extractor:
             self.add(order, "error", item_text, tag=tag)
         elif writes_file(name, written, path):
             target = written or path or ""
+            if target:
+                self.written[target] = order
             # Keyed by path: only the last write of each file survives deduplication, and
             # the path leads so that clipping the arguments never hides it.
             brief = f"{head(clip(args, 60, mark=True))} -> {shown}"
@@ -376,6 +425,7 @@ class Extractor:
                 self.add((index, sub), "error", line, tag=tag)
             elif (
                 not line.startswith(COMMENT)
+                and not _FRAME.match(line)
                 and len(line.split()) >= 4
                 and (PATH.search(line) or DATE.search(line))
             ):

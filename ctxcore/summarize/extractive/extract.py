@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage, UserMessage
-from ctxcore.summarize.extractive.candidates import BASE_SCORE, Extractor, Item
+from ctxcore.summarize.extractive.candidates import BASE_SCORE, FILES_WRITTEN, Extractor, Item
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
+    EXCEPTION_NAME,
     MAX_LINE_CHARS,
     collapse,
     is_error,
@@ -170,10 +171,15 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
             ex.tool_output(index, message, used_lines.get(index, ""), tag)
 
 
-def _newest_error(source: Sequence[AnyMessage], ex: Extractor, shape: _Shape) -> tuple[int, str, str] | None:
-    """(index, line, tag) of the last line this summariser's error detector flags: in a
-    tool output, or among the lines of an earlier summary in the source."""
-    for index in range(len(source) - 1, -1, -1):
+def _errors_at(
+    source: Sequence[AnyMessage], ex: Extractor, shape: _Shape, *, newest: bool
+) -> list[tuple[int, str, str]]:
+    """(index, line, tag) of the failure lines of the newest (or first) message with any, as
+    this summariser's error detector flags them in a tool output or an earlier summary: the
+    line naming an exception, which says what went wrong, and for the newest failure also
+    its last line, the verdict ("FAILED (errors=7)")."""
+    order = range(len(source) - 1, -1, -1) if newest else range(len(source))
+    for index in order:
         message = source[index]
         if isinstance(message, ToolMessage):
             found = [
@@ -183,22 +189,63 @@ def _newest_error(source: Sequence[AnyMessage], ex: Extractor, shape: _Shape) ->
             ]
         elif isinstance(message, UserMessage) and index not in shape.real:
             lines = (split_tag(raw.strip().lstrip("-*• ").strip()) for raw in message.text.splitlines())
-            found = [(line, tag) for tag, line in lines if line and is_error(line)]
+            # An error is what a tool printed; an assistant's line about one ("Again,
+            # `ValueError: ...`") is talk about an older failure, and would displace it.
+            found = [(line, tag) for tag, line in lines if line and is_error(line) and _tool_or_untagged(tag)]
         else:
             continue
         if found:
-            return index, *found[-1]
-    return None
+            named = [f for f in found if EXCEPTION_NAME.search(f[0])] or found
+            if not newest:
+                return [(index, *named[0])]
+            picked = [named[-1], found[-1]] if found[-1] != named[-1] else [named[-1]]
+            return [(index, *f) for f in picked]
+    return []
 
 
-def _keep_newest_error(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
-    newest = _newest_error(source, ex, shape)
-    if newest is None:
+def _tool_or_untagged(tag: str) -> bool:
+    return not tag or tag.startswith("tool")
+
+
+def _keep_errors(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
+    # The newest failure is what the agent acts on next, and the first one is usually the
+    # reproduction of what the task is about: both are kept whatever else competes (a
+    # bounded share), under the same key as their ordinary candidates so each prints once.
+    # An earlier summary in the source counts too, so by induction the conversation's first
+    # and newest failures survive every later merge.
+    newest = _errors_at(source, ex, shape, newest=True)
+    kept = {line for _, line, _ in newest}
+    for index, line, tag in newest:
+        _keep_error(ex, index, line, tag, share=0.25)
+    for index, line, tag in _errors_at(source, ex, shape, newest=False):
+        if line not in kept:
+            _keep_error(ex, index, line, tag, share=0.2)
+
+
+def _keep_written(ex: Extractor, end: int) -> None:
+    """One line naming every file the source wrote and did not delete afterwards, newest
+    first: a path costs a few tokens, and no other line says which files the agent touched
+    once their writes' own lines lose to newer work."""
+    newest_first = sorted(ex.written.items(), key=lambda kv: kv[1], reverse=True)
+    paths = [p for p, at in newest_first if ex.removed.get(p, (-1, 0)) < at]
+    if not paths:
         return
-    index, line, tag = newest
-    # The newest failure is what the agent acts on next: kept whatever else competes (a
-    # bounded share), under the same key as its ordinary candidate so it prints once.
-    # An earlier summary in the source counts too, so the line survives later merges.
+    ex.items.append(
+        Item(
+            (end, 0),
+            "file",
+            FILES_WRITTEN + ", ".join(paths),
+            BASE_SCORE["file"],
+            "files-written",
+            must=True,
+            share=0.1,
+            tag="assistant",
+            keep_head=True,
+        )
+    )
+
+
+def _keep_error(ex: Extractor, index: int, line: str, tag: str, *, share: float) -> None:
     ex.items.append(
         Item(
             (index, 10**6),
@@ -208,8 +255,9 @@ def _keep_newest_error(ex: Extractor, source: Sequence[AnyMessage], shape: _Shap
             collapse(line).casefold(),
             frozenset(ex.features(line, tag)[1]),
             must=True,
-            share=0.25,
+            share=share,
             tag=tag,
+            keep_head=True,
         )
     )
 
@@ -268,7 +316,8 @@ def extract(
     ex = Extractor(words_of(f"{query} {instruction}"), known, with_paths)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
-    _keep_newest_error(ex, source, shape)
+    _keep_errors(ex, source, shape)
+    _keep_written(ex, len(source))
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):
             static = BASE_SCORE["paths"] * weight

@@ -64,7 +64,12 @@ _ERROR_STRONG = re.compile(
     r"^(?:E\s+)?(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)(?::|$)"
     r"|FAILED\b|FAIL:|ERROR\b|(?:error|fatal|panic)(?:\[\w+\])?:)"
 )
-_ERROR_WEAK = re.compile(r"\b[\w.]*(?:Error|Exception|error):\s|\bfailed\b|\bFAILED\b")
+# "error:" must start a word: a parameter such as "raiseerror: bool" is no error.
+_ERROR_WEAK = re.compile(r"\b(?:[\w.]*(?:Error|Exception)|error):\s|\bfailed\b|\bFAILED\b")
+# The header of a Python traceback says only that frames follow: never a line of its own.
+_TRACEBACK_START = "Traceback (most recent call last)"
+# A line naming an exception type: of a failure's lines, the one that says what went wrong.
+EXCEPTION_NAME = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b")
 COMMENT = ("#", "//", "/*", "* ")
 WORD = re.compile(r"[a-z][a-z0-9_']{3,}|\d+(?:[.:]\d+)*")
 
@@ -212,6 +217,12 @@ def is_error(line: str) -> bool:
     return _ERROR_STRONG.match(line) is not None or _ERROR_WEAK.search(line) is not None
 
 
+def opens_with_error(line: str) -> bool:
+    """True for a line that is an error report from its first word ("ValueError: ...",
+    "FAILED ..."), not one that mentions a failure on the way ("... -> 3 failed")."""
+    return not line.startswith(COMMENT) and _ERROR_STRONG.match(line) is not None
+
+
 def words_of(text: str) -> frozenset[str]:
     """The content words of ``text`` (casefolded, stopwords left out)."""
     return frozenset(w for w in WORD.findall(text.casefold()) if w not in _STOPWORDS)
@@ -244,7 +255,7 @@ def scan(text: str) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     for raw in text.splitlines():
         line = raw.strip()
-        if not meaningful(line) or TAG_LINE.match(line):
+        if not meaningful(line) or TAG_LINE.match(line) or line.startswith(_TRACEBACK_START):
             continue
         wrapped = _WRAPPED.match(line)
         if wrapped:

@@ -173,7 +173,9 @@ class Selection:
             room = min(remaining, share)
             if self.tokens(item) > room:
                 # The user's own words are kept even when they must be shortened.
-                text = self.budgeter.fit(item.text, room - self._overhead(item), head_tail=True)
+                text = self.budgeter.fit(item.text, room - self._overhead(item), head_tail=not item.keep_head)
+                if item.keep_head:
+                    text = text.rstrip(", ")
                 if not text:
                     continue
                 item = dataclasses.replace(item, text=text, tokens=-1, share=1.0)
