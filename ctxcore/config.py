@@ -151,7 +151,7 @@ class ServiceSettings(BaseModel):
     # first), so the verbatim tail uses the whole budget and each compaction saves a
     # quarter of it (fewer, larger summaries than a trigger below the budget would make).
     trigger_ratio: float = Field(default=1.0, gt=0, le=1)
-    target_ratio: float = Field(default=0.75, gt=0, le=1)
+    target_ratio: float = Field(default=0.8, gt=0, le=1)
     default_budget: int = Field(default=128_000, gt=0)
     max_messages_per_append: int = Field(default=1000, gt=0)
     max_message_chars: int = Field(default=2_000_000, gt=0)

@@ -98,7 +98,7 @@ class Coordinator:
         summarizer: Summarizer | None = None,
         trigger: Callable[[TriggerInput], bool] | None = None,
         trigger_ratio: float = 1.0,
-        target_ratio: float = 0.75,
+        target_ratio: float = 0.8,
         default_budget: int = DEFAULT_BUDGET,
         *,
         keep_recent_messages: int = 4,
@@ -141,6 +141,7 @@ class Coordinator:
             target_tokens=max(int(b * self.target_ratio), 1),
             keep_recent_messages=self.keep_recent_messages,
             result_cap_tokens=cap,
+            ceiling_tokens=b,
         )
 
     def load(self, key: ConversationKey) -> CompressionState:

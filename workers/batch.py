@@ -83,6 +83,7 @@ def _window(
     config = PipelineConfig(
         target_tokens=max(int(budget * settings.service.target_ratio), 1),
         keep_recent_messages=settings.engine.keep_recent_messages,
+        ceiling_tokens=budget,
     )
     run = compress_until_target(view, config, model, counter)
     result = assemble_window(

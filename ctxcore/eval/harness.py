@@ -297,7 +297,7 @@ def evaluate_conversation(
     step_stride: int = 1,
     keep_recent_messages: int = 4,
     trigger_ratio: float = 1.0,
-    target_ratio: float = 0.75,
+    target_ratio: float = 0.8,
     control_qa: Sequence[QAItem] = (),
 ) -> dict[str, ConversationResult]:
     """Replay ``conv`` through each policy and score its windows (see the module docstring).

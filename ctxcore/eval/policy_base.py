@@ -28,7 +28,7 @@ __all__ = [
 TRIGGER_RATIO = 1.0
 # The embedded compressors keep the reference's own trigger (their configs need it < 1).
 EMBEDDED_TRIGGER_RATIO = 0.9
-TARGET_RATIO = 0.75
+TARGET_RATIO = 0.8
 KEEP_RECENT_MESSAGES = 4
 
 

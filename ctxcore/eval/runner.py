@@ -63,7 +63,7 @@ class EvalConfig:
     step_stride: int = 1
     keep_recent_messages: int = 4
     trigger_ratio: float = 1.0
-    target_ratio: float = 0.75
+    target_ratio: float = 0.8
     model: ModelClient | None = None
     counter: TokenCounter | None = None
     detector: UserDetector | None = None

@@ -51,6 +51,15 @@ class PipelineConfig(BaseModel):
     # chain's ``ToolResultCap``): the excess is never served, so compaction does not try
     # to make room for it (None: results are served whole).
     result_cap_tokens: int | None = Field(default=None, gt=0)
+    # The most the served view may cost (the window's budget; None: ``target_tokens``). When
+    # the verbatim tail alone is over the target, the hard truncate keeps the block lines that
+    # fit under this instead of wiping every block to its marker: the window fits its budget
+    # either way, and what a wiped block said would be gone for good.
+    ceiling_tokens: int | None = Field(default=None, gt=0)
+    # The most of ``target_tokens`` the summary blocks together may fill: the rest is the
+    # verbatim tail's, which is what the agent acts on (the pass targets still bound each
+    # summary from below).
+    summary_share: float = Field(default=0.4, gt=0, le=1)
     compression_marker: str = ROUND_LEVEL_MEMORY_BLOCK
     truncated_marker: str = TRUNCATED
     # Secrets (API keys, tokens, passwords, private keys) are cut from the prompt sent to

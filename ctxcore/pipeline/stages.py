@@ -18,9 +18,16 @@ from typing import Any, Protocol
 from ctxcore.errors import ModelError
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageResult
+from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageKind, StageResult
 from ctxcore.pipeline.render import head_tail, serialize_messages
-from ctxcore.pipeline.targets import Target, build_targets, message_tokens, served_tokens, targets_for_stage
+from ctxcore.pipeline.targets import (
+    Target,
+    build_targets,
+    message_tokens,
+    served_tokens,
+    summary_cap,
+    targets_for_stage,
+)
 from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.pipeline.view import BLOCK_META, View, block_message
 from ctxcore.state.models import SummaryBlock
@@ -82,7 +89,7 @@ def plan_next_stage(
     """
     if served_tokens(view, config, counter) <= config.target_tokens:
         return None
-    for kind in STAGE_ORDER:
+    for kind in _stage_order(view, config, counter):
         if kind in exhausted:
             continue
         if kind == "hard_truncate":
@@ -108,6 +115,20 @@ def plan_next_stage(
                 block_ids=[b.block_id for t in targets for b in t.blocks],
             )
     return None
+
+
+def _stage_order(view: View, config: PipelineConfig, counter: TokenCounter) -> tuple[StageKind, ...]:
+    """``STAGE_ORDER``, but merges first while the blocks are over their share of the target:
+    folding old summaries together then makes the room, rather than summarising the newest
+    steps of the tail."""
+    cap = summary_cap(view, config)
+    if (
+        cap is None
+        or len(view.blocks) < 2
+        or sum(message_tokens(counter, b.messages) for b in view.blocks) <= cap
+    ):
+        return STAGE_ORDER
+    return ("recursive_merge", *(k for k in STAGE_ORDER if k != "recursive_merge"))
 
 
 # --- running ----------------------------------------------------------------------------

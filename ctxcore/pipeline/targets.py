@@ -21,7 +21,7 @@ from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, newest_step_start, steps
 
-__all__ = ["Target", "build_targets", "eligible_raw", "message_tokens", "served_tokens"]
+__all__ = ["Target", "build_targets", "eligible_raw", "message_tokens", "served_tokens", "summary_cap"]
 
 Item = SummaryBlock | AnyMessage
 
@@ -127,6 +127,18 @@ def served_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> 
             if excess > 0:
                 total -= excess
     return total
+
+
+def summary_cap(view: View, config: PipelineConfig) -> int | None:
+    """The most tokens the view's summary blocks together may take, or None for no cap.
+
+    Only an agent's run is capped (a tool result in its tail): what it acts on next is its
+    newest steps, verbatim. In a dialogue the newest turns are no more useful than what was
+    said long ago, so summaries there may fill the target.
+    """
+    if config.summary_share >= 1 or not any(isinstance(m, ToolMessage) for m in view.tail):
+        return None
+    return int(config.target_tokens * config.summary_share)
 
 
 def _segments(items: Sequence[Item], barriers: frozenset[str]) -> list[list[Item]]:
@@ -252,12 +264,18 @@ def _build_targets(
     # cost per block like its header, added to each target on top of its share of the room.
     fixed = counter.count_text(skeleton(BLOCK_SECTIONS))
 
-    def budget(pass_target: int, source_tokens: int, n_blocks: int) -> int:
+    all_blocks = sum(message_tokens(counter, b.messages) for b in view.blocks)
+    cap = summary_cap(view, config)
+
+    def budget(pass_target: int, source_tokens: int, n_blocks: int, replaced_blocks: int = 0) -> int:
         # Summaries may use the room left under the target, so a pass lands near the target
-        # instead of far below it (less detail lost); the pass target is the floor. Each new
-        # block's header is paid out of the room.
-        room = config.target_tokens - (window - source_tokens) - header * n_blocks
-        return max(pass_target, room)
+        # instead of far below it (less detail lost), but in an agent's run all blocks
+        # together stay within their cap so the tail keeps the rest; the pass target is the
+        # floor. Each new block's header is paid out of the room.
+        room = config.target_tokens - (window - source_tokens)
+        if cap is not None:
+            room = min(room, cap - (all_blocks - replaced_blocks))
+        return max(pass_target, room - header * n_blocks)
 
     if kind == "l0_to_l1":
         raw = eligible_raw(view, config.keep_recent_messages, newest_step=config.summarise_all_pending)
@@ -307,7 +325,8 @@ def _build_targets(
                 items_of_run.append(block)
             run_items.append(items_of_run)
         run_sizes = [_item_tokens(counter, group) for group in run_items]
-        room = budget(first_pass, sum(run_sizes), len(runs))
+        merged = sum(message_tokens(counter, b.messages) for run in runs for b in run)
+        room = budget(first_pass, sum(run_sizes), len(runs), merged)
         targets = []
         for n, (run, group, size) in enumerate(zip(runs, run_items, run_sizes, strict=True), 1):
             lv = max(max(b.level, 1) for b in run)
@@ -322,7 +341,7 @@ def _build_targets(
         items: list[Item] = [*view.prefix(), *eligible_raw(view, keep, newest_step=False)]
         segments = _segments(items, barriers)
         total = sum(_item_tokens(counter, seg) for seg in segments) or 1
-        room = budget(pass_target, total, len(segments))
+        room = budget(pass_target, total, len(segments), all_blocks)
         targets = []
         for n, seg in enumerate(segments, 1):
             seg_tokens = _item_tokens(counter, seg)

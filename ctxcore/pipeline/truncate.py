@@ -149,18 +149,22 @@ def truncate_blocks(
             )
         return blocks
 
-    def fits(blocks: list[SummaryBlock]) -> bool:
-        return fixed + sum(message_tokens(counter, b.messages) for b in blocks) <= target_tokens
-
-    lo, hi = 0, 1000
-    best: list[SummaryBlock] | None = None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        candidate = build(mid / 1000)
-        if fits(candidate):
-            best, lo = candidate, mid + 1
-        else:
-            hi = mid - 1
-    if best is not None:
+    def largest_within(limit: int) -> list[SummaryBlock] | None:
+        lo, hi = 0, 1000
+        best: list[SummaryBlock] | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = build(mid / 1000)
+            if fixed + sum(message_tokens(counter, b.messages) for b in candidate) <= limit:
+                best, lo = candidate, mid + 1
+            else:
+                hi = mid - 1
         return best
-    return build(None)
+
+    best = largest_within(target_tokens)
+    ceiling = cfg.ceiling_tokens
+    if best is None and ceiling is not None and ceiling > target_tokens:
+        # The tail alone is over the target, so no cut of the blocks reaches it; keep what
+        # fits under the budget rather than wiping the blocks.
+        best = largest_within(ceiling)
+    return best if best is not None else build(None)

@@ -77,6 +77,7 @@ class RoundLevelCompressorConfig(ProcessorConfig):
         """The equivalent pipeline configuration."""
         return PipelineConfig(
             target_tokens=self.target_total_tokens,
+            ceiling_tokens=self.trigger_total_tokens,
             keep_recent_messages=self.keep_recent_messages,
             first_pass_target_tokens=self.first_pass_target_tokens,
             second_pass_target_tokens=self.second_pass_target_tokens,

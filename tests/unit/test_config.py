@@ -13,7 +13,7 @@ from ctxcore.errors import ConfigError
 
 def test_defaults() -> None:
     s = Settings()
-    assert s.service.trigger_ratio == 1.0 and s.service.target_ratio == 0.75
+    assert s.service.trigger_ratio == 1.0 and s.service.target_ratio == 0.8
     assert s.redis.url == "redis://127.0.0.1:6379/0"
     assert s.model.offline and s.model.api_key_env == "OPENAI_API_KEY"
 

@@ -1,0 +1,122 @@
+"""The tail keeps its room in an agent's run: summaries are capped, old ones merge first,
+and the hard truncate never wipes blocks when only the tail is over the target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
+from ctxcore.pipeline import PipelineConfig, View, plan_next_stage
+from ctxcore.pipeline.targets import build_targets, summary_cap
+from ctxcore.pipeline.truncate import truncate_blocks
+from ctxcore.pipeline.view import block_message
+from ctxcore.state.models import SummaryBlock
+from ctxcore.tokens import TiktokenCounter
+
+COUNTER = TiktokenCounter()
+
+
+def _ids(messages: list[AnyMessage], start: int) -> list[AnyMessage]:
+    return [m.model_copy(update={"context_message_id": f"{start + i:012d}"}) for i, m in enumerate(messages)]
+
+
+def _block(text: str, first: int, last: int) -> SummaryBlock:
+    a, b = f"{first:012d}", f"{last:012d}"
+    message = block_message(text, block_id=f"L1-{a}-{b}", first_id=a, last_id=b, level=1, scope="s")
+    return SummaryBlock(
+        block_id=f"L1-{a}-{b}",
+        messages=[message.model_copy(update={"context_message_id": a})],
+        first_id=a,
+        last_id=b,
+        level=1,
+        tokens_before=20_000,
+        tokens_after=COUNTER.count_messages([message]),
+    )
+
+
+def _summary(n: int, lines: int) -> str:
+    body = "\n".join(
+        f"- tool bash: block {n} line {i} found value_{n}_{i} in src/mod_{i}.py" for i in range(lines)
+    )
+    return f"## Task state\n{body}\n## Files and changes\n(none)"
+
+
+def agent_steps(start: int, count: int, output_words: int = 120) -> list[AnyMessage]:
+    out: list[AnyMessage] = []
+    for i in range(count):
+        cid = f"c{start + i}"
+        call = ToolCall(id=cid, name="bash", arguments=json.dumps({"command": f"python step_{start + i}.py"}))
+        out += [
+            AssistantMessage(content=f"THOUGHT: step {start + i}.", tool_calls=[call]),
+            ToolMessage(
+                tool_call_id=cid,
+                name="bash",
+                content=" ".join(f"out{start + i}_{w}" for w in range(output_words)),
+            ),
+        ]
+    return _ids(out, start * 2 + 100)
+
+
+def chat_turns(start: int, count: int) -> list[AnyMessage]:
+    out: list[AnyMessage] = []
+    for i in range(count):
+        out += [
+            UserMessage(content=" ".join(f"said{start + i}_{w}" for w in range(60))),
+            AssistantMessage(content=" ".join(f"answered{start + i}_{w}" for w in range(60))),
+        ]
+    return _ids(out, start * 2 + 100)
+
+
+def test_an_agent_run_caps_its_summaries_a_dialogue_does_not() -> None:
+    cfg = PipelineConfig(target_tokens=4000, summary_share=0.4)
+    assert summary_cap(View(version=1, tail=tuple(agent_steps(0, 2))), cfg) == 1600
+    assert summary_cap(View(version=1, tail=tuple(chat_turns(0, 2))), cfg) is None
+    assert (
+        summary_cap(
+            View(version=1, tail=tuple(agent_steps(0, 2))), cfg.model_copy(update={"summary_share": 1.0})
+        )
+        is None
+    )
+
+
+def test_new_summaries_share_the_cap_with_the_blocks_already_there() -> None:
+    blocks = (_block(_summary(1, 40), 2, 40),)
+    tail = agent_steps(50, 30)
+    view = View(version=2, blocks=blocks, tail=tuple(tail), covered_until="000000000040")
+    capped = PipelineConfig(target_tokens=view.tokens(COUNTER) // 2, summary_share=0.4)
+    free = capped.model_copy(update={"summary_share": 1.0})
+    room_capped = sum(t.target_tokens for t in build_targets("l0_to_l1", view, capped, COUNTER))
+    room_free = sum(t.target_tokens for t in build_targets("l0_to_l1", view, free, COUNTER))
+    assert room_capped < room_free
+
+
+def test_blocks_over_their_share_merge_before_the_tail_is_summarised() -> None:
+    blocks = (_block(_summary(1, 60), 2, 40), _block(_summary(2, 60), 41, 80))
+    tail = agent_steps(90, 12)
+    view = View(version=3, blocks=blocks, tail=tuple(tail), covered_until="000000000080")
+    target = view.tokens(COUNTER) - 200
+    stage = plan_next_stage(view, PipelineConfig(target_tokens=target, summary_share=0.3), COUNTER)
+    assert stage is not None and stage.kind == "recursive_merge"
+    # Without the cap the newest steps are summarised first, as before.
+    stage = plan_next_stage(view, PipelineConfig(target_tokens=target, summary_share=1.0), COUNTER)
+    assert stage is not None and stage.kind == "l0_to_l1"
+
+
+@pytest.mark.parametrize("ceiling", [None, "budget"])
+def test_hard_truncate_keeps_block_lines_when_only_the_tail_is_over(ceiling: str | None) -> None:
+    blocks = (_block(_summary(1, 30), 2, 40),)
+    tail = agent_steps(50, 6, output_words=400)
+    view = View(version=2, blocks=blocks, tail=tuple(tail), covered_until="000000000040")
+    fixed = View(version=2, tail=tuple(tail)).tokens(COUNTER)
+    target = fixed - 50  # the tail alone is over the target
+    budget = view.tokens(COUNTER) + 100  # room for the sections the truncated block adds
+    cfg = PipelineConfig(target_tokens=target, ceiling_tokens=budget if ceiling else None)
+    out = truncate_blocks(view, cfg, COUNTER, target)
+    text = out[0].messages[0].text
+    if ceiling is None:
+        assert "block 1 line" not in text  # nothing fits the target: the bare marker
+    else:
+        assert text.count("block 1 line") == 30  # it all fits the budget: nothing is lost
+        assert fixed + COUNTER.count_messages(out[0].messages) <= budget
