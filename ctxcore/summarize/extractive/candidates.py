@@ -43,13 +43,14 @@ from ctxcore.summarize.extractive.tools import (
     call_path,
     parse_args,
     result_line,
+    shell_files,
     shell_removed,
     shell_write_target,
     writes_file,
 )
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 
-__all__ = ["BASE_SCORE", "FILES_WRITTEN", "Extractor", "Item", "user_key"]
+__all__ = ["BASE_SCORE", "FILES_LOOKED_AT", "FILES_WRITTEN", "Extractor", "Item", "user_key"]
 
 # Prior value of a line by what it is; the words it covers and its features add to it.
 BASE_SCORE: Final = MappingProxyType(
@@ -73,8 +74,12 @@ BASE_SCORE: Final = MappingProxyType(
 
 # A frame of a Python traceback: where a failure passed, which its error line says better.
 _FRAME = re.compile(r'^File "[^"]+", line \d+')
+# A call's line is ordered after every text line of its message, from here.
+_CALL_ORDER: Final = 10_000
 # The line listing every file the source wrote.
 FILES_WRITTEN: Final = "files written: "
+# The line listing the files its other calls named.
+FILES_LOOKED_AT: Final = "files looked at: "
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
 
@@ -126,6 +131,8 @@ class Item:
     # Shortened from its end only, never head and tail: an error line's start names the
     # error, and a list (newest first) loses its oldest entries.
     keep_head: bool = False
+    # A must kept only whole: over its share it competes as an ordinary line instead.
+    whole: bool = False
 
     @property
     def weight(self) -> float:
@@ -157,6 +164,10 @@ class Extractor:
         # Every file written in the source (or named by an earlier summary's list of them),
         # with when: the one line that tells a resumed agent which files it has touched.
         self.written: dict[str, tuple[int, int]] = {}
+        # Files the source's other calls named (read, searched, ran), likewise.
+        self.looked_at: dict[str, tuple[int, int]] = {}
+        # Where the line of the newest call that has its result sits.
+        self.last_call: tuple[int, int] | None = None
 
     # scoring
 
@@ -292,6 +303,9 @@ class Extractor:
                 sub += 1
                 self.add((index, sub), classify(piece), piece, tag=tag)
 
+    def _lists(self) -> tuple[tuple[str, dict[str, tuple[int, int]]], ...]:
+        return ((FILES_WRITTEN, self.written), (FILES_LOOKED_AT, self.looked_at))
+
     def memory_block(self, index: int, text: str) -> None:
         """Lines of an earlier summary, routed by the heading they sat under.
 
@@ -300,11 +314,13 @@ class Extractor:
         """
         default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
         for sub, (section, tag, line) in enumerate(earlier_lines(text), 1):
-            if line.startswith(FILES_WRITTEN):
-                for path in line[len(FILES_WRITTEN) :].split(", "):
+            listed = next(((p, into) for p, into in self._lists() if line.startswith(p)), None)
+            if listed is not None:
+                prefix, into = listed
+                for path in line[len(prefix) :].split(", "):
                     # A list shortened to fit ends in an elision: no path there.
-                    if path and ELLIPSIS.strip() not in path:
-                        self.written[path.strip()] = (index, sub)
+                    if path.strip() and ELLIPSIS.strip() not in path:
+                        into[path.strip()] = (index, sub)
                 continue
             # A pipeline block's sections place its lines, they do not rank them: its lines
             # were chosen once on their merits and compete as facts again. A snapshot's
@@ -389,7 +405,9 @@ class Extractor:
         path = call_path(call, parsed)
         command = parsed.get("command") if isinstance(parsed, dict) else None
         written = shell_write_target(command) if isinstance(command, str) else None
-        order = (index, 10_000 + pos)
+        order = (index, _CALL_ORDER + pos)
+        if result is not None:
+            self.last_call = order
         if failed or is_error(line):
             self.add(order, "error", item_text, tag=tag)
         elif writes_file(name, written, path):
@@ -404,6 +422,9 @@ class Extractor:
             self.add(order, "pending", item_text, tag=tag, key=f"task:{name}")
         else:
             self.add(order, "tool", item_text, tag=tag)
+        if not failed and not writes_file(name, written, path):
+            for seen in shell_files(command) if isinstance(command, str) else [path] if path else []:
+                self.looked_at[seen] = order
         if path:
             self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
         if written:

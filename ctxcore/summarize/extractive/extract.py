@@ -8,12 +8,19 @@ error is kept whatever else competes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage, UserMessage
-from ctxcore.summarize.extractive.candidates import BASE_SCORE, FILES_WRITTEN, Extractor, Item
+from ctxcore.summarize.extractive.candidates import (
+    BASE_SCORE,
+    FILES_LOOKED_AT,
+    FILES_WRITTEN,
+    Extractor,
+    Item,
+)
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
     EXCEPTION_NAME,
@@ -38,6 +45,8 @@ _LAST_SHARE = 0.2
 # Each further line from one message is worth this much less than the one before.
 _DECAY = 0.6
 _RECENCY = 2.0
+# A kept failure line is ordered after every other line of its message.
+_KEPT_ERROR_ORDER = 10**6
 
 
 @dataclass(frozen=True)
@@ -222,33 +231,47 @@ def _keep_errors(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> 
             _keep_error(ex, index, line, tag, share=0.2)
 
 
-def _keep_written(ex: Extractor, end: int) -> None:
-    """One line naming every file the source wrote and did not delete afterwards, newest
-    first: a path costs a few tokens, and no other line says which files the agent touched
-    once their writes' own lines lose to newer work."""
-    newest_first = sorted(ex.written.items(), key=lambda kv: kv[1], reverse=True)
-    paths = [p for p, at in newest_first if ex.removed.get(p, (-1, 0)) < at]
-    if not paths:
-        return
-    ex.items.append(
-        Item(
-            (end, 0),
-            "file",
-            FILES_WRITTEN + ", ".join(paths),
-            BASE_SCORE["file"],
-            "files-written",
-            must=True,
-            share=0.1,
-            tag="assistant",
-            keep_head=True,
-        )
-    )
+def _keep_file_lists(ex: Extractor, end: int) -> None:
+    """One line naming every file the source wrote and did not delete afterwards, and one
+    naming the other files its calls read or ran, newest first: a path costs a few tokens,
+    and no other line says which files the agent has touched once the lines of those calls
+    lose to newer work."""
+    written = [p for p, at in _newest_first(ex.written) if ex.removed.get(p, (-1, 0)) < at]
+    looked = [p for p, _ in _newest_first(ex.looked_at) if p not in ex.written]
+    for sub, (prefix, paths, share) in enumerate(
+        ((FILES_WRITTEN, written, 0.1), (FILES_LOOKED_AT, looked, 0.08))
+    ):
+        if paths:
+            item = Item(
+                (end, sub),
+                "file",
+                prefix + ", ".join(paths),
+                BASE_SCORE["file"],
+                prefix,
+                must=True,
+                share=share,
+                tag="assistant",
+                keep_head=True,
+            )
+            ex.items.append(item)
+
+
+def _keep_last_call(ex: Extractor) -> None:
+    """The line of the source's newest call is kept: it is what the agent did just before
+    the verbatim tail resumes, which no later line says."""
+    lines = [it for it in ex.items if it.order == ex.last_call and not it.must]
+    if lines:
+        ex.items.append(dataclasses.replace(lines[-1], must=True, share=0.1, whole=True))
+
+
+def _newest_first(paths: dict[str, tuple[int, int]]) -> list[tuple[str, tuple[int, int]]]:
+    return sorted(paths.items(), key=lambda kv: kv[1], reverse=True)
 
 
 def _keep_error(ex: Extractor, index: int, line: str, tag: str, *, share: float) -> None:
     ex.items.append(
         Item(
-            (index, 10**6),
+            (index, _KEPT_ERROR_ORDER),
             "error",
             line,
             BASE_SCORE.get("error", 10.0),
@@ -317,7 +340,8 @@ def extract(
     shape = _Shape.of(source)
     _walk(ex, source, shape)
     _keep_errors(ex, source, shape)
-    _keep_written(ex, len(source))
+    _keep_file_lists(ex, len(source))
+    _keep_last_call(ex)
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):
             static = BASE_SCORE["paths"] * weight

@@ -138,8 +138,8 @@ class Selection:
 
     def run(self, items: Sequence[Item], budget: int) -> list[Item]:
         """The chosen items (some shortened) in original order."""
-        chosen, used = self._musts(items, budget)
-        rest = [it for it in items if not it.must]
+        chosen, used, demoted = self._musts(items, budget)
+        rest = [it for it in items if not it.must] + demoted
         # The latest state of each file is reserved a share of the budget first: it is
         # what a resumed agent needs most and its lines are long, so pure value per token
         # would let many short facts crowd it out.
@@ -162,9 +162,11 @@ class Selection:
                     chosen.append(trimmed)
         return sorted(chosen, key=lambda it: it.order)
 
-    def _musts(self, items: Sequence[Item], budget: int) -> tuple[list[Item], int]:
-        """The items that are always kept, shortened to their share when they must be."""
+    def _musts(self, items: Sequence[Item], budget: int) -> tuple[list[Item], int, list[Item]]:
+        """The items that are always kept, shortened to their share when they must be; and
+        the ``whole`` ones over their share, which compete as ordinary lines instead."""
         chosen: list[Item] = []
+        demoted: list[Item] = []
         used = 0
         for item in sorted((it for it in items if it.must), key=lambda it: (-it.static, it.order)):
             remaining = budget - used
@@ -172,17 +174,21 @@ class Selection:
             share = max(int(budget * item.share), MIN_FILL_TOKENS) + self._overhead(item) - _LINE_OVERHEAD
             room = min(remaining, share)
             if self.tokens(item) > room:
+                if item.whole:
+                    demoted.append(dataclasses.replace(item, must=False))
+                    continue
                 # The user's own words are kept even when they must be shortened.
                 text = self.budgeter.fit(item.text, room - self._overhead(item), head_tail=not item.keep_head)
                 if item.keep_head:
                     text = text.rstrip(", ")
-                if not text:
+                # A list shortened to its label says nothing.
+                if not text or text.endswith(":"):
                     continue
                 item = dataclasses.replace(item, text=text, tokens=-1, share=1.0)
             used += self.tokens(item)
             chosen.append(item)
             self.covered.update(item.words)
-        return chosen, used
+        return chosen, used, demoted
 
     def _greedy(self, items: Sequence[Item], budget: int, used: int) -> tuple[list[Item], int, Item | None]:
         """Lazy greedy by value per cost up to ``budget``; (taken, used, best item that missed)."""
