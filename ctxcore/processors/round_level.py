@@ -32,7 +32,7 @@ from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.window import ContextWindow
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["RoundLevelCompressor", "RoundLevelCompressorConfig"]
 
@@ -103,20 +103,20 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         """LLM compressors promise windows within the context's window (ctxcore's guarantee)."""
         return True
 
-    def _threshold(self, ctx: ModelContext) -> int:
+    def _threshold(self, ctx: ProcessorContext) -> int:
         if self.config.trigger_total_tokens is not None:
             return self.config.trigger_total_tokens
         return max(int(ctx.context_max * self.config.trigger_context_ratio), 1)
 
     # --- hooks -------------------------------------------------------------------------
 
-    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+    def trigger_get_context_window(self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Over the trigger as served (usage-aware when ``usage_aware_trigger``)."""
         total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
         return total >= self._threshold(ctx)
 
     def on_get_context_window(
-        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+        self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Compress the window until it fits the target; the rewrite persists in the view."""
         event, new = self._compress(
@@ -133,7 +133,7 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
 
     def _compress(
         self,
-        ctx: ModelContext,
+        ctx: ProcessorContext,
         messages: list[AnyMessage],
         system: list[AnyMessage],
         tools: list[Any],

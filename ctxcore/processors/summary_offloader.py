@@ -44,7 +44,7 @@ from ctxcore.turns import UserDetector
 from ctxcore.window import resolve_ratio_token_threshold
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = [
     "Limits",
@@ -240,7 +240,7 @@ class MessageSummaryOffloader(RuleProcessor[MessageSummaryOffloaderConfig]):
         return apply(messages, self.config, env, force=force)
 
     def on_compress(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Active compression runs the TTL pass when it is due."""
         env = ctx.rule_env()
