@@ -23,13 +23,13 @@ from ctxcore.errors import CursorNotFoundError, ModelError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.stages import Summarizer
 from ctxcore.pipeline.targets import build_targets, eligible_raw, message_tokens
 from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
 from ctxcore.recall.index import RecallIndex
 from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore, SummaryBlock
 from ctxcore.state.archive import ArchiveWrite
+from ctxcore.summarize.blocks import Summarizer
 from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.strategies import model as model_strategy
 from ctxcore.tokens import TokenCounter

@@ -18,8 +18,8 @@ from ctxcore.messages import (
     message_text,
 )
 from ctxcore.pipeline.render import head_tail, serialize_messages
-from ctxcore.pipeline.stages import Summarizer, parse_blocks
 from ctxcore.state.models import SummaryBlock
+from ctxcore.summarize.blocks import Summarizer, parse_blocks
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
 from ctxcore.summarize.prompts import BLOCK_SECTIONS, LINE_TAG_RULE, block_sections_rule
 from ctxcore.summarize.redact import redact
