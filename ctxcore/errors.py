@@ -6,10 +6,19 @@ Every message says what was wrong and what to do about it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from ctxcore.protocol import Violation
+
+@dataclass(frozen=True)
+class Violation:
+    """One protocol rule a message list breaks, at ``index`` (``protocol.check_window``).
+
+    Defined here, with the error that carries it, so the error tree imports nothing.
+    """
+
+    index: int
+    rule: str
+    detail: str
 
 
 class CtxcoreError(Exception):

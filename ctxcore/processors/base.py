@@ -1,4 +1,4 @@
-"""The processor contract: four hooks, an active-compression hook, a kind, a registry.
+"""The processor contract: four hooks, an active-compression hook, a kind, the context they see.
 
 A processor is a configured object the engine calls at two moments:
 
@@ -23,12 +23,11 @@ Every hook receives ``**kwargs``: ``force`` (active compression) and ``phase`` a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from ctxcore.engine_config import StrictConfig, validate_config
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import ContextEvent
-from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
 from ctxcore.processors.rules import RuleEnv
 from ctxcore.window import ContextWindow
 
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     from ctxcore.tokens import TokenCounter
     from ctxcore.turns import UserDetector
 
-__all__ = ["ContextProcessor", "Kind", "ProcessorConfig", "ProcessorContext", "register_processor"]
+__all__ = ["ContextProcessor", "Kind", "ProcessorConfig", "ProcessorContext"]
 
 Kind = Literal["offloader", "compressor", "view"]
 
@@ -211,38 +210,3 @@ class ContextProcessor(Generic[C]):
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore what ``save_state`` returned."""
-
-
-P = TypeVar("P", bound=type[ContextProcessor[Any]])
-
-
-@overload
-def register_processor(
-    cls: P, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P: ...
-
-
-@overload
-def register_processor(
-    *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> Callable[[P], P]: ...
-
-
-def register_processor(
-    cls: P | None = None, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P | Callable[[P], P]:
-    """Class decorator adding a processor to a registry (the engine's by default).
-
-    Usable bare (``@register_processor``), with arguments
-    (``@register_processor(name="MyCompressor")``) or as a call
-    (``register_processor(MyCompressor, registry=mine)``). Registering a name again replaces the
-    previous class, so a module can override a built-in deliberately.
-    """
-
-    def decorate(target: P) -> P:
-        if name is not None:
-            target._processor_type = name  # type: ignore[attr-defined]
-        (registry or REGISTRY).register(target)
-        return target
-
-    return decorate(cls) if cls is not None else decorate

@@ -15,7 +15,8 @@ from pydantic import Field
 
 from ctxcore.markers import MEMORY_BLOCK_CURRENT
 from ctxcore.messages import AnyMessage, UserMessage
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.snapshot_compressor import (
     SnapshotCompressor,
     SnapshotCompressorConfig,

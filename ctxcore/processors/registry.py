@@ -9,14 +9,13 @@ add themselves when ``ctxcore.processors`` is imported, other modules with
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
 
 from ctxcore.errors import ConfigError
+from ctxcore.processors.base import ContextProcessor
 
-if TYPE_CHECKING:
-    from ctxcore.processors.base import ContextProcessor
-
-__all__ = ["REGISTRY", "ProcessorRegistry"]
+__all__ = ["REGISTRY", "ProcessorRegistry", "register_processor"]
 
 
 class ProcessorRegistry:
@@ -74,3 +73,38 @@ class ProcessorRegistry:
 
 
 REGISTRY = ProcessorRegistry()
+
+
+P = TypeVar("P", bound=type[ContextProcessor[Any]])
+
+
+@overload
+def register_processor(
+    cls: P, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
+) -> P: ...
+
+
+@overload
+def register_processor(
+    *, name: str | None = None, registry: ProcessorRegistry | None = None
+) -> Callable[[P], P]: ...
+
+
+def register_processor(
+    cls: P | None = None, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
+) -> P | Callable[[P], P]:
+    """Class decorator adding a processor to a registry (the engine's by default).
+
+    Usable bare (``@register_processor``), with arguments
+    (``@register_processor(name="MyCompressor")``) or as a call
+    (``register_processor(MyCompressor, registry=mine)``). Registering a name again replaces the
+    previous class, so a module can override a built-in deliberately.
+    """
+
+    def decorate(target: P) -> P:
+        if name is not None:
+            target._processor_type = name  # type: ignore[attr-defined]
+        (registry or REGISTRY).register(target)
+        return target
+
+    return decorate(cls) if cls is not None else decorate

@@ -23,9 +23,10 @@ from pydantic import Field, model_validator
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK, TRUNCATED
 from ctxcore.messages import AnyMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View, compress_until_target
-from ctxcore.processors.base import ContextProcessor, ProcessorConfig, register_processor
+from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.summarize.executor import CompressionExecutor

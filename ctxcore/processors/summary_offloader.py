@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import NonNegativeFloat, PositiveFloat
 
 from ctxcore.messages import AnyMessage, ToolCall, ToolMessage, message_text
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.content_rules import ContentType, RuleBudget, compress, truncate_middle
 from ctxcore.processors.events import ContextEvent
 from ctxcore.processors.offload import has_offload_marker
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,
