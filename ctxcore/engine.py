@@ -17,6 +17,7 @@ Every name importable from ``ctxcore.engine`` before the split still is.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +32,7 @@ from ctxcore.errors import ConfigError, CtxcoreError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
 from ctxcore.processors.events import Subscriber
+from ctxcore.processors.llm_support import api_key_env
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.memory import MemoryOffloadStore
 from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
@@ -47,6 +49,9 @@ __all__ = [
 
 ProcessorSpec = tuple[str, Any] | ContextProcessor[Any]
 
+# Overrides the price of every image content part (spec 2.6), in tokens.
+IMAGE_TOKENS_ENV = "CTXCORE_IMAGE_PLACEHOLDER_TOKENS"
+
 
 class ContextEngine:
     """Creates and pools contexts; owns the offload store, the clock and the registry.
@@ -55,7 +60,11 @@ class ContextEngine:
         config: a ``ContextEngineConfig`` or a dict of its fields.
         offload_store: where offloaded originals go (default: a ``MemoryOffloadStore``).
         clock: seconds source for TTL decisions (default ``time.time``).
-        registry: processor registry (default: the global one with the built-ins).
+        registry: processor registry, used as given (default: a copy of the default
+            registry ``ContextEngine.register_processor`` fills, taken now).
+        environ: the environment, read here only (default ``os.environ``): the image price
+            override ``CTXCORE_IMAGE_PLACEHOLDER_TOKENS`` and the API keys that processors'
+            ``model_client.api_key_env`` name, which each context hands its processors.
     """
 
     register_processor = staticmethod(register_processor)
@@ -67,13 +76,21 @@ class ContextEngine:
         offload_store: OffloadStore | None = None,
         clock: Callable[[], float] = time.time,
         registry: ProcessorRegistry | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
+        # The embedded engine's start-up is one of the two places that read the environment
+        # (the other is Settings.from_env); read once, here.
+        env = dict(os.environ if environ is None else environ)
+        override = env.get(IMAGE_TOKENS_ENV, "")
+        self.image_tokens: int | None = int(override) if override.isdigit() else None
+        self._environ = env
         self.config = validate_config(ContextEngineConfig, config, "ContextEngineConfig")
         self.offload_store: OffloadStore = (
             offload_store if offload_store is not None else MemoryOffloadStore()
         )
         self.clock = clock
-        self.registry = registry if registry is not None else REGISTRY
+        # A copy: registering on one engine must not change what another engine can build.
+        self.registry = registry if registry is not None else REGISTRY.copy()
         self.detector = UserDetector(
             extra_prefixes=self.config.internal_user_prefixes,
             patterns=self.config.internal_user_patterns,
@@ -88,9 +105,9 @@ class ContextEngine:
         """The engine's shared counter: tiktoken for ``model_name`` unless disabled."""
         if self._counter is None:
             self._counter = (
-                TiktokenCounter(self.config.model_name)
+                TiktokenCounter(self.config.model_name, image_tokens=self.image_tokens)
                 if self.config.enable_tiktoken_counter
-                else EstimateCounter()
+                else EstimateCounter(image_tokens=self.image_tokens)
             )
         return self._counter
 
@@ -128,11 +145,14 @@ class ContextEngine:
             existing = self._contexts.get(pool_key)
             if existing is not None:
                 return existing
+            built = self._build_processors(processors or [])
+            names = {n for _, p in built if (n := api_key_env(getattr(p.config, "model_client", None)))}
             context = ModelContext(
                 context_id=context_id,
                 session_id=session_id,
                 config=self.config,
-                processors=self._build_processors(processors or []),
+                processors=built,
+                api_keys={n: self._environ[n] for n in names if n in self._environ},
                 token_counter=token_counter or self.default_counter(),
                 offload_store=self.offload_store,
                 clock=self.clock,

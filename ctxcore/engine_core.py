@@ -104,6 +104,7 @@ class ContextCore:
         clock: Callable[[], float],
         detector: UserDetector,
         subscribers: list[Subscriber],
+        api_keys: Mapping[str, str] | None = None,
     ) -> None:
         self.context_id = context_id
         self.session_id = session_id
@@ -114,6 +115,8 @@ class ContextCore:
         self.offload_store = offload_store
         self.clock = clock
         self.detector = detector
+        # Only the keys this context's processors name (``model_client.api_key_env``).
+        self._api_keys = dict(api_keys or {})
         self.context_max = resolve_context_max(
             config.context_window_tokens, config.model_name, config.model_context_window_tokens
         )
@@ -211,6 +214,11 @@ class ContextCore:
         """One logged message by its log id."""
         with self._data_lock:
             return self._by_id.get(log_id)
+
+    def api_key(self, env_name: str) -> str | None:
+        """The value of environment variable ``env_name`` as the engine read it at start-up,
+        if one of this context's processors names it (None otherwise)."""
+        return self._api_keys.get(env_name)
 
     def rule_env(self, new_ids: frozenset[str] | None = None) -> RuleEnv:
         """The environment rule processors run in for this context."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import os
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -106,16 +105,16 @@ def stamped_size(*sources: Any) -> tuple[int, int] | None:
     return None
 
 
-def image_part_tokens(part: Mapping[str, Any]) -> int:
+def image_part_tokens(part: Mapping[str, Any], override: int | None = None) -> int:
     """Tokens of one image content part, priced by its dimensions when they are known.
 
     A size stamped on the part or its ``image_url`` (``width``/``height``, or
     ``dimensions: "WxH"``) is used first, before the payload's header is parsed (a remote
-    URL has no payload to parse): 100x100 costs 255.
+    URL has no payload to parse): 100x100 costs 255. ``override`` prices every image alike
+    (``ContextEngine`` reads it from ``CTXCORE_IMAGE_PLACEHOLDER_TOKENS``).
     """
-    override = os.environ.get("CTXCORE_IMAGE_PLACEHOLDER_TOKENS")
-    if override and override.isdigit():
-        return int(override)
+    if override is not None:
+        return override
     detail = "auto"
     payload: bytes | None = None
     image = part.get("image_url")

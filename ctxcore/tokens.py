@@ -97,8 +97,10 @@ class _FramedCounter:
     # lets a caller that memoises single messages compose a request's count exactly.
     reply_priming: int = _REPLY_PRIMING
 
-    def __init__(self, cache_size: int = 65536) -> None:
+    def __init__(self, cache_size: int = 65536, *, image_tokens: int | None = None) -> None:
         self._cache = _LruCache(cache_size)
+        # Every image priced alike when set (spec 2.6's override), else by its dimensions.
+        self.image_tokens = image_tokens
 
     def count_text(self, text: str) -> int:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -119,7 +121,11 @@ class _FramedCounter:
             return cached
         images = 0
         if isinstance(content, list):
-            images = sum(image_part_tokens(p) for p in content if is_image(p) and isinstance(p, Mapping))
+            images = sum(
+                image_part_tokens(p, self.image_tokens)
+                for p in content
+                if is_image(p) and isinstance(p, Mapping)
+            )
             text = content_text([p for p in content if not is_image(p)])
         else:
             text = content_text(content)
@@ -158,8 +164,10 @@ class TiktokenCounter(_FramedCounter):
     special-token strings such as ``<|endoftext|>`` is counted as plain text.
     """
 
-    def __init__(self, model: str | None = None, *, cache_size: int = 65536) -> None:
-        super().__init__(cache_size)
+    def __init__(
+        self, model: str | None = None, *, cache_size: int = 65536, image_tokens: int | None = None
+    ) -> None:
+        super().__init__(cache_size, image_tokens=image_tokens)
         self.model = model
         self.encoding_name = encoding_for_model(model)
         self._encoding = load_encoding(self.encoding_name)

@@ -113,6 +113,10 @@ class ProcessorContext(Protocol):
         """The originals stored under an offload handle ([] if unknown)."""
         ...
 
+    def api_key(self, env_name: str) -> str | None:
+        """The API key in environment variable ``env_name``, read by the engine at start-up."""
+        ...
+
 
 class ProcessorConfig(StrictConfig):
     """Base of processor configs: immutable, unknown keys rejected with ``ConfigError``."""

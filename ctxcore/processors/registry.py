@@ -1,9 +1,10 @@
 """The processor registry: name -> processor class.
 
-``REGISTRY`` is the one module-level mutable object of the processors package; built-ins
-add themselves when ``ctxcore.processors`` is imported, other modules with
-``@register_processor``. A separate ``ProcessorRegistry`` can be passed to
-``ContextEngine`` to isolate a set of processors (tests, plugins).
+``REGISTRY`` is the default registry and the one module-level mutable object of the
+processors package; built-ins add themselves when ``ctxcore.processors`` is imported, other
+modules with ``@register_processor`` (``ContextEngine.register_processor``). Each new
+``ContextEngine`` copies it, so ``engine.registry.register()`` affects that engine only; a
+``ProcessorRegistry`` passed to ``ContextEngine`` is used as it is (tests, plugins).
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ class ProcessorRegistry:
         if self._parent is not None:
             return self._parent.get(name)
         raise ConfigError(f"cannot find processor type {name!r}; registered: {', '.join(self.names())}")
+
+    def copy(self) -> ProcessorRegistry:
+        """A new registry holding what this one (and its parent) holds now; later
+        registrations on either side stay on that side."""
+        copied = ProcessorRegistry()
+        if self._parent is not None:
+            copied._classes.update(self._parent.copy()._classes)
+        with self._lock:
+            copied._classes.update(self._classes)
+        return copied
 
     def names(self) -> list[str]:
         """All registered names, sorted."""

@@ -145,7 +145,9 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         view = View.from_messages(messages, system=system, tools=tools, detector=ctx.detector)
         if not force and view.tokens(counter) <= cfg.target_tokens:
             return None, messages
-        executor = CompressionExecutor(resolve_client(self.config.model_client, counter), counter)
+        executor = CompressionExecutor(
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter
+        )
         run = compress_until_target(view, cfg, ExecutorClient(executor), counter)
         if not any(r.changed for r in run.results):
             if run.errors:

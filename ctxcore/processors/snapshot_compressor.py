@@ -166,7 +166,9 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
             if self.config.enable_compression_dump and self.config.compression_dump_dir
             else None
         )
-        executor = CompressionExecutor(resolve_client(self.config.model_client, counter), counter, dump=dump)
+        executor = CompressionExecutor(
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump
+        )
         state = {"target": list(span.target), "tail": list(span.tail)}
 
         def request() -> list[AnyMessage]:
