@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import (
     AnyMessage,
     AssistantMessage,
@@ -88,7 +89,7 @@ def compact_completed_turns() -> Summarizer:
 def text_excerpt(max_chars: int) -> Summarizer:
     """Deterministic excerpt: head and tail of each message's text within ``max_chars``."""
     if max_chars < 1:
-        raise ValueError("max_chars must be >= 1")
+        raise ConfigError(f"text_excerpt: max_chars must be >= 1, got {max_chars}")
 
     def summarize(
         previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int
@@ -203,7 +204,7 @@ def per_message_model(
 def chain(*strategies: Summarizer) -> Summarizer:
     """Apply strategies in turn, each to the previous one's result."""
     if not strategies:
-        raise ValueError("chain() needs at least one strategy")
+        raise ConfigError("chain() needs at least one strategy: pass the summarizers to apply in turn")
 
     def summarize(
         previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int

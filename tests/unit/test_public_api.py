@@ -28,6 +28,7 @@ PINNED = [
     "CtxcoreClient",
     "CtxcoreError",
     "CursorNotFoundError",
+    "ErrorKind",
     "EstimateCounter",
     "InvalidKeyError",
     "InvalidMessageError",
