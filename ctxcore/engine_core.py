@@ -76,10 +76,11 @@ def check_messages(messages: Any, what: str = "messages") -> list[AnyMessage]:
 
 
 class ContextCore:
-    """One conversation's context inside an agent process (synchronous).
+    """The data of one conversation's context: the log, the view, their ids and locks.
 
-    Create it with ``ContextEngine.create_context``. Thread-safe: processor runs are
-    serialised by a per-context lock; reads take a short data lock.
+    The base of ``ModelContext`` (create one with ``ContextEngine.create_context``).
+    Thread-safe: processor runs are serialised by a per-context lock; reads take a short
+    data lock.
 
     Attributes:
         context_id, session_id: the ids it was created with.
