@@ -44,7 +44,11 @@ class ProcessorRegistry:
             return found
         if self._parent is not None:
             return self._parent.get(name)
-        raise ConfigError(f"cannot find processor type {name!r}; registered: {', '.join(self.names())}")
+        raise ConfigError(
+            f"cannot find processor type {name!r}; registered: {', '.join(self.names())}. Register it "
+            "on this engine (engine.registry.register) or with @ContextEngine.register_processor "
+            "before the engine is created (each engine copies the default registry then)"
+        )
 
     def copy(self) -> ProcessorRegistry:
         """A new registry holding what this one (and its parent) holds now; later

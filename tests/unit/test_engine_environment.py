@@ -33,8 +33,9 @@ def test_a_processor_registered_on_one_engine_is_unknown_to_another() -> None:
     assert one.create_context("a", processors=[("TestOnlyEngineLocal", None)]).processors[0][0] == (
         "TestOnlyEngineLocal"
     )
-    with pytest.raises(ConfigError, match="cannot find processor type 'TestOnlyEngineLocal'"):
+    with pytest.raises(ConfigError, match="cannot find processor type 'TestOnlyEngineLocal'") as raised:
         other.create_context("a", processors=[("TestOnlyEngineLocal", None)])
+    assert "engine.registry.register" in str(raised.value)  # says how to make it known
     assert "TestOnlyEngineLocal" not in REGISTRY
     assert "TestOnlyEngineLocal" not in ContextEngine().registry
 
