@@ -2,49 +2,145 @@
 
 Keeps every conversation inside the model's window without losing what matters:
 rule-based views, semantic compression, incremental durable state, distributed compaction.
+
+Every public name is loaded on first use (module ``__getattr__``): ``import ctxcore`` loads
+neither the engine nor ``openai``, ``redis`` or ``sqlalchemy``. ``__all__`` is the pinned
+public API (``tests/unit/test_public_api.py``).
 """
 
-from ctxcore.errors import (
-    BudgetExceeded,
-    ConfigError,
-    ConflictError,
-    CtxcoreError,
-    CursorNotFoundError,
-    InvalidKeyError,
-    InvalidMessageError,
-    InvalidWindowError,
-    ModelError,
-    StoreError,
-    StoreUnavailable,
-)
-from ctxcore.messages import (
-    AssistantMessage,
-    SystemMessage,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-    from_openai,
-    to_openai,
-)
-from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
-from ctxcore.window import ContextStats, ContextWindow, Violation, check_window, close_interrupted_tool_calls
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxcore.assemble import assemble_window
+    from ctxcore.client import AsyncCtxcoreClient, CtxcoreClient
+    from ctxcore.coordinator import Coordinator
+    from ctxcore.engine import AsyncModelContext, ContextEngine, ContextEngineConfig, ModelContext
+    from ctxcore.errors import (
+        ApiError,
+        AuthenticationError,
+        BudgetExceeded,
+        ConfigError,
+        ConflictError,
+        CtxcoreError,
+        CursorNotFoundError,
+        ErrorKind,
+        InvalidKeyError,
+        InvalidMessageError,
+        InvalidWindowError,
+        ModelError,
+        NotFoundError,
+        QuotaExceeded,
+        RateLimited,
+        RecallDisabled,
+        StoreError,
+        StoreUnavailable,
+        TruncateRefused,
+        UnsupportedItemError,
+    )
+    from ctxcore.messages import (
+        AssistantMessage,
+        SystemMessage,
+        ToolCall,
+        ToolMessage,
+        UserMessage,
+        from_openai,
+        to_openai,
+    )
+    from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
+    from ctxcore.window import (
+        ContextStats,
+        ContextWindow,
+        Violation,
+        check_window,
+        close_interrupted_tool_calls,
+    )
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AssistantMessage",
+_ERRORS = (
+    "ApiError",
+    "AuthenticationError",
     "BudgetExceeded",
     "ConfigError",
     "ConflictError",
-    "ContextStats",
-    "ContextWindow",
     "CtxcoreError",
     "CursorNotFoundError",
-    "EstimateCounter",
+    "ErrorKind",
     "InvalidKeyError",
     "InvalidMessageError",
     "InvalidWindowError",
     "ModelError",
+    "NotFoundError",
+    "QuotaExceeded",
+    "RateLimited",
+    "RecallDisabled",
+    "StoreError",
+    "StoreUnavailable",
+    "TruncateRefused",
+    "UnsupportedItemError",
+)
+
+# Public name -> the module defining it.
+_LAZY: dict[str, str] = {
+    "AsyncCtxcoreClient": "ctxcore.client",
+    "CtxcoreClient": "ctxcore.client",
+    "AsyncModelContext": "ctxcore.engine",
+    "ContextEngine": "ctxcore.engine",
+    "ContextEngineConfig": "ctxcore.engine",
+    "ModelContext": "ctxcore.engine",
+    "Coordinator": "ctxcore.coordinator",
+    "assemble_window": "ctxcore.assemble",
+    **dict.fromkeys(_ERRORS, "ctxcore.errors"),
+    **dict.fromkeys(
+        (
+            "AssistantMessage",
+            "SystemMessage",
+            "ToolCall",
+            "ToolMessage",
+            "UserMessage",
+            "from_openai",
+            "to_openai",
+        ),
+        "ctxcore.messages",
+    ),
+    **dict.fromkeys(("EstimateCounter", "TiktokenCounter", "TokenCounter"), "ctxcore.tokens"),
+    **dict.fromkeys(
+        ("ContextStats", "ContextWindow", "Violation", "check_window", "close_interrupted_tool_calls"),
+        "ctxcore.window",
+    ),
+}
+
+__all__ = [
+    "ApiError",
+    "AssistantMessage",
+    "AsyncCtxcoreClient",
+    "AsyncModelContext",
+    "AuthenticationError",
+    "BudgetExceeded",
+    "ConfigError",
+    "ConflictError",
+    "ContextEngine",
+    "ContextEngineConfig",
+    "ContextStats",
+    "ContextWindow",
+    "Coordinator",
+    "CtxcoreClient",
+    "CtxcoreError",
+    "CursorNotFoundError",
+    "ErrorKind",
+    "EstimateCounter",
+    "InvalidKeyError",
+    "InvalidMessageError",
+    "InvalidWindowError",
+    "ModelContext",
+    "ModelError",
+    "NotFoundError",
+    "QuotaExceeded",
+    "RateLimited",
+    "RecallDisabled",
     "StoreError",
     "StoreUnavailable",
     "SystemMessage",
@@ -52,10 +148,26 @@ __all__ = [
     "TokenCounter",
     "ToolCall",
     "ToolMessage",
+    "TruncateRefused",
+    "UnsupportedItemError",
     "UserMessage",
     "Violation",
+    "assemble_window",
     "check_window",
     "close_interrupted_tool_calls",
     "from_openai",
     "to_openai",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

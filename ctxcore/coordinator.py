@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ctxcore.counting import tolerant
-from ctxcore.errors import CursorNotFoundError, ModelError
+from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.stages import Summarizer
 from ctxcore.pipeline.targets import build_targets, eligible_raw, message_tokens
 from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
 from ctxcore.recall.index import RecallIndex
 from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore, SummaryBlock
 from ctxcore.state.archive import ArchiveWrite
+from ctxcore.summarize.blocks import Summarizer
 from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.strategies import model as model_strategy
 from ctxcore.tokens import TokenCounter
@@ -38,7 +38,7 @@ from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, turns
 __all__ = ["INVALID_SUMMARY", "Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
 
 Outcome = Literal["compressed", "skipped", "failed", "conflict", "rejected"]
-INVALID_SUMMARY = "invalid_summary"
+INVALID_SUMMARY = ErrorKind.INVALID_SUMMARY
 """``error_kind`` of a ``rejected`` result: the stage's output would break the chat protocol."""
 DEFAULT_BUDGET = 128_000
 
@@ -107,8 +107,8 @@ class Coordinator:
         recall_for: Callable[[ConversationKey], ChunkingConfig | None] | None = None,
     ) -> None:
         if not 0 < target_ratio <= trigger_ratio <= 1:
-            raise ValueError(
-                f"need 0 < target_ratio ({target_ratio}) <= trigger_ratio ({trigger_ratio}) <= 1"
+            raise ConfigError(
+                f"Coordinator: need 0 < target_ratio ({target_ratio}) <= trigger_ratio ({trigger_ratio}) <= 1"
             )
         self.state_store = state_store
         self.log = log

@@ -11,7 +11,8 @@ from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS
 from ctxcore.window import ContextStats, ContextWindow
 
 if TYPE_CHECKING:
-    from ctxcore.engine import CompressResult, ModelContext
+    from ctxcore.engine_context import ModelContext
+    from ctxcore.engine_hooks import CompressResult
     from ctxcore.recall.archive import RecallAnswer
 
 __all__ = ["AsyncModelContext"]

@@ -6,10 +6,56 @@ Every message says what was wrong and what to do about it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from enum import StrEnum
 
-if TYPE_CHECKING:
-    from ctxcore.protocol import Violation
+
+class ErrorKind(StrEnum):
+    """Why an operation failed: one vocabulary for model errors, stage failures and metric labels.
+
+    Members are strings (``ErrorKind.TIMEOUT == "timeout"``), so stored and reported kinds
+    stay plain text.
+    """
+
+    # A model call (spec 5.1): the executor's retry policy hangs on these seven.
+    CONTEXT_OVERFLOW = "context_overflow"
+    RATE_LIMIT = "rate_limit"
+    AUTHENTICATION = "authentication"
+    TIMEOUT = "timeout"
+    SERVER_UNSTABLE = "server_unstable"
+    API_REQUEST_ERROR = "api_request_error"
+    UNKNOWN = "unknown"
+    # A compaction stage.
+    NO_MODEL = "no_model"
+    INVALID_SUMMARY = "invalid_summary"
+    SUMMARIZER_EMPTY = "summarizer_empty"
+    CIRCUIT_OPEN = "circuit_open"
+    STORE_UNAVAILABLE = "store_unavailable"
+    INTERNAL = "internal"
+
+
+# The kinds a failed model call is classified as (``summarize.errors.classify_error``).
+MODEL_CALL_KINDS: tuple[ErrorKind, ...] = (
+    ErrorKind.CONTEXT_OVERFLOW,
+    ErrorKind.RATE_LIMIT,
+    ErrorKind.AUTHENTICATION,
+    ErrorKind.TIMEOUT,
+    ErrorKind.SERVER_UNSTABLE,
+    ErrorKind.API_REQUEST_ERROR,
+    ErrorKind.UNKNOWN,
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One protocol rule a message list breaks, at ``index`` (``protocol.check_window``).
+
+    Defined here, with the error that carries it, so the error tree imports nothing.
+    """
+
+    index: int
+    rule: str
+    detail: str
 
 
 class CtxcoreError(Exception):
@@ -97,9 +143,9 @@ class CursorNotFoundError(StoreError):
 
 
 class ModelError(CtxcoreError):
-    """A summarisation model call failed; ``kind`` classifies why (see summarize.errors)."""
+    """A summarisation model call failed; ``kind`` (an ``ErrorKind``) classifies why."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
         self.kind = kind
         super().__init__(f"{kind}: {message}")
 

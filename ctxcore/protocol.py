@@ -8,8 +8,8 @@ message interrupted, ``drop_leading_orphans`` removes what precedes the first us
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ctxcore.errors import Violation
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage, UserMessage
 from ctxcore.turns import tool_callers
 
@@ -24,15 +24,6 @@ __all__ = [
 ]
 
 INTERRUPTED_TOOL_RESULT = "[Tool execution interrupted]"
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One protocol rule a message list breaks, at ``index``."""
-
-    index: int
-    rule: str
-    detail: str
 
 
 def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:

@@ -9,11 +9,9 @@ distributed workers run one stage per task and save each result with compare-and
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ctxcore.errors import ModelError
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
@@ -31,6 +29,7 @@ from ctxcore.pipeline.targets import (
 from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.pipeline.view import BLOCK_META, View, block_message
 from ctxcore.state.models import SummaryBlock
+from ctxcore.summarize.blocks import Summarizer, parse_blocks
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
 from ctxcore.summarize.prompts import (
     BLOCK_SECTIONS,
@@ -60,20 +59,6 @@ MIN_L1_SOURCE_TOKENS = 200
 # cap each raw token is sent about once, plus at most a quarter (1,000 tokens for a short run).
 SUMMARIZER_CONTEXT_RATIO = 0.25
 SUMMARIZER_CONTEXT_FLOOR = 1000
-
-
-class Summarizer(Protocol):
-    """Turns pending steps into the messages of one new L1 block.
-
-    ``previous_blocks`` are context (so the summary does not repeat them) and stay as they
-    are: the most recent earlier blocks, together at most ``SUMMARIZER_CONTEXT_RATIO`` of
-    the pending steps' tokens or ``SUMMARIZER_CONTEXT_FLOOR`` tokens. The result stands for
-    ``pending_steps`` only. None or [] is a failure.
-    """
-
-    def __call__(
-        self, previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int
-    ) -> list[AnyMessage] | None: ...
 
 
 # --- planning ---------------------------------------------------------------------------
@@ -415,39 +400,6 @@ def _result(
 
 
 # --- the model call ---------------------------------------------------------------------
-
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.MULTILINE)
-
-
-def parse_blocks(text: str) -> dict[str, str]:
-    """``{"blocks": [{"block_id", "summary"}]}`` -> id -> summary; anything else -> {}."""
-    stripped = text.strip()
-    start, end = text.find("{"), text.rfind("}")
-    # Built lazily: the fence regex costs milliseconds on a long reply that parses as it is.
-    candidates: list[Callable[[], str]] = [
-        lambda: stripped,
-        lambda: _FENCE.sub("", stripped),
-        lambda: text[start : end + 1] if 0 <= start < end else "",
-    ]
-    for make in candidates:
-        candidate = make()
-        if not candidate:
-            continue
-        try:
-            payload = json.loads(candidate)
-        except (json.JSONDecodeError, ValueError):
-            continue
-        if not isinstance(payload, dict) or not isinstance(payload.get("blocks"), list):
-            continue
-        out: dict[str, str] = {}
-        for entry in payload["blocks"]:
-            if not isinstance(entry, dict):
-                continue
-            bid, summary = entry.get("block_id"), entry.get("summary")
-            if isinstance(bid, str) and bid and isinstance(summary, str) and summary.strip():
-                out.setdefault(bid, summary.strip())
-        return out
-    return {}
 
 
 def _task_prompt(

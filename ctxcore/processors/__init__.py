@@ -6,7 +6,7 @@ Importing this package registers the built-ins (and does nothing else):
 and ``WindowLimit``. Other modules add theirs with ``@register_processor``.
 """
 
-from ctxcore.processors.base import ContextProcessor, Kind, ProcessorConfig, register_processor
+from ctxcore.processors.base import ContextProcessor, Kind, ProcessorConfig, ProcessorContext
 from ctxcore.processors.chain import (
     ChainResult,
     apply_rules,
@@ -28,7 +28,7 @@ from ctxcore.processors.events import (
 )
 from ctxcore.processors.message_offloader import MessageOffloader, MessageOffloaderConfig
 from ctxcore.processors.micro_compact import MicroCompactConfig, MicroCompactProcessor
-from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
+from ctxcore.processors.registry import REGISTRY, ProcessorRegistry, register_processor
 from ctxcore.processors.round_level import RoundLevelCompressor, RoundLevelCompressorConfig
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv, RuleResult
@@ -58,6 +58,7 @@ __all__ = [
     "MicroCompactConfig",
     "MicroCompactProcessor",
     "ProcessorConfig",
+    "ProcessorContext",
     "ProcessorFailure",
     "ProcessorRegistry",
     "RoundLevelCompressor",

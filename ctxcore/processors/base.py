@@ -1,4 +1,4 @@
-"""The processor contract: four hooks, an active-compression hook, a kind, a registry.
+"""The processor contract: four hooks, an active-compression hook, a kind, the context they see.
 
 A processor is a configured object the engine calls at two moments:
 
@@ -22,21 +22,100 @@ Every hook receives ``**kwargs``: ``force`` (active compression) and ``phase`` a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from ctxcore.engine_config import StrictConfig, validate_config
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import ContextEvent
-from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
+from ctxcore.processors.rules import RuleEnv
 from ctxcore.window import ContextWindow
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.recall.embedded import ContextArchive
+    from ctxcore.state.keys import ConversationKey
+    from ctxcore.tokens import TokenCounter
+    from ctxcore.turns import UserDetector
 
-__all__ = ["ContextProcessor", "Kind", "ProcessorConfig", "register_processor"]
+__all__ = ["ContextProcessor", "Kind", "ProcessorConfig", "ProcessorContext"]
 
 Kind = Literal["offloader", "compressor", "view"]
+
+
+class ProcessorContext(Protocol):
+    """What a hook may use of the context it runs in (``ModelContext`` satisfies it).
+
+    Declared here, in the processors' layer, so processors never import the engine: the
+    engine depends on processors, not the other way round.
+    """
+
+    @property
+    def key(self) -> ConversationKey:
+        """The conversation offloads are stored under."""
+        ...
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        """The counter every size in this context is measured with."""
+        ...
+
+    @property
+    def detector(self) -> UserDetector:
+        """Tells real user turns from harness-injected ones."""
+        ...
+
+    @property
+    def context_max(self) -> int:
+        """The model's window in tokens."""
+        ...
+
+    @property
+    def archive(self) -> ContextArchive | None:
+        """Where folded messages are archived for recall (None with recall off)."""
+        ...
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds source for TTL decisions."""
+        ...
+
+    @property
+    def last_window_access(self) -> float | None:
+        """Clock value of the last window, None before the first."""
+        ...
+
+    @property
+    def usage_fresh_after(self) -> str | None:
+        """The log id after which provider-reported usage still describes the view."""
+        ...
+
+    def get_messages(self) -> list[AnyMessage]:
+        """The current view."""
+        ...
+
+    def set_messages(self, messages: Sequence[AnyMessage]) -> None:
+        """Replace the view (the log is untouched)."""
+        ...
+
+    def rule_env(self, new_ids: frozenset[str] | None = None) -> RuleEnv:
+        """The environment rule processors run in."""
+        ...
+
+    def window_rule_env(self, window: ContextWindow) -> RuleEnv:
+        """``rule_env`` with the window's room for context messages."""
+        ...
+
+    def archive_folded(self, messages: Sequence[AnyMessage]) -> None:
+        """Archive what a compressor is about to fold (a no-op with recall off)."""
+        ...
+
+    def reload(self, handle: str) -> list[AnyMessage]:
+        """The originals stored under an offload handle ([] if unknown)."""
+        ...
+
+    def api_key(self, env_name: str) -> str | None:
+        """The API key in environment variable ``env_name``, read by the engine at start-up."""
+        ...
 
 
 class ProcessorConfig(StrictConfig):
@@ -84,24 +163,24 @@ class ContextProcessor(Generic[C]):
 
     # --- add ---------------------------------------------------------------------------
 
-    def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
+    def trigger_add_messages(self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
         """Whether ``on_add_messages`` should run for this batch (cheap; default False)."""
         return False
 
     def on_add_messages(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Process a batch; returns (event or None, the batch to append)."""
         return None, messages
 
     # --- window ------------------------------------------------------------------------
 
-    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+    def trigger_get_context_window(self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Whether ``on_get_context_window`` should run for this window (cheap; default False)."""
         return False
 
     def on_get_context_window(
-        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+        self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Process a window; returns (event or None, the window to serve)."""
         return None, window
@@ -109,7 +188,7 @@ class ContextProcessor(Generic[C]):
     # --- active compression ------------------------------------------------------------
 
     def on_compress(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Compress the whole view on request; returns (event or None, the new view).
 
@@ -135,38 +214,3 @@ class ContextProcessor(Generic[C]):
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore what ``save_state`` returned."""
-
-
-P = TypeVar("P", bound=type[ContextProcessor[Any]])
-
-
-@overload
-def register_processor(
-    cls: P, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P: ...
-
-
-@overload
-def register_processor(
-    *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> Callable[[P], P]: ...
-
-
-def register_processor(
-    cls: P | None = None, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P | Callable[[P], P]:
-    """Class decorator adding a processor to a registry (the engine's by default).
-
-    Usable bare (``@register_processor``), with arguments
-    (``@register_processor(name="MyCompressor")``) or as a call
-    (``register_processor(MyCompressor, registry=mine)``). Registering a name again replaces the
-    previous class, so a module can override a built-in deliberately.
-    """
-
-    def decorate(target: P) -> P:
-        if name is not None:
-            target._processor_type = name  # type: ignore[attr-defined]
-        (registry or REGISTRY).register(target)
-        return target
-
-    return decorate(cls) if cls is not None else decorate

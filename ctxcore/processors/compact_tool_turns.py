@@ -17,7 +17,8 @@ from __future__ import annotations
 from pydantic import NonNegativeInt
 
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 from ctxcore.turns import Turn, turns

@@ -15,7 +15,8 @@ from pydantic import Field
 
 from ctxcore.markers import MEMORY_BLOCK_CURRENT
 from ctxcore.messages import AnyMessage, UserMessage
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.snapshot_compressor import (
     SnapshotCompressor,
     SnapshotCompressorConfig,
@@ -26,7 +27,7 @@ from ctxcore.summarize.prompts import CURRENT_COMPACT_PROMPT, CURRENT_SECTIONS
 from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, anchors
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["CurrentRoundCompressor", "CurrentRoundCompressorConfig"]
 
@@ -51,7 +52,7 @@ class CurrentRoundCompressor(SnapshotCompressor):
     sections = CURRENT_SECTIONS
     builders = ("plan_mode", "plan", "task_status", "todo", "skills", "read_file")
 
-    def span(self, ctx: ModelContext, messages: list[AnyMessage]) -> Span:
+    def span(self, ctx: ProcessorContext, messages: list[AnyMessage]) -> Span:
         """``messages[:u+1]`` stays, the finished work after it is summarised, the rest stays."""
         intent = anchors(messages, ctx.detector).intent
         if intent is None:

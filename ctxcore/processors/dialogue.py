@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from ctxcore.markers import MEMORY_BLOCK_DIALOGUE
 from ctxcore.messages import AnyMessage
-from ctxcore.processors.base import register_processor
 from ctxcore.processors.events import ContextEvent
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.snapshot_compressor import SnapshotCompressor, Span, complete_prefix
 from ctxcore.summarize.prompts import DIALOGUE_COMPACT_PROMPT, DIALOGUE_SECTIONS
 from ctxcore.turns import anchors
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["DialogueCompressor"]
 
@@ -36,7 +36,7 @@ class DialogueCompressor(SnapshotCompressor):
     sections = DIALOGUE_SECTIONS
     builders = ("skills", "read_file", "plan_mode", "plan")
 
-    def span(self, ctx: ModelContext, messages: list[AnyMessage]) -> Span:
+    def span(self, ctx: ProcessorContext, messages: list[AnyMessage]) -> Span:
         """``messages[:task+1]`` stays, whole steps up to the intent anchor are summarised."""
         found = anchors(messages, ctx.detector)
         if found.task is None or found.intent is None or found.intent <= found.task + 1:
@@ -46,7 +46,7 @@ class DialogueCompressor(SnapshotCompressor):
         return Span(list(messages[:start]), list(messages[start:end]), list(messages[end:]))
 
     def on_compress(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Active compression still honours the minimum-target check (spec 3.4)."""
         if not self._worth_it(ctx, messages):

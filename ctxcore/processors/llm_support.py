@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer
@@ -12,7 +12,7 @@ from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract, Usage
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["ExecutorClient", "ModelClientSpec", "client_name", "resolve_client", "usage_dict"]
+__all__ = ["ExecutorClient", "ModelClientSpec", "api_key_env", "client_name", "resolve_client", "usage_dict"]
 
 _MODEL_KEYS = {"base_url", "name", "api_key_env", "timeout", "max_tokens", "temperature"}
 
@@ -45,19 +45,31 @@ def client_name(spec: Any) -> str:
     return str(getattr(spec, "name", "") or "")
 
 
-def resolve_client(spec: Any, counter: TokenCounter) -> ModelClient:
-    """The configured client; ``ExtractiveModel`` (offline, deterministic) when none is set."""
+def api_key_env(spec: Any) -> str | None:
+    """The environment variable a ``model_client`` spec takes its API key from (None: none)."""
+    if spec is None or isinstance(spec, ModelClient):
+        return None
+    name = getattr(spec, "api_key_env", None)
+    return name if isinstance(name, str) and name else None
+
+
+def resolve_client(
+    spec: Any, counter: TokenCounter, api_key: Callable[[str], str | None] | None = None
+) -> ModelClient:
+    """The configured client; ``ExtractiveModel`` (offline, deterministic) when none is set.
+
+    ``api_key`` looks up the value of the spec's ``api_key_env`` (``ProcessorContext.api_key``:
+    this module never reads the environment; ``ContextEngine`` does, at start-up).
+    """
     if spec is None:
         return ExtractiveModel(counter)
     if isinstance(spec, ModelClient):
         return spec
-    import os
-
     from ctxcore.summarize.openai_chat import OpenAIChatModel
 
     return OpenAIChatModel(
         base_url=spec.base_url or "http://127.0.0.1:8000/v1",
-        api_key=os.environ.get(spec.api_key_env),
+        api_key=api_key(spec.api_key_env) if api_key is not None and spec.api_key_env else None,
         model=spec.name,
         timeout=spec.timeout,
         max_tokens=spec.max_tokens,

@@ -15,8 +15,9 @@ from typing import Literal
 from pydantic import PositiveInt, model_validator
 
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,

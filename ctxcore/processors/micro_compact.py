@@ -21,8 +21,9 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from ctxcore.markers import CLEARED_TOOL_RESULT
 from ctxcore.messages import AnyMessage, ToolMessage, message_text, replace_content
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import find_offload_markers
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     HeadroomBudget,

@@ -21,7 +21,7 @@ from ctxcore.errors import InvalidKeyError
 from ctxcore.messages import ToolCall, ToolMessage, to_openai
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["RELOAD_TOOL_NAME", "execute_reload_tool", "reload_tool_definition", "reload_tool_message"]
 
@@ -69,7 +69,7 @@ def _handle_of(arguments: str | Mapping[str, Any]) -> str | None:
     return handle.strip() if isinstance(handle, str) else None
 
 
-def execute_reload_tool(ctx: ModelContext, arguments: str | Mapping[str, Any]) -> str:
+def execute_reload_tool(ctx: ProcessorContext, arguments: str | Mapping[str, Any]) -> str:
     """Run the tool: the original messages as a JSON list of OpenAI messages, or an error text.
 
     Never raises for bad input: the model gets a message it can act on instead.
@@ -86,7 +86,7 @@ def execute_reload_tool(ctx: ModelContext, arguments: str | Mapping[str, Any]) -
     return json.dumps(to_openai(messages), ensure_ascii=False)
 
 
-def reload_tool_message(ctx: ModelContext, call: ToolCall) -> ToolMessage:
+def reload_tool_message(ctx: ProcessorContext, call: ToolCall) -> ToolMessage:
     """The tool result message answering ``call``."""
     return ToolMessage(
         content=execute_reload_tool(ctx, call.arguments), tool_call_id=call.id, name=RELOAD_TOOL_NAME

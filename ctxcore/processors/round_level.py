@@ -23,16 +23,17 @@ from pydantic import Field, model_validator
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK, TRUNCATED
 from ctxcore.messages import AnyMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View, compress_until_target
-from ctxcore.processors.base import ContextProcessor, ProcessorConfig, register_processor
+from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.window import ContextWindow
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["RoundLevelCompressor", "RoundLevelCompressorConfig"]
 
@@ -104,20 +105,20 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         """LLM compressors promise windows within the context's window (ctxcore's guarantee)."""
         return True
 
-    def _threshold(self, ctx: ModelContext) -> int:
+    def _threshold(self, ctx: ProcessorContext) -> int:
         if self.config.trigger_total_tokens is not None:
             return self.config.trigger_total_tokens
         return max(int(ctx.context_max * self.config.trigger_context_ratio), 1)
 
     # --- hooks -------------------------------------------------------------------------
 
-    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+    def trigger_get_context_window(self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Over the trigger as served (usage-aware when ``usage_aware_trigger``)."""
         total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
         return total >= self._threshold(ctx)
 
     def on_get_context_window(
-        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+        self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Compress the window until it fits the target; the rewrite persists in the view."""
         event, new = self._compress(
@@ -134,7 +135,7 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
 
     def _compress(
         self,
-        ctx: ModelContext,
+        ctx: ProcessorContext,
         messages: list[AnyMessage],
         system: list[AnyMessage],
         tools: list[Any],
@@ -145,7 +146,9 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         view = View.from_messages(messages, system=system, tools=tools, detector=ctx.detector)
         if not force and view.tokens(counter) <= cfg.target_tokens:
             return None, messages
-        executor = CompressionExecutor(resolve_client(self.config.model_client, counter), counter)
+        executor = CompressionExecutor(
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter
+        )
         run = compress_until_target(view, cfg, ExecutorClient(executor), counter)
         if not any(r.changed for r in run.results):
             if run.errors:

@@ -22,7 +22,7 @@ from ctxcore.processors.rules import RuleEnv, RuleResult
 from ctxcore.window import ContextWindow
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["RuleProcessor"]
 
@@ -61,14 +61,14 @@ class RuleProcessor(ContextProcessor[C]):
 
     # --- add (offloaders and compressors) ------------------------------------------------
 
-    def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
+    def trigger_add_messages(self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
         """Passive trigger over the stored view plus the batch."""
         if self.acts_on_windows:
             return False
         return self.triggers([*ctx.get_messages(), *messages], ctx.rule_env(new_ids=_ids(messages)))
 
     def on_add_messages(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Run the rule over view + batch; persist the stored part, return the batch part."""
         if self.acts_on_windows:
@@ -86,12 +86,12 @@ class RuleProcessor(ContextProcessor[C]):
 
     # --- window (views) ----------------------------------------------------------------
 
-    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+    def trigger_get_context_window(self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Views trigger when their rule would act on the window's messages."""
         return self.acts_on_windows and self.triggers(window.context_messages, ctx.window_rule_env(window))
 
     def on_get_context_window(
-        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+        self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Views rewrite the served window only (nothing is persisted)."""
         if not self.acts_on_windows:
@@ -110,7 +110,7 @@ class RuleProcessor(ContextProcessor[C]):
     # --- active compression ------------------------------------------------------------
 
     def on_compress(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Run the rule over the whole view with thresholds bypassed (headroom-aware rules:
         nothing, they never persist)."""

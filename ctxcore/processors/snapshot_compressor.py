@@ -32,7 +32,7 @@ from ctxcore.turns import steps
 from ctxcore.window import ContextWindow
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = ["SnapshotCompressor", "SnapshotCompressorConfig", "Span"]
 
@@ -101,7 +101,7 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
     sections: ClassVar[tuple[str, ...]] = ()
     builders: ClassVar[tuple[str, ...]] = ()
 
-    def span(self, ctx: ModelContext, messages: list[AnyMessage]) -> Span:
+    def span(self, ctx: ProcessorContext, messages: list[AnyMessage]) -> Span:
         """Which messages to summarise (no anchors, whole steps only)."""
         raise NotImplementedError
 
@@ -111,14 +111,14 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
 
     # --- hooks -------------------------------------------------------------------------
 
-    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
+    def trigger_get_context_window(self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any) -> bool:
         """Over ``trigger_context_ratio`` of the window, with a span worth summarising."""
         total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
         if total < max(int(ctx.context_max * self.config.trigger_context_ratio), 1):
             return False
         return self._worth_it(ctx, window.context_messages)
 
-    def _worth_it(self, ctx: ModelContext, messages: list[AnyMessage]) -> bool:
+    def _worth_it(self, ctx: ProcessorContext, messages: list[AnyMessage]) -> bool:
         span = self.span(ctx, messages)
         if not span.target:
             return False
@@ -127,7 +127,7 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
         )
 
     def on_get_context_window(
-        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
+        self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Summarise the span; on success the rewrite replaces the view."""
         new, event = self._compress(ctx, window, kwargs.get("preserve_instruction"))
@@ -141,7 +141,7 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
     # --- work --------------------------------------------------------------------------
 
     def _compress(
-        self, ctx: ModelContext, window: ContextWindow, preserve_instruction: str | None
+        self, ctx: ProcessorContext, window: ContextWindow, preserve_instruction: str | None
     ) -> tuple[list[AnyMessage], ContextEvent | None]:
         original = list(window.context_messages)
         span = self.span(ctx, original)
@@ -166,7 +166,9 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
             if self.config.enable_compression_dump and self.config.compression_dump_dir
             else None
         )
-        executor = CompressionExecutor(resolve_client(self.config.model_client, counter), counter, dump=dump)
+        executor = CompressionExecutor(
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump
+        )
         state = {"target": list(span.target), "tail": list(span.tail)}
 
         def request() -> list[AnyMessage]:

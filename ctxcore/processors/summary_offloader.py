@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import NonNegativeFloat, PositiveFloat
 
 from ctxcore.messages import AnyMessage, ToolCall, ToolMessage, message_text
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.content_rules import ContentType, RuleBudget, compress, truncate_middle
 from ctxcore.processors.events import ContextEvent
 from ctxcore.processors.offload import has_offload_marker
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,
@@ -44,7 +45,7 @@ from ctxcore.turns import UserDetector
 from ctxcore.window import resolve_ratio_token_threshold
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
 
 __all__ = [
     "Limits",
@@ -240,7 +241,7 @@ class MessageSummaryOffloader(RuleProcessor[MessageSummaryOffloaderConfig]):
         return apply(messages, self.config, env, force=force)
 
     def on_compress(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
+        self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Active compression runs the TTL pass when it is due."""
         env = ctx.rule_env()

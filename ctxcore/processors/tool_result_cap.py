@@ -17,7 +17,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from ctxcore.messages import AnyMessage, ToolMessage, message_text
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult
 

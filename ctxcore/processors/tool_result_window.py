@@ -14,8 +14,9 @@ from functools import partial
 from pydantic import NonNegativeInt, PositiveInt
 
 from ctxcore.messages import AnyMessage, ToolMessage, replace_content
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, tool_calls_of_results, tool_name
 from ctxcore.processors.tool_result_budget import persisted_output

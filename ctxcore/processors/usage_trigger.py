@@ -16,7 +16,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage, message_text
 from ctxcore.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from ctxcore.engine import ModelContext
+    from ctxcore.processors.base import ProcessorContext
     from ctxcore.window import ContextWindow
 
 __all__ = ["trigger_tokens", "usage_baseline", "window_trigger_tokens"]
@@ -66,7 +66,7 @@ def trigger_tokens(
     return counter.count_messages(list(messages)) + counter.count_tools(list(tools))
 
 
-def window_trigger_tokens(ctx: ModelContext, window: ContextWindow, *, usage_aware: bool) -> int:
+def window_trigger_tokens(ctx: ProcessorContext, window: ContextWindow, *, usage_aware: bool) -> int:
     """``trigger_tokens`` of a served window of ``ctx`` (its counter and usage freshness)."""
     return trigger_tokens(
         window.get_messages(),

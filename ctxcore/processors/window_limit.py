@@ -11,7 +11,8 @@ from __future__ import annotations
 from pydantic import PositiveInt
 
 from ctxcore.messages import AnyMessage
-from ctxcore.processors.base import ProcessorConfig, register_processor
+from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, anchor_indices, rounds
 

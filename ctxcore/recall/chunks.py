@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline.render import serialize_message
 from ctxcore.state.archive import ArchiveChunk
@@ -82,7 +83,9 @@ def _units(messages: Sequence[AnyMessage], counter: TokenCounter) -> Iterator[_U
     for message in messages:
         log_id = message.context_message_id
         if log_id is None:
-            raise ValueError("archived messages need their log id (context_message_id)")
+            raise InvalidMessageError(
+                -1, "context_message_id", "archived messages need their log id: archive messages as logged"
+            )
         text = serialize_message(message)
         yield _Unit(log_id, text, _tokens(counter, text))
 

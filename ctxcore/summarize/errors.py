@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import openai
 
-from ctxcore.errors import ModelError
+from ctxcore.errors import MODEL_CALL_KINDS, ConfigError, ErrorKind, ModelError
 
 __all__ = [
     "ERROR_KINDS",
@@ -30,16 +30,10 @@ __all__ = [
     "status_code_of",
 ]
 
-ERROR_KINDS: Final = (
-    "context_overflow",
-    "rate_limit",
-    "authentication",
-    "timeout",
-    "server_unstable",
-    "api_request_error",
-    "unknown",
+ERROR_KINDS: Final = MODEL_CALL_KINDS
+TRANSIENT_KINDS: Final = frozenset(
+    {ErrorKind.RATE_LIMIT, ErrorKind.TIMEOUT, ErrorKind.SERVER_UNSTABLE, ErrorKind.UNKNOWN}
 )
-TRANSIENT_KINDS: Final = frozenset({"rate_limit", "timeout", "server_unstable", "unknown"})
 
 _CHAIN_DEPTH = 8
 _MATCH_DEPTH = 6
@@ -55,7 +49,7 @@ class ModelCallError(ModelError):
 
     def __init__(
         self,
-        kind: str,
+        kind: ErrorKind | str,
         message: str,
         status_code: int | None = None,
         retry_after: float | None = None,
@@ -63,7 +57,9 @@ class ModelCallError(ModelError):
         attempts: int = 0,
     ) -> None:
         if kind not in ERROR_KINDS:
-            raise ValueError(f"unknown model error kind {kind!r}; expected one of {ERROR_KINDS}")
+            raise ConfigError(
+                f"unknown model error kind {kind!r}; pass one of {[str(k) for k in ERROR_KINDS]}"
+            )
         super().__init__(kind, message)
         self.message = message
         self.status_code = status_code
@@ -235,7 +231,7 @@ def is_context_overflow_error(exc: BaseException) -> bool:
     False for billing/quota errors, output-token limits and network timeouts.
     """
     for current in _chain(exc):
-        if isinstance(current, ModelError) and current.kind == "context_overflow":
+        if isinstance(current, ModelError) and current.kind == ErrorKind.CONTEXT_OVERFLOW:
             return True
     return any(_text_is_overflow(_normalise(piece)) for piece in _texts(exc, 0, set()))
 
@@ -269,27 +265,27 @@ def _is_timeout_type(exc: BaseException) -> bool:
     )
 
 
-def _kind_from_status(status: int, text: str, exc: BaseException) -> str | None:
+def _kind_from_status(status: int, text: str, exc: BaseException) -> ErrorKind | None:
     if status == 413:
-        return "context_overflow"
+        return ErrorKind.CONTEXT_OVERFLOW
     if status == 429:
-        return "rate_limit"
+        return ErrorKind.RATE_LIMIT
     if status in (401, 403):
-        return "authentication"
+        return ErrorKind.AUTHENTICATION
     if status == 408:
-        return "timeout"
+        return ErrorKind.TIMEOUT
     if status >= 500:
-        return "server_unstable"
+        return ErrorKind.SERVER_UNSTABLE
     if 400 <= status < 500:
         # Providers report a prompt that is too long as a plain 400 (OpenAI:
         # context_length_exceeded), so only the overflow text can refine a 4xx.
         if is_context_overflow_error(exc) or "context_length" in text:
-            return "context_overflow"
-        return "api_request_error"
+            return ErrorKind.CONTEXT_OVERFLOW
+        return ErrorKind.API_REQUEST_ERROR
     return None
 
 
-def classify_error(exc: BaseException) -> str:
+def classify_error(exc: BaseException) -> ErrorKind:
     """The kind of a failed model call: one of ``ERROR_KINDS``.
 
     Order: an already-classified ``ModelError``; the HTTP status code (status beats text);
@@ -298,7 +294,7 @@ def classify_error(exc: BaseException) -> str:
     """
     for current in _chain(exc):
         if isinstance(current, ModelError) and current.kind in ERROR_KINDS:
-            return current.kind
+            return ErrorKind(current.kind)
     text = _error_text(exc)
     status = status_code_of(exc)
     if status is not None:
@@ -307,19 +303,19 @@ def classify_error(exc: BaseException) -> str:
             return kind
     chain = list(_chain(exc))
     if any(_is_timeout_type(c) for c in chain):
-        return "timeout"
+        return ErrorKind.TIMEOUT
     if any(isinstance(c, openai.APIConnectionError | ConnectionError) for c in chain):
-        return "server_unstable"
+        return ErrorKind.SERVER_UNSTABLE
     if is_context_overflow_error(exc) or "context_length" in text:
-        return "context_overflow"
+        return ErrorKind.CONTEXT_OVERFLOW
     if any(m in text for m in _RATE_LIMIT):
-        return "rate_limit"
+        return ErrorKind.RATE_LIMIT
     if any(m in text for m in _AUTH):
-        return "authentication"
+        return ErrorKind.AUTHENTICATION
     if any(m in text for m in _TIMEOUT):
-        return "timeout"
+        return ErrorKind.TIMEOUT
     if any(m in text for m in _SERVER):
-        return "server_unstable"
+        return ErrorKind.SERVER_UNSTABLE
     if any(m in text for m in _BAD_REQUEST):
-        return "api_request_error"
-    return "unknown"
+        return ErrorKind.API_REQUEST_ERROR
+    return ErrorKind.UNKNOWN

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.dump import CompressionDump, DebugLog, dump_record
 from ctxcore.summarize.errors import TRANSIENT_KINDS, ModelCallError, classify_error, status_code_of
@@ -78,11 +79,18 @@ class CompressionExecutor:
         max_retry_after: float = 30.0,
     ) -> None:
         if transient_retries < 0:
-            raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
+            raise ConfigError(
+                f"CompressionExecutor: transient_retries must be >= 0, got {transient_retries}; pass 0 for no retries"
+            )
         if any(d < 0 for d in backoff):
-            raise ValueError(f"backoff delays must be >= 0, got {tuple(backoff)}")
+            raise ConfigError(
+                f"CompressionExecutor: backoff delays must be >= 0, got {tuple(backoff)}; give seconds, e.g. (1, 2, 4)"
+            )
         if any(not 0 < r < 1 for r in overflow_ratios):
-            raise ValueError(f"overflow ratios must be in (0, 1), got {tuple(overflow_ratios)}")
+            raise ConfigError(
+                f"CompressionExecutor: overflow ratios must be in (0, 1), got {tuple(overflow_ratios)}; "
+                "each is the share of the input kept after a context overflow, e.g. (0.7, 0.5)"
+            )
         self.client = client
         self.counter = counter
         self.transient_retries = transient_retries
@@ -135,7 +143,7 @@ class CompressionExecutor:
         Raises ``ModelCallError`` (``kind``, ``attempts``) when it gives up.
         """
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            raise ConfigError(f"CompressionExecutor.complete: max_tokens must be >= 1, got {max_tokens}")
         current: Sequence[AnyMessage] = messages
         current_contract = contract
         attempts = transient = overflow = 0

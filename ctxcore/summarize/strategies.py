@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import (
     AnyMessage,
     AssistantMessage,
@@ -18,8 +19,8 @@ from ctxcore.messages import (
     message_text,
 )
 from ctxcore.pipeline.render import head_tail, serialize_messages
-from ctxcore.pipeline.stages import Summarizer, parse_blocks
 from ctxcore.state.models import SummaryBlock
+from ctxcore.summarize.blocks import Summarizer, parse_blocks
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
 from ctxcore.summarize.prompts import BLOCK_SECTIONS, LINE_TAG_RULE, block_sections_rule
 from ctxcore.summarize.redact import redact
@@ -88,7 +89,7 @@ def compact_completed_turns() -> Summarizer:
 def text_excerpt(max_chars: int) -> Summarizer:
     """Deterministic excerpt: head and tail of each message's text within ``max_chars``."""
     if max_chars < 1:
-        raise ValueError("max_chars must be >= 1")
+        raise ConfigError(f"text_excerpt: max_chars must be >= 1, got {max_chars}")
 
     def summarize(
         previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int
@@ -203,7 +204,7 @@ def per_message_model(
 def chain(*strategies: Summarizer) -> Summarizer:
     """Apply strategies in turn, each to the previous one's result."""
     if not strategies:
-        raise ValueError("chain() needs at least one strategy")
+        raise ConfigError("chain() needs at least one strategy: pass the summarizers to apply in turn")
 
     def summarize(
         previous_blocks: Sequence[SummaryBlock], pending_steps: Sequence[AnyMessage], target_tokens: int

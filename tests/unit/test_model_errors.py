@@ -8,7 +8,7 @@ import httpx2
 import openai
 import pytest
 
-from ctxcore.errors import ModelError
+from ctxcore.errors import ConfigError, ModelError
 from ctxcore.summarize import ModelCallError, classify_error, is_context_overflow_error
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS, status_code_of
 
@@ -138,7 +138,7 @@ def test_model_call_error_fields() -> None:
     assert (error.kind, error.status_code, error.retry_after, error.attempts) == ("rate_limit", 429, 2.5, 0)
     assert error.transient and isinstance(error, ModelError)
     assert not ModelCallError("authentication", "x").transient
-    with pytest.raises(ValueError, match="unknown model error kind"):
+    with pytest.raises(ConfigError, match="unknown model error kind"):
         ModelCallError("bogus", "x")
     assert set(TRANSIENT_KINDS) < set(ERROR_KINDS)
 

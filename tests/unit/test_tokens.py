@@ -10,7 +10,7 @@ import zlib
 import pytest
 import tiktoken.load
 
-from ctxcore import tokens
+from ctxcore import token_encodings
 from ctxcore.messages import AssistantMessage, ToolCall, UserMessage
 from ctxcore.tokens import (
     EstimateCounter,
@@ -51,7 +51,7 @@ def test_encoding_choice() -> None:
 def test_an_unknown_model_warns_once_naming_the_fallback(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(tokens, "UNKNOWN_MODELS", WarnOnce(1024))
+    monkeypatch.setattr(token_encodings, "UNKNOWN_MODELS", WarnOnce(1024))
     with caplog.at_level(logging.WARNING, logger="ctxcore.tokens"):
         for _ in range(3):
             assert encoding_for_model("acme/llama-local") == "cl100k_base"
@@ -70,7 +70,7 @@ def test_the_warned_names_are_bounded(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     warned = WarnOnce(5)
-    monkeypatch.setattr(tokens, "UNKNOWN_MODELS", warned)
+    monkeypatch.setattr(token_encodings, "UNKNOWN_MODELS", warned)
     with caplog.at_level(logging.WARNING, logger="ctxcore.tokens"):
         for n in range(50):
             encoding_for_model(f"local-model-{n}" + "x" * 1000)

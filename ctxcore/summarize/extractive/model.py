@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Final
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.candidates import Item
 from ctxcore.summarize.extractive.extract import Candidates, extract
@@ -108,7 +109,7 @@ class ExtractiveModel:
     ) -> Completion:
         """Summarise ``contract``'s sources (or excerpt the last user message without one)."""
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            raise ConfigError(f"ExtractiveModel.complete: max_tokens must be >= 1, got {max_tokens}")
         if contract is None:
             text = self._excerpt(messages, max_tokens)
         elif contract.kind == "state_snapshot":
