@@ -58,3 +58,20 @@ def delete_deployment(prefix: str, url: str = RABBITMQ_URL) -> None:
                         channel.exchange_delete(name)
                 with contextlib.suppress(*conn.channel_errors, *conn.connection_errors):
                     channel.close()
+
+
+def ready_messages(url: str, queues: list[str]) -> int:
+    """Ready messages in ``queues`` (a missing queue counts 0); passive declares only."""
+    total = 0
+    with Connection(url, connect_timeout=5) as conn:
+        for name in queues:
+            channel = conn.channel()
+            try:
+                total += int(channel.queue_declare(queue=name, passive=True).message_count)
+            except conn.channel_errors as exc:
+                if getattr(exc, "code", None) != 404:
+                    raise
+            finally:
+                with contextlib.suppress(*conn.channel_errors, *conn.connection_errors):
+                    channel.close()
+    return total
