@@ -7,6 +7,8 @@
   reconciler logs it once, at ERROR, with its task and conversation.
 - A drain holds its token while the stages queue holds ``worker.concurrency`` ready
   messages, and starts once it holds fewer.
+- While the broker does not answer, windows are served and the job stays queued; once it
+  answers, the workers' reconciler starts it and nothing acknowledged is lost.
 - A broker URL with a wrong password fails ``ctxcore worker``'s start, naming the host and
   never the password.
 
@@ -30,7 +32,7 @@ from kombu import Connection
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey
 from tests.chaos.celery_helpers import EventLog, in_process_worker
-from tests.chaos.helpers import agent_round, free_port
+from tests.chaos.helpers import agent_round, conversation_problems, free_port
 from tests.integration.test_cli import run_cli
 from workers.keyspace import delete_prefixed_keys
 
@@ -201,3 +203,42 @@ def test_a_wrong_broker_password_fails_the_start_naming_the_host_not_the_passwor
     assert code == 2, (out, err)
     assert host in err and "refused the login" in err, err
     assert "not-the-password" not in err + out
+
+
+def test_while_the_broker_is_unreachable_windows_are_served_and_the_queued_job_starts_once_it_answers(
+    deployment: tuple[str, str, str],
+) -> None:
+    """The machine's RabbitMQ is shared, so the outage is a broker URL on a closed port
+    (the same deployment, same Redis), then the real one: what a stopped and restarted
+    broker looks like to the API and the workers."""
+    from workers.app import configure
+    from workers.runtime import Runtime, build_service
+    from workers.tasks import CeleryQueue
+
+    redis_url, amqp_url, prefix = deployment
+    limits = {"requeue_after_seconds": 1.0}
+    down = _settings(redis_url, f"amqp://guest:guest@127.0.0.1:{free_port()}//", prefix, **limits)
+    configure(down)
+    rt = Runtime(down)
+    service = build_service(rt, CeleryQueue())
+    key = ConversationKey("tenant-o", "outage")
+    rng = random.Random(5)
+    appended = [m for r in range(4) for m in agent_round(rng, f"outage-{r}", steps=3)]
+    ids = service.append(key, appended)
+    window = service.get_window(key, 3000)
+    # Served from Redis alone; the job is queued in the scheduler, its drain token not sent.
+    assert window.messages and window.compaction == "queued"
+    assert rt.scheduler.status(key) == "queued"
+
+    up = _settings(redis_url, amqp_url, prefix, **limits)
+    with in_process_worker(up) as worker_rt:
+        # The worker's reconciler finds the ring without a token and sends one.
+        _wait(
+            lambda: worker_rt.coordinator.plan(key) is None, 30, "the compaction after the broker came back"
+        )
+        _wait(lambda: worker_rt.scheduler.status(key) == "idle", 10, "the job's end")
+    state = rt.state_store.load(key)
+    assert state is not None and state.blocks  # the job ran: a compaction was saved
+    # Nothing acknowledged was lost: the log is what was appended, the state is sound.
+    assert len(ids) == len(appended)
+    assert conversation_problems(rt.state_store, rt.log, key, appended) == []
