@@ -37,7 +37,8 @@ __all__ = [
     "broker_url",
     "check_broker",
     "dead_letter_depth",
-    "declare_dead_letter_queue",
+    "dead_letter_queue",
+    "declare_queues",
     "is_amqp",
     "node_queues",
     "public_host",
@@ -147,15 +148,19 @@ def retry_countdown(settings: Settings, delay: float) -> float:
     return delay
 
 
-def declare_dead_letter_queue(conn: Connection, settings: Settings) -> None:
-    """Declare ``<prefix>.dead`` on ``conn`` (idempotent)."""
-    dead_letter_queue(settings).bind(conn.default_channel).declare()
+def declare_queues(conn: Connection, settings: Settings) -> None:
+    """Declare ``<prefix>.dead``, then the jobs and stages queues with their exchanges, on
+    ``conn`` (idempotent). Before any node starts: each node binds every queue of the app
+    to Celery's delayed-delivery exchange, which fails for a queue not declared yet."""
+    channel = conn.default_channel
+    for queue in (dead_letter_queue(settings), *amqp_queues(settings)):
+        queue.bind(channel).declare()
 
 
 def check_broker(settings: Settings) -> None:
     """Start-up check of an AMQP broker: a refused login raises ``ConfigError`` naming the
     host (never the password); a broker not answering yet is only logged (Celery keeps
-    reconnecting). Declares the dead-letter queue. A Redis broker is checked by
+    reconnecting). Declares the queues (``declare_queues``). A Redis broker is checked by
     ``Runtime.scheduler.check`` (``workers.runtime.check_startup``)."""
     url = broker_url(settings)
     if not is_amqp(url):
@@ -163,7 +168,7 @@ def check_broker(settings: Settings) -> None:
     conn = Connection(url, connect_timeout=CHECK_TIMEOUT)
     try:
         conn.connect()
-        declare_dead_letter_queue(conn, settings)
+        declare_queues(conn, settings)
     except conn.connection_errors as exc:
         log.warning("broker %s not reachable at start-up (%s); Celery keeps retrying", public_host(url), exc)
     except conn.channel_errors as exc:

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from ctxcore.config import Settings
-from workers.broker import broker_channel, declare_dead_letter_queue, queue_names, uses_amqp
+from workers.broker import broker_channel, dead_letter_queue, queue_names, uses_amqp
 
 __all__ = ["SCAN_LIMIT", "describe", "report_dead_letters"]
 
@@ -45,8 +45,8 @@ def report_dead_letters(settings: Settings, client: redis.Redis) -> int:
     dead = queue_names(settings).dead
     seen_key = f"{settings.redis.key_prefix}:dead-letters:seen"
     new = 0
-    with broker_channel() as (conn, channel):
-        declare_dead_letter_queue(conn, settings)
+    with broker_channel() as (_conn, channel):
+        dead_letter_queue(settings).bind(channel).declare()
         tags: list[int] = []
         for _ in range(SCAN_LIMIT):
             message = channel.basic_get(queue=dead, no_ack=False)

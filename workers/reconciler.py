@@ -80,17 +80,20 @@ def reconcile_once() -> int:
     return sent
 
 
-def _declare_dead_letters(settings: Any) -> None:
-    """RabbitMQ drops a message dead-lettered to a missing queue: declare it at start-up."""
-    from workers.broker import broker_channel, declare_dead_letter_queue, uses_amqp
+def _declare_queues(settings: Any) -> None:
+    """Declare the queues at start-up: RabbitMQ drops a message dead-lettered to a missing
+    queue, and a node binds every queue of the app to the delayed-delivery exchange."""
+    from workers.broker import broker_channel, declare_queues, uses_amqp
 
     if not uses_amqp(settings):
         return
     try:
         with broker_channel() as (conn, _channel):
-            declare_dead_letter_queue(conn, settings)
+            declare_queues(conn, settings)
     except (OperationalError, OSError) as exc:
-        log.warning("reconciler: dead-letter queue not declared (%s); the first pass declares it", exc)
+        log.warning(
+            "reconciler: queues not declared at start-up (%s); the first pass declares <prefix>.dead", exc
+        )
 
 
 class Reconciler(bootsteps.StartStopStep):
@@ -107,7 +110,7 @@ class Reconciler(bootsteps.StartStopStep):
         from workers.app import settings
 
         current = settings()
-        _declare_dead_letters(current)
+        _declare_queues(current)
         interval = current.worker.requeue_after_seconds / 2
         self.tref = parent.timer.call_repeatedly(interval, reconcile_once, priority=10)
 
