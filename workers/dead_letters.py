@@ -34,8 +34,13 @@ def describe(headers: dict[str, Any]) -> tuple[str, str, str, str]:
     deaths = headers.get("x-death") or [{}]
     first = deaths[0] if isinstance(deaths, list) and deaths else {}
     reason = f"{first.get('reason', '?')} in {first.get('queue', '?')}"
-    conversation = str(headers.get("argsrepr") or "?").strip("'\"")
-    return str(headers.get("task", "?")), str(headers.get("id", "?")), conversation, reason
+    task = str(headers.get("task", "?"))
+    if task.startswith("ctxcore.stage."):
+        conversation = str(headers.get("argsrepr") or "?").strip("'\"")
+    else:
+        # A drain token names no conversation, only its ring.
+        conversation = f"no conversation (kwargs {headers.get('kwargsrepr') or '{}'})"
+    return task, str(headers.get("id", "?")), conversation, reason
 
 
 def report_dead_letters(settings: Settings, client: redis.Redis) -> int:

@@ -3,8 +3,8 @@
 RabbitMQ has no priority across queues (the Redis transport's ``queue_order_strategy``), so
 stages get a consumer of their own: the stages node consumes ``<prefix>.stages`` with
 ``worker.concurrency`` processes and the drain node ``<prefix>.jobs`` with one. Each is a
-``ctxcore worker --node ...`` child process with the same arguments; a signal to this
-process is passed to both, and when one exits the other is stopped and its exit code is
+``ctxcore worker --node ...`` child process with the same arguments, in a process group of
+its own; SIGTERM or SIGINT to this process is passed to both, and when one exits the other is stopped and its exit code is
 returned (a half-running worker would strand either the stages or the new jobs).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 NODES = ("stages", "drain")
 STOP_GRACE_SECONDS = 50.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def node_hostname(hostname: str | None, node: str) -> str:
@@ -45,9 +47,18 @@ def node_argv(args: argparse.Namespace, node: str) -> list[str]:
     return argv
 
 
+def _detach() -> None:
+    """In the child before it runs: a process group of its own, so a terminal's Ctrl-C
+    reaches it once (forwarded; a second SIGINT would be Celery's cold shutdown), and
+    SIGTERM when this supervisor dies, so a killed supervisor leaves no node behind."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def run_nodes(args: argparse.Namespace) -> int:
     """Start both nodes, forward SIGTERM/SIGINT to them, return when either exits."""
-    children = [subprocess.Popen(node_argv(args, node)) for node in NODES]
+    children = [subprocess.Popen(node_argv(args, node), preexec_fn=_detach) for node in NODES]
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for child in children:

@@ -87,3 +87,13 @@ def test_the_nodes_of_an_amqp_worker() -> None:
     assert argv[1:6] == ["-m", "workers.cli", "worker", "--node", "drain"]
     assert argv[argv.index("--config") + 1] == "/etc/ctxcore.toml"
     assert argv[argv.index("--hostname") + 1] == "drain-w1@%h"
+
+
+def test_a_dead_letter_is_described_by_task_id_conversation_and_reason() -> None:
+    from workers.dead_letters import describe
+
+    death = [{"reason": "delivery_limit", "queue": "dep1.stages"}]
+    stage = {"task": "ctxcore.stage.l0_to_l1", "id": "t1", "argsrepr": "'acme/c1'", "x-death": death}
+    assert describe(stage) == ("ctxcore.stage.l0_to_l1", "t1", "acme/c1", "delivery_limit in dep1.stages")
+    drain = {"task": "ctxcore.drain", "id": "t2", "argsrepr": "()", "kwargsrepr": "{'ring': 3}"}
+    assert describe(drain)[2] == "no conversation (kwargs {'ring': 3})"
