@@ -281,8 +281,8 @@ class WorkerSettings(BaseModel):
     # (docs/reliability.md); the result backend stays a plain Redis.
     broker_url: str | None = None
     result_backend_url: str | None = None
-    # RabbitMQ only: a message delivered this often (e.g. a stage that kills its worker each
-    # time) is dead-lettered to ``<prefix>.dead`` instead of being delivered again.
+    # RabbitMQ only: a message returned unacknowledged more often than this (e.g. a stage that
+    # kills its worker each time) is dead-lettered to ``<prefix>.dead``, not delivered again.
     delivery_limit: int = Field(default=5, ge=1)
     # RabbitMQ only: the broker's ``consumer_timeout`` (seconds; rabbitmq.conf, default 30
     # min). An unacknowledged delivery held longer closes its channel, so it must stay above

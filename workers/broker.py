@@ -4,7 +4,7 @@
 broker (RabbitMQ) ``<prefix>.jobs`` and ``<prefix>.stages`` are quorum queues on topic
 exchanges of the same names (Celery's native delayed delivery, which carries a retry's
 countdown, cannot route through direct exchanges). Each has ``x-delivery-limit`` =
-``worker.delivery_limit``: a message returned that often (its consumer died each time) is
+``worker.delivery_limit``: a message returned more often (its consumer died each time) is
 dead-lettered through the default exchange to ``<prefix>.dead``, which this module declares
 before any worker consumes, since RabbitMQ drops a message dead-lettered to a missing queue.
 
