@@ -3,8 +3,8 @@
 Sources, lowest precedence first: defaults, a TOML file (``--config`` or
 ``CTXCORE_CONFIG_FILE``), environment variables ``CTXCORE_<SECTION>__<KEY>`` (nested keys
 joined by ``__``, values parsed as JSON when they parse, e.g. ``CTXCORE_HTTP__TOKENS='{...}'``)
-plus the short aliases ``CTXCORE_REDIS_URL``, ``CTXCORE_MODEL_BASE_URL`` and
-``CTXCORE_MODEL``. Only ``Settings.from_env()`` reads the environment; a constructed
+plus the short aliases ``CTXCORE_REDIS_URL``, ``CTXCORE_BROKER_URL``, ``CTXCORE_MODEL_BASE_URL``
+and ``CTXCORE_MODEL``. Only ``Settings.from_env()`` reads the environment; a constructed
 ``Settings`` never does.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tomllib
@@ -45,11 +46,13 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 ENV_PREFIX = "CTXCORE_"
 _ALIASES = {
     "CTXCORE_REDIS_URL": ("redis", "url"),
+    "CTXCORE_BROKER_URL": ("worker", "broker_url"),
     "CTXCORE_MODEL_BASE_URL": ("model", "base_url"),
     "CTXCORE_MODEL": ("model", "name"),
 }
 
 
+_BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}")
 
 
@@ -273,11 +276,43 @@ class WorkerSettings(BaseModel):
     # Fixed at a deployment's first start (queued jobs would be stranded by a re-mapping).
     scheduler_rings: int = Field(default=16, ge=1, le=256)
     ring_tokens: int = Field(default=2, ge=1)
+    # Celery's broker and result backend (None: ``redis.url``). An ``amqp://`` broker
+    # (RabbitMQ) gets quorum queues, a delivery limit and a dead-letter queue
+    # (docs/reliability.md); the result backend stays a plain Redis.
+    broker_url: str | None = None
+    result_backend_url: str | None = None
+    # RabbitMQ only: a message returned unacknowledged more often than this (e.g. a stage that
+    # kills its worker each time) is dead-lettered to ``<prefix>.dead``, not delivered again.
+    delivery_limit: int = Field(default=5, ge=1)
+    # RabbitMQ only: the broker's ``consumer_timeout`` (seconds; rabbitmq.conf, default 30
+    # min). An unacknowledged delivery held longer closes its channel, so it must stay above
+    # the longest hold: ``hard_time_limit`` plus the longest retry countdown.
+    consumer_timeout: float = Field(default=1800.0, gt=0)
+
+    @field_validator("broker_url", "result_backend_url")
+    @classmethod
+    def _url_scheme(cls, value: str | None) -> str | None:
+        if value is not None and value.split("://", 1)[0].lower() not in _BROKER_SCHEMES:
+            # Never echo the value: it may carry a password.
+            scheme = value.split("://", 1)[0] if "://" in value else "(none)"
+            raise ValueError(
+                f"scheme {scheme!r} is not one of {', '.join(_BROKER_SCHEMES)} "
+                "(e.g. amqp://user:password@host:5672//)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _limits(self) -> Self:
         if self.soft_time_limit >= self.hard_time_limit:
             raise ValueError("worker.soft_time_limit must be below worker.hard_time_limit")
+        # Retry delays are jittered by up to +20% (workers/tasks.py) and rounded up to whole
+        # seconds on RabbitMQ's delayed delivery.
+        longest = self.hard_time_limit + math.ceil(max(self.retry_delays, default=1.0) * 1.2)
+        if self.consumer_timeout <= longest:
+            raise ValueError(
+                f"worker.consumer_timeout ({self.consumer_timeout:g} s) must be above "
+                f"worker.hard_time_limit plus the longest retry countdown ({longest:g} s)"
+            )
         if self.failure_backoff_max_seconds < self.failure_backoff_seconds:
             raise ValueError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")
         return self

@@ -38,6 +38,7 @@ from ctxcore.state import (
     StateStore,
 )
 from tests.cluster import ClusterUnavailable, ScratchCluster, check_cluster, start_cluster
+from tests.rabbitmq import RABBITMQ_URL, delete_deployment, rabbitmq_problem
 from workers.keyspace import delete_prefixed_keys
 from workers.redis_clients import cluster_client
 
@@ -129,6 +130,24 @@ def postgres_url() -> str:
     finally:
         engine.dispose()
     return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """The AMQP URL of a RabbitMQ server that accepts a connection."""
+    problem = rabbitmq_problem(RABBITMQ_URL)
+    if problem is not None:
+        server_unavailable(problem)
+    return RABBITMQ_URL
+
+
+@pytest.fixture
+def rabbitmq_prefix(rabbitmq_url: str) -> Iterator[str]:
+    """A key prefix unique to this test; the queues and exchanges it names on RabbitMQ are
+    deleted afterwards (``tests.rabbitmq.delete_deployment``), nothing else."""
+    prefix = f"ctxcore-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    delete_deployment(prefix, rabbitmq_url)
 
 
 @pytest.fixture

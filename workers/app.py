@@ -8,7 +8,8 @@ Crash safety (see README, "Distributed compaction"): tasks are acknowledged late
 rejected when their worker is lost, so a killed worker's task is redelivered; with Redis as
 broker an unacknowledged message comes back after ``visibility_timeout``, and the restore
 scan runs every ``unacked_restore_interval`` seconds (kombu's default of 10 x 10 s made a
-killed worker's task wait about 90 s). Stage tasks are idempotent: a redelivered stage
+killed worker's task wait about 90 s); with RabbitMQ (``worker.broker_url`` ``amqp://``)
+it comes back when the dead worker's connection closes (``workers.broker``). Stage tasks are idempotent: a redelivered stage
 whose planned version is stale re-plans instead of writing twice.
 
 Deployments sharing one Redis database are isolated by ``redis.key_prefix``: queues are
@@ -22,12 +23,13 @@ Deployments sharing one Redis database are isolated by ``redis.key_prefix``: que
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 from celery import Celery
 from celery.signals import celeryd_init, worker_process_init
 
 from ctxcore.config import Settings
+from workers.broker import QueueNames, amqp_queues, broker_url, queue_names, result_backend_url, uses_amqp
 from workers.reconciler import Reconciler
 
 __all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "runtime", "settings"]
@@ -38,23 +40,6 @@ app = Celery("ctxcore", include=["workers.tasks"])
 app.steps["worker"].add(Reconciler)
 
 
-class QueueNames(NamedTuple):
-    """A deployment's Celery queues: new jobs (drain tokens) and continuation stages."""
-
-    jobs: str
-    stages: str
-
-    def consume_order(self) -> list[str]:
-        """Stages first, then jobs: running compactions finish before new ones start."""
-        return [self.stages, self.jobs]
-
-
-def queue_names(settings: Settings) -> QueueNames:
-    """``<prefix>.jobs`` and ``<prefix>.stages`` for ``settings.redis.key_prefix``."""
-    prefix = settings.redis.key_prefix
-    return QueueNames(f"{prefix}.jobs", f"{prefix}.stages")
-
-
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from ``Settings``."""
     worker = settings.worker
@@ -63,9 +48,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     # removed by a SCAN on its prefix and never touches another's.
     prefix = settings.redis.key_prefix
     queues = queue_names(settings)
-    return {
-        "broker_url": settings.redis.url,
-        "result_backend": settings.redis.url,
+    config: dict[str, Any] = {
+        "broker_url": broker_url(settings),
+        "result_backend": result_backend_url(settings),
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -85,6 +70,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend_transport_options": {"global_keyprefix": f"{prefix}:"},
         "broker_connection_retry_on_startup": True,
         "task_default_queue": queues.jobs,
+        "task_queues": None,
         "task_routes": {"ctxcore.stage.*": {"queue": queues.stages}},
         "control_exchange": f"{prefix}.control",
         "event_exchange": f"{prefix}.events",
@@ -94,6 +80,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_expires": 3600,
         "worker_hijack_root_logger": False,
     }
+    if uses_amqp(settings):
+        # RabbitMQ (docs/reliability.md): quorum queues with a delivery limit and a
+        # dead-letter queue; Celery's quorum detection turns global QoS off and sends a
+        # countdown through native delayed delivery (quorum queues have no ETA holding).
+        # Publisher confirms: a send returns once the broker has the message.
+        config["task_queues"] = amqp_queues(settings)
+        config["worker_detect_quorum_queues"] = True
+        config["broker_native_delayed_delivery_queue_type"] = "quorum"
+        config["broker_transport_options"] = {"confirm_publish": True}
+    return config
 
 
 app.conf.update(celery_config(Settings()))

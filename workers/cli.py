@@ -242,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
     )
+    worker.add_argument(
+        "--node",
+        default="all",
+        choices=("all", "stages", "drain"),
+        help="queues to consume: all (on RabbitMQ a stages node and a drain node, started "
+        "together), stages (worker.concurrency processes) or drain (new jobs, one process)",
+    )
 
     flower = command(
         "flower",

@@ -94,16 +94,28 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
-    """Start a Celery worker consuming continuation stages first, then new jobs."""
-    from workers.app import app, configure, queue_names
+    """Start a Celery worker consuming continuation stages first, then new jobs.
+
+    On RabbitMQ (no priority across queues) ``--node all`` runs a stages node and a drain
+    node (``workers.nodes``); ``--node stages`` / ``--node drain`` runs one of them.
+    """
+    from workers.app import app, configure
+    from workers.broker import node_queues, uses_amqp
     from workers.runtime import check_startup
 
     settings = settings_for(args)
     check_startup(settings)
+    node = getattr(args, "node", "all")
+    if node == "all" and uses_amqp(settings):
+        from workers.nodes import run_nodes
+
+        return run_nodes(args)
     configure(settings)
-    queues = ",".join(queue_names(settings).consume_order())
+    queues = ",".join(node_queues(settings, node))
     argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
-    argv += ["--concurrency", str(args.concurrency or settings.worker.concurrency)]
+    # A drain node only pops jobs and sends their first stage: one process is enough.
+    concurrency = 1 if node == "drain" else (args.concurrency or settings.worker.concurrency)
+    argv += ["--concurrency", str(concurrency)]
     if args.hostname:
         argv += ["--hostname", args.hostname]
     app.worker_main(argv)
@@ -111,10 +123,14 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
-    """Start Flower on this deployment's broker, queues and event exchange (its options after ``--``)."""
+    """Start Flower on this deployment's broker (``worker.broker_url``, else ``redis.url``),
+    queues and event exchange (its options after ``--``)."""
     from workers.app import app, configure
+    from workers.broker import check_broker
 
-    configure(settings_for(args))
+    settings = settings_for(args)
+    check_broker(settings)
+    configure(settings)
     flower_args = [a for a in args.flower_args if a != "--"]
     return int(app.start(["flower", *flower_args]) or 0)
 

@@ -375,7 +375,11 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
 
 def app_from_env() -> FastAPI:
     """The app configured from ``CTXCORE_*`` (for ``uvicorn workers.http:app_from_env --factory``)."""
-    return create_app(Runtime(Settings.from_env()))
+    from workers.runtime import check_startup
+
+    settings = Settings.from_env()
+    check_startup(settings)
+    return create_app(Runtime(settings))
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:

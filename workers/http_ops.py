@@ -49,8 +49,25 @@ def operations_router(runtime: Runtime) -> APIRouter:
     def metrics() -> PlainTextResponse:
         """Service metrics (no tenant or conversation labels: cardinality stays bounded)."""
         extra = {"ctxcore_queue_depth": float(runtime.scheduler.depth())}
+        dead = _dead_letters(runtime)
+        if dead is not None:
+            extra["ctxcore_dead_letter_messages"] = float(dead)
         return PlainTextResponse(
             runtime.metrics.render(extra=extra), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
     return router
+
+
+def _dead_letters(runtime: Runtime) -> int | None:
+    """Depth of RabbitMQ's ``<prefix>.dead`` (None on Redis, or while RabbitMQ is down:
+    the other series are still served)."""
+    from kombu.exceptions import OperationalError
+
+    from workers.broker import dead_letter_depth
+
+    try:
+        return dead_letter_depth(runtime.settings)
+    except (OperationalError, OSError) as exc:
+        log.warning("dead-letter depth not read: the broker does not answer (%s)", exc)
+        return None

@@ -34,6 +34,10 @@ _HELP = {
     "ctxcore_fast_path_seconds": ("summary", "Latency of get_window on the fast path."),
     "ctxcore_fallback_windows_total": ("counter", "Windows served with the synchronous fallback."),
     "ctxcore_circuit_open_total": ("counter", "Calls refused by an open circuit breaker."),
+    "ctxcore_dead_letter_messages": (
+        "gauge",
+        "Messages in the RabbitMQ dead-letter queue <prefix>.dead (delivered worker.delivery_limit times).",
+    ),
 }
 
 

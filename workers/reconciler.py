@@ -11,7 +11,8 @@ workers revive a ring once per interval.
 Tokens are interchangeable, so tokens still waiting in the jobs queue already stand for
 stuck jobs (a backlog that outlasts ``requeue_after_seconds`` is not a loss): only the
 difference is sent, which keeps a long backlog from piling up tokens that find the ring
-empty later. This module imports nothing from ``workers.app`` at import time (the app
+empty later. On RabbitMQ each pass also logs the dead letters not reported before
+(``workers.dead_letters``). This module imports nothing from ``workers.app`` at import time (the app
 registers the step).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from celery import bootsteps
 from kombu.exceptions import OperationalError
 
@@ -30,28 +32,38 @@ __all__ = ["Reconciler", "reconcile_once"]
 log = logging.getLogger(__name__)
 
 
-def _waiting_tokens(jobs_queue: str) -> int:
+def _waiting_tokens(settings: Any) -> int:
     """Messages waiting in the jobs queue (kombu counts every priority level)."""
-    from workers.app import app
+    from workers.broker import queue_names, queue_ready, uses_amqp
 
-    with app.connection_for_read() as conn:
-        return int(conn.default_channel.queue_declare(queue=jobs_queue, passive=False).message_count)
+    return queue_ready(queue_names(settings).jobs, amqp=uses_amqp(settings))
+
+
+def _report_dead_letters(rt: Any) -> None:
+    """On RabbitMQ, log each new dead letter at ERROR (``workers.dead_letters``)."""
+    from workers.dead_letters import report_dead_letters
+
+    try:
+        report_dead_letters(rt.settings, rt.redis)
+    except (StoreUnavailable, OperationalError, OSError, redis.RedisError) as exc:
+        log.warning("reconciler: dead letters not read (%s); trying again next pass", exc)
 
 
 def reconcile_once() -> int:
     """Send drain tokens for queued jobs that waited too long without one; returns how many."""
-    from workers.app import queue_names, runtime
+    from workers.app import runtime
     from workers.tasks import send_drain_tokens
 
     rt = runtime()
     wait = rt.settings.worker.requeue_after_seconds
+    _report_dead_letters(rt)
     try:
         stuck = rt.scheduler.stuck_rings()
         if not stuck:
             return 0
-        missing = sum(stuck.values()) - _waiting_tokens(queue_names(rt.settings).jobs)
-    except (StoreUnavailable, OperationalError) as exc:
-        log.warning("reconciler: Redis unavailable (%s); trying again in %.0f s", exc, wait / 2)
+        missing = sum(stuck.values()) - _waiting_tokens(rt.settings)
+    except (StoreUnavailable, OperationalError, OSError) as exc:
+        log.warning("reconciler: Redis or the broker unavailable (%s); trying again in %.0f s", exc, wait / 2)
         return 0
     sent = 0
     for ring, count in sorted(stuck.items()):
@@ -68,6 +80,22 @@ def reconcile_once() -> int:
     return sent
 
 
+def _declare_queues(settings: Any) -> None:
+    """Declare the queues at start-up: RabbitMQ drops a message dead-lettered to a missing
+    queue, and a node binds every queue of the app to the delayed-delivery exchange."""
+    from workers.broker import broker_channel, declare_queues, uses_amqp
+
+    if not uses_amqp(settings):
+        return
+    try:
+        with broker_channel() as (conn, _channel):
+            declare_queues(conn, settings)
+    except (OperationalError, OSError) as exc:
+        log.warning(
+            "reconciler: queues not declared at start-up (%s); the first pass declares <prefix>.dead", exc
+        )
+
+
 class Reconciler(bootsteps.StartStopStep):
     """Runs ``reconcile_once`` on the worker's timer every ``requeue_after_seconds / 2``."""
 
@@ -81,7 +109,9 @@ class Reconciler(bootsteps.StartStopStep):
         """Start the timer (the interval comes from the app's settings)."""
         from workers.app import settings
 
-        interval = settings().worker.requeue_after_seconds / 2
+        current = settings()
+        _declare_queues(current)
+        interval = current.worker.requeue_after_seconds / 2
         self.tref = parent.timer.call_repeatedly(interval, reconcile_once, priority=10)
 
     def stop(self, parent: Any) -> None:

@@ -23,6 +23,7 @@ from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.openai_chat import OpenAIChatModel
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
+from workers.broker import check_broker
 from workers.circuit import CircuitBreaker, CircuitBreakerClient
 from workers.failures import FailureStore
 from workers.metrics import Metrics
@@ -203,7 +204,9 @@ def check_startup(settings: Settings) -> None:
     """Fail a worker's or the API's start with ``ConfigError`` on a misconfigured Redis: a
     cluster node as ``redis.url``, a cluster without full slot coverage, or a
     ``worker.scheduler_rings`` other than the deployment's. Redis not answering yet is only
-    logged: the process starts and meets the outage as ``StoreUnavailable``."""
+    logged: the process starts and meets the outage as ``StoreUnavailable``. An AMQP broker
+    that refuses the login fails it too, naming the host (``workers.broker.check_broker``)."""
+    check_broker(settings)
     rt = Runtime(settings)
     try:
         rt.scheduler.check()

@@ -39,6 +39,7 @@ from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
+from workers.broker import retry_countdown, wait_for_stage_room
 from workers.failures import StageFailedError, classify_failure, model_error_message, public_endpoint
 from workers.locks import LockBusy, conversation_lock
 
@@ -123,6 +124,8 @@ def drain(ring: int | None = None) -> dict[str, Any]:
     """Start the next job of ``ring`` (else of the rings onward), fairly: the scheduler picks
     the job; a ring with more jobs gets its token back, behind the other rings' tokens."""
     rt = runtime()
+    # RabbitMQ: no cross-queue priority, so a drain holds its token while stages back up.
+    wait_for_stage_room(rt.settings)
     job = rt.scheduler.next_job(ring)
     if job is None:
         return {"job": None}
@@ -174,7 +177,7 @@ def _retry_delay(task: Task, retry_after: float | None) -> float:
     delays = runtime().settings.worker.retry_delays
     base = delays[min(task.request.retries, len(delays) - 1)] if delays else 1.0
     delay = base * random.uniform(0.8, 1.2)
-    return max(delay, retry_after or 0.0)
+    return retry_countdown(runtime().settings, max(delay, retry_after or 0.0))
 
 
 def _attempt(task: Task, key: ConversationKey, stage: str, kind: str, exc: BaseException) -> str:

@@ -331,6 +331,9 @@ class WorkerProcess:
     pool: str = "prefork"
     concurrency: int = 2
     name: str = "chaos"
+    # ``-Q`` (default: the deployment's queues, stages first); on RabbitMQ a stages node and
+    # a drain node each consume one (workers/nodes.py).
+    queues: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -349,7 +352,7 @@ class WorkerProcess:
                 "workers.app",
                 "worker",
                 "-Q",
-                deployment_queues(self.env.get("CTXCORE_REDIS__KEY_PREFIX", "ctxcore")),
+                self.queues or deployment_queues(self.env.get("CTXCORE_REDIS__KEY_PREFIX", "ctxcore")),
                 "-P",
                 self.pool,
                 "-c",

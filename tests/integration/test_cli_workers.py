@@ -33,7 +33,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             seen[kind] = argv
             seen["broker_url"] = app.conf.broker_url
             seen["event_exchange"] = app.conf.event_exchange
-            seen["keyprefix"] = app.conf.broker_transport_options["global_keyprefix"]
+            seen["keyprefix"] = app.conf.broker_transport_options.get("global_keyprefix")
             return 0
 
         return run
@@ -58,6 +58,41 @@ def test_worker_consumes_its_deployments_queues_under_the_given_hostname(recorde
     assert recorded["broker_url"] == ENV["CTXCORE_REDIS_URL"] and recorded["keyprefix"] == "deploy1:"
     code, _ = run_cli("worker", env=ENV)
     assert "--hostname" not in recorded["worker"]
+
+
+AMQP_ENV = {**ENV, "CTXCORE_BROKER_URL": "amqp://guest:guest@rabbit.invalid:5672//"}
+
+
+@pytest.fixture()
+def no_startup_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up checks connect to the servers: these tests name none that run."""
+    import workers.runtime
+
+    monkeypatch.setattr(workers.runtime, "check_startup", lambda settings: None)
+
+
+@pytest.mark.usefixtures("no_startup_check")
+def test_on_rabbitmq_a_drain_node_and_a_stages_node_consume_one_queue_each(recorded: dict[str, Any]) -> None:
+    code, _ = run_cli("worker", "--node", "drain", "--concurrency", "3", env=AMQP_ENV)
+    assert code == 0
+    argv = recorded["worker"]
+    assert argv[argv.index("-Q") + 1] == "deploy1.jobs" and argv[argv.index("--concurrency") + 1] == "1"
+    assert recorded["broker_url"] == AMQP_ENV["CTXCORE_BROKER_URL"]
+    code, _ = run_cli("worker", "--node", "stages", "--concurrency", "3", env=AMQP_ENV)
+    argv = recorded["worker"]
+    assert argv[argv.index("-Q") + 1] == "deploy1.stages" and argv[argv.index("--concurrency") + 1] == "3"
+
+
+@pytest.mark.usefixtures("no_startup_check")
+def test_on_rabbitmq_a_plain_worker_runs_both_nodes(
+    recorded: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import workers.nodes
+
+    started: list[str] = []
+    monkeypatch.setattr(workers.nodes, "run_nodes", lambda args: started.append(args.node) or 0)
+    code, _ = run_cli("worker", env=AMQP_ENV)
+    assert code == 0 and started == ["all"] and "worker" not in recorded
 
 
 def test_flower_watches_the_configured_broker_and_passes_its_own_options(recorded: dict[str, Any]) -> None:
