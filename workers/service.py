@@ -26,12 +26,14 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
+from ctxcore.state.tail import AppendCounts, CountedLog
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureStore
+from workers.service_tail import read_window_tail
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
 
@@ -149,6 +151,14 @@ class ContextService:
             at = first.index - len(tail)
             index = fresh[at][0] if at >= 0 else (fresh[0][0] if fresh else 0)
             raise InvalidMessageError(index, first.rule, first.detail)
+        if isinstance(self.counter, TiktokenCounter) and isinstance(self.log, CountedLog):
+            # Stored counts under the default encoding, and which entries are real user
+            # messages (judged after the tail), so windows can read long tails newest first.
+            flags = self.detector.real_flags([*tail, *messages])[len(tail) :]
+            counts = AppendCounts(
+                self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
+            )
+            return self.log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
         return self.log.append(key, list(messages), expected_last_id=expected_last_id)
 
     def _validation_tail(
@@ -272,11 +282,23 @@ class ContextService:
         tools = self.window_tools(key, tools) if own_tools else [dict(t) for t in tools]
         # One counter for the rules and the window (the request's model), each message
         # counted once however often the window's steps ask.
-        counter = WindowCounter(self._counter_for(model))
+        base = self._counter_for(model)
+        counter = WindowCounter(base)
         state = self.state_store.load(key) or CompressionState()
         self.state_store.set_budget(key, budget_tokens)
         pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
-        tail = self.log.read_after(key, state.covered_until)
+        read = read_window_tail(
+            self.log,
+            key,
+            state.covered_until,
+            budget_tokens,
+            base,
+            counter,
+            default_encoding=getattr(self.counter, "encoding_name", None),
+            pinned=pinned,
+            detector=self.detector,
+        )
+        tail = read.messages
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         auto: AutoRecall | None = None
         if recall_settings.auto:
@@ -294,6 +316,12 @@ class ContextService:
             detector=self.detector,
             auto_recall=auto,
         )
+        if read.elided:
+            # The older tail was left unread behind markers: the fallback applied, and the
+            # trigger still sees the whole tail (its stored total).
+            result.fallback_applied = True
+            result.elided_ranges[:0] = read.elided
+            result.raw_tokens += read.raw_tokens_delta
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
         detail = self.failures.detail(key) if self.failures is not None else CompactionDetail()
         if result.raw_tokens > trigger:
