@@ -53,7 +53,16 @@ from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import field, text, translated
-from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_ARCHIVE_LUA, SAVE_LUA, TRUNCATE_LUA
+from ctxcore.state.redis_scripts import (
+    APPEND_LUA,
+    PUT_LUA,
+    READ_TAIL_LUA,
+    SAVE_ARCHIVE_LUA,
+    SAVE_LUA,
+    TRUNCATE_LUA,
+)
+from ctxcore.state.redis_tail import CountedRedisLog
+from ctxcore.state.tail import AppendCounts
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
 
@@ -175,7 +184,7 @@ class RedisStateStore(_RedisBackend):
             self._client.set(self._key(key, "budget"), budget_tokens)
 
 
-class RedisMessageLog(_RedisBackend):
+class RedisMessageLog(_RedisBackend, CountedRedisLog):
     """Append-only logs as Redis streams; ids come from a counter INCR-ed in the append script.
 
     Appends without a ``message_id`` are not idempotent: if a connection drops after Redis
@@ -186,18 +195,21 @@ class RedisMessageLog(_RedisBackend):
         super().__init__(client, prefix)
         self._append = client.register_script(APPEND_LUA)
         self._truncate = client.register_script(TRUNCATE_LUA)
+        self._read_tail = client.register_script(READ_TAIL_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
         """A log on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
         return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
 
-    def _keys(self, key: ConversationKey) -> tuple[str, str, str, str]:
+    def _keys(self, key: ConversationKey) -> tuple[str, str, str, str, str, str]:
         return (
             self._key(key, "log:seq"),
             self._key(key, "log"),
             self._key(key, "log:dedupe"),
             self._key(key, "log:end"),
+            self._key(key, "log:run"),
+            self._key(key, "log:real"),
         )
 
     def _index(self, tenant_id: str) -> str:
@@ -210,13 +222,23 @@ class RedisMessageLog(_RedisBackend):
 
         ``expected_last_id`` is checked inside the append script (``ConflictError``).
         """
+        return self._append_with(key, messages, expected_last_id, None)
+
+    def _append_with(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        expected_last_id: str | None,
+        counts: AppendCounts | None,
+    ) -> list[str]:
         check_loggable(messages)
         expected = expected_seq(expected_last_id)
         if not messages:
             return []
-        args: list[str] = ["" if expected is None else str(expected)]
-        for message in messages:
+        args: list[str] = ["" if expected is None else str(expected), counts.encoding if counts else ""]
+        for i, message in enumerate(messages):
             args += [message.message_id or "", encode_log_message(message)]
+            args += [str(int(counts.counts[i])), "1" if counts.real[i] else ""] if counts else ["", ""]
         keys = list(self._keys(key))
         with translated(f"append to {key}"):
             if isinstance(self._client, RedisCluster):
@@ -292,7 +314,7 @@ class RedisMessageLog(_RedisBackend):
     def delete(self, key: ConversationKey) -> None:
         """Remove the log, its counter and dedupe index, then unlist the conversation."""
         with translated(f"delete {key}"):
-            self._client.delete(*self._keys(key))
+            self._client.delete(*self._keys(key), self._key(key, "log:other"))
             self._client.zrem(self._index(key.tenant_id), key.conversation_id)
 
     def truncate_after(

