@@ -26,14 +26,16 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
-from ctxcore.state.tail import AppendCounts, CountedLog
+from ctxcore.state.redis import RedisMessageLog, RedisStateStore
+from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
-from workers.failures import FailureStore
-from workers.service_tail import read_window_tail
+from workers.failures import FailureRecord, FailureStore, parse_record
+from workers.service_tail import WindowTail, read_window_tail
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
 
@@ -69,6 +71,19 @@ class InlineQueue:
         return "idle"
 
 
+def _redis_window_reader(
+    state_store: StateStore, log: MessageLog, failures: FailureStore | None
+) -> RedisWindowReader | None:
+    """The one-call window read, when state, log (and failure record) share a Redis and prefix."""
+    if not (isinstance(state_store, RedisStateStore) and isinstance(log, RedisMessageLog)):
+        return None
+    if state_store.client is not log.client or state_store.prefix != log.prefix:
+        return None
+    if failures is not None and failures.key(ConversationKey("t", "c")) != f"{log.prefix}:{{t:c}}:compaction":
+        return None
+    return RedisWindowReader(log.client, log.prefix)
+
+
 class ContextService:
     """Append and window operations over the stores (see module docstring)."""
 
@@ -98,6 +113,7 @@ class ContextService:
         self._counters: dict[str, TokenCounter] = {}
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
+        self._window_reader = _redis_window_reader(state_store, log, failures)
 
     # --- appends ----------------------------------------------------------------------
 
@@ -220,6 +236,36 @@ class ContextService:
 
         return rules
 
+    def _window_reads(
+        self, key: ConversationKey, budget_tokens: int, base: TokenCounter, counter: WindowCounter
+    ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
+        """State, pinned anchors, tail and failure record: one script call on Redis (with a
+        ``TiktokenCounter``), else the stores one by one (the record read once)."""
+        reader = self._window_reader
+        tail_read: TailRead | None = None
+        if reader is not None and isinstance(base, TiktokenCounter):
+            got = reader.read(key, budget_tokens, base.encoding_name)
+            state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
+            record = parse_record(got.compaction) if self.failures is not None else None
+        else:
+            state = self.state_store.load(key) or CompressionState()
+            self.state_store.set_budget(key, budget_tokens)
+            pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
+            record = self.failures.get(key) if self.failures is not None else None
+        tail = read_window_tail(
+            self.log,
+            key,
+            state.covered_until,
+            budget_tokens,
+            base,
+            counter,
+            default_encoding=getattr(self.counter, "encoding_name", None),
+            pinned=pinned,
+            detector=self.detector,
+            read=tail_read,
+        )
+        return state, pinned, tail, record
+
     def recall(
         self, key: ConversationKey, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS
     ) -> RecallAnswer:
@@ -284,20 +330,7 @@ class ContextService:
         # counted once however often the window's steps ask.
         base = self._counter_for(model)
         counter = WindowCounter(base)
-        state = self.state_store.load(key) or CompressionState()
-        self.state_store.set_budget(key, budget_tokens)
-        pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
-        read = read_window_tail(
-            self.log,
-            key,
-            state.covered_until,
-            budget_tokens,
-            base,
-            counter,
-            default_encoding=getattr(self.counter, "encoding_name", None),
-            pinned=pinned,
-            detector=self.detector,
-        )
+        state, pinned, read, record = self._window_reads(key, budget_tokens, base, counter)
         tail = read.messages
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         auto: AutoRecall | None = None
@@ -323,11 +356,19 @@ class ContextService:
             result.elided_ranges[:0] = read.elided
             result.raw_tokens += read.raw_tokens_delta
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
-        detail = self.failures.detail(key) if self.failures is not None else CompactionDetail()
+        detail = record.detail if record is not None else CompactionDetail()
         if result.raw_tokens > trigger:
             result.compaction = self.queue.request(key)
         else:
-            result.compaction = "failing" if detail.last_error else self.queue.status(key)
+            # The queue's status from the record already read, where the queue reads it
+            # from there (the scheduler's mirror): the record is read once per window.
+            from_record = getattr(self.queue, "status_from", None)
+            if detail.last_error:
+                result.compaction = "failing"
+            elif record is not None and callable(from_record):
+                result.compaction = from_record(record)
+            else:
+                result.compaction = self.queue.status(key)
         if detail.last_error is not None:
             result.compaction = "failing"
         result.compaction_detail = detail

@@ -48,12 +48,15 @@ def read_window_tail(
     default_encoding: str | None,
     pinned: Sequence[AnyMessage],
     detector: UserDetector,
+    read: TailRead | None = None,
 ) -> WindowTail:
-    """The tail after ``cursor`` for one window counted by ``counter`` (wrapping ``base``)."""
+    """The tail after ``cursor`` for one window counted by ``counter`` (wrapping ``base``);
+    ``read`` when the caller read it already (the Redis window script)."""
     if not (isinstance(base, TiktokenCounter) and isinstance(log, CountedLog)):
         return WindowTail(log.read_after(key, cursor))
     encoding = base.encoding_name
-    read = log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
+    if read is None:
+        read = log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
     counted: dict[str, int] = {}
     for message, count in zip(read.messages, read.counts, strict=True):
         if count is None:

