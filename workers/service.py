@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
-from ctxcore.errors import InvalidMessageError, RecallDisabled
+from ctxcore.errors import InvalidMessageError, NotFoundError, RecallDisabled
 from ctxcore.markers import RECALLED_CONTEXT
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
@@ -167,15 +167,23 @@ class ContextService:
             at = first.index - len(tail)
             index = fresh[at][0] if at >= 0 else (fresh[0][0] if fresh else 0)
             raise InvalidMessageError(index, first.rule, first.detail)
-        if isinstance(self.counter, TiktokenCounter) and isinstance(self.log, CountedLog):
-            # Stored counts under the default encoding, and which entries are real user
-            # messages (judged after the tail), so windows can read long tails newest first.
-            flags = self.detector.real_flags([*tail, *messages])[len(tail) :]
-            counts = AppendCounts(
-                self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
-            )
+        counts = self.append_counts(tail, messages)
+        if counts is not None and isinstance(self.log, CountedLog):
             return self.log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
         return self.log.append(key, list(messages), expected_last_id=expected_last_id)
+
+    def append_counts(
+        self, tail: Sequence[AnyMessage], messages: Sequence[AnyMessage]
+    ) -> AppendCounts | None:
+        """What an append stores beside ``messages`` (logged after ``tail``): their counts under
+        the default encoding and which are real user messages, so windows can read long tails
+        newest first. None with a custom counter (stored counts are ``TiktokenCounter``'s)."""
+        if not isinstance(self.counter, TiktokenCounter):
+            return None
+        flags = self.detector.real_flags([*tail, *messages])[len(tail) :]
+        return AppendCounts(
+            self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
+        )
 
     def _validation_tail(
         self, key: ConversationKey, cursor: str | None, expected_last_id: str | None
@@ -237,7 +245,12 @@ class ContextService:
         return rules
 
     def _window_reads(
-        self, key: ConversationKey, budget_tokens: int, base: TokenCounter, counter: WindowCounter
+        self,
+        key: ConversationKey,
+        budget_tokens: int,
+        base: TokenCounter,
+        counter: WindowCounter,
+        require_existing: bool,
     ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
         """State, pinned anchors, tail and failure record: one script call on Redis (with a
         ``TiktokenCounter``), else the stores one by one (the record read once)."""
@@ -245,10 +258,15 @@ class ContextService:
         tail_read: TailRead | None = None
         if reader is not None and isinstance(base, TiktokenCounter):
             got = reader.read(key, budget_tokens, base.encoding_name)
+            if require_existing and got.state is None and got.last_id is None:
+                raise NotFoundError(f"conversation {key} not found")
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
             record = parse_record(got.compaction) if self.failures is not None else None
         else:
-            state = self.state_store.load(key) or CompressionState()
+            loaded = self.state_store.load(key)
+            if require_existing and loaded is None and self.log.last_id(key) is None:
+                raise NotFoundError(f"conversation {key} not found")
+            state = loaded or CompressionState()
             self.state_store.set_budget(key, budget_tokens)
             pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
             record = self.failures.get(key) if self.failures is not None else None
@@ -309,6 +327,7 @@ class ContextService:
         model: str | None = None,
         *,
         own_tools: bool = True,
+        require_existing: bool = False,
     ) -> WindowResult:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
@@ -317,7 +336,9 @@ class ContextService:
         the conversation's last job failed (``compaction_detail`` says why, from the
         ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
         anchors alone do not fit. ``own_tools=False`` counts and serves the request's tools
-        alone (the proxy never injects the recall tool).
+        alone (the proxy never injects the recall tool). With ``require_existing`` a
+        conversation with neither log nor state is ``NotFoundError`` (checked in the same
+        read on Redis), and nothing is recorded for it.
         """
         if budget_tokens <= 0:
             raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
@@ -330,7 +351,7 @@ class ContextService:
         # counted once however often the window's steps ask.
         base = self._counter_for(model)
         counter = WindowCounter(base)
-        state, pinned, read, record = self._window_reads(key, budget_tokens, base, counter)
+        state, pinned, read, record = self._window_reads(key, budget_tokens, base, counter, require_existing)
         tail = read.messages
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         auto: AutoRecall | None = None

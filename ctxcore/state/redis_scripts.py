@@ -323,7 +323,8 @@ return read_tail(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[1]), tonumber
 # head, budget, stream, run hash, real zset, other-encodings hash, compaction hash, log
 # counter, log end. ARGV: budget, page size, encoding. The cursor and pinned ids come from
 # the head the save scripts write (a state saved before it existed is decoded instead); the
-# budget is written only when it differs (the script's one write). Returns {state JSON or
+# budget is written only when it differs (the script's one write, skipped for a conversation
+# with neither log nor state: the existence check is part of the read). Returns {state JSON or
 # false, pinned (flat seq, JSON, ''), the tail as READ_TAIL_LUA, the compaction hash (flat),
 # the log's last seq}.
 WINDOW_LUA = (
@@ -354,6 +355,10 @@ for id in string.gmatch(pinned_ids, '[^,]+') do
     pinned[#pinned + 1] = ''
   end
 end
+local last = redis.call('GET', KEYS[10]) or redis.call('GET', KEYS[9]) or '0'
+if not state and tonumber(last) == 0 then
+  return {false, {}, {0, 0, 0, {}, {}}, {}, '0'}  -- no such conversation: nothing written
+end
 local after = 0
 if cursor ~= '' then
   after = tonumber(cursor)
@@ -363,7 +368,6 @@ local compaction = redis.call('HGETALL', KEYS[8])
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then
   redis.call('SET', KEYS[3], ARGV[1])
 end
-local last = redis.call('GET', KEYS[10]) or redis.call('GET', KEYS[9]) or '0'
 return {state or false, pinned, tail, compaction, last}
 """
 )

@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from ctxcore.config import Settings
+from ctxcore.errors import NotFoundError
 from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisStateStore
 from ctxcore.state.models import CompressionState
@@ -87,3 +88,17 @@ def test_the_budget_is_written_only_when_it_changes(
     before = writes()
     service.get_window(conv_key, 1002, SYSTEM)
     assert writes() == before
+
+
+def test_a_deleted_conversation_is_not_found_and_nothing_is_written(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = RedisStateStore(client, redis_prefix), RedisMessageLog(client, redis_prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    service.append(conv_key, [UserMessage(content="hello")])
+    assert service.get_window(conv_key, 1000, SYSTEM, require_existing=True).messages[-1].content == "hello"
+    log.delete(conv_key)
+    state.delete(conv_key)
+    with pytest.raises(NotFoundError):
+        service.get_window(conv_key, 1000, SYSTEM, require_existing=True)
+    assert list(client.scan_iter(match=f"{redis_prefix}:{conv_key.hash_tag}:*")) == []
