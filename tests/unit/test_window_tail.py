@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ctxcore.config import Settings
+from ctxcore.errors import BudgetExceeded
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore
@@ -114,3 +117,19 @@ def test_a_client_switching_encodings_gets_counts_stored_for_each() -> None:
     other = s.get_window(KEY, 50_000, SYSTEM, model="gpt-4o")
     assert first.messages == again.messages == other.messages
     assert first.stats.total_tokens == again.stats.total_tokens != other.stats.total_tokens
+
+
+def test_a_budget_of_one_token_is_budget_exceeded_on_a_paged_tail() -> None:
+    s = service(MemoryMessageLog())
+    fill(s, steps=300)
+    with pytest.raises(BudgetExceeded):
+        s.get_window(KEY, 1, SYSTEM)
+
+
+def test_a_budget_that_changes_on_every_request_stays_within_it() -> None:
+    s = service(MemoryMessageLog())
+    fill(s, steps=300, user_at=120)
+    for budget in range(2_000, 9_000, 700):
+        window = s.get_window(KEY, budget, SYSTEM)
+        assert window.stats.total_tokens <= budget
+        assert "now also check module 120" in [str(m.content) for m in window.messages]
