@@ -39,6 +39,10 @@ from workers.service_tail import WindowTail, read_window_tail
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
 
+# Log entries an append is validated after at most: a tail of 50,000 entries (workers
+# down) must not be read whole by every append; what a batch must follow is the log's end.
+_VALIDATION_SPAN = 512
+
 
 class CompactionQueue(Protocol):
     """Where the fast path asks for background compaction."""
@@ -194,11 +198,18 @@ class ContextService:
         append itself re-checks atomically); a replay is validated as its first call was.
         """
         expected = expected_seq(expected_last_id)
-        if expected is None or expected < 1:
-            return self.log.read_after(key, cursor)
         after = parse_log_id(cursor) if cursor is not None else 0
+        if expected is None or expected < 1:
+            last = self.log.last_id(key)
+            expected = parse_log_id(last) if last is not None else 0
+        if after < expected - _VALIDATION_SPAN:
+            # A long tail (workers behind): new messages follow its end, from a step start.
+            first = format_log_id(expected - _VALIDATION_SPAN + 1)
+            return drop_leading_tool_messages(self.log.read_range(key, first, format_log_id(expected)))
         if after < expected:
             return self.log.read_range(key, format_log_id(after + 1), format_log_id(expected))
+        if expected_last_id is None or expected < 1:
+            return []
         # The state already covers the expected id (compaction ran since): the context a
         # batch needs is the end of the last step before it, which starts after tool results.
         before = self.log.read_range(key, format_log_id(max(expected - 63, 1)), format_log_id(expected))

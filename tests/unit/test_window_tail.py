@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ctxcore.config import Settings
-from ctxcore.errors import BudgetExceeded
+from ctxcore.errors import BudgetExceeded, InvalidMessageError
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore
@@ -133,3 +133,23 @@ def test_a_budget_that_changes_on_every_request_stays_within_it() -> None:
         window = s.get_window(KEY, budget, SYSTEM)
         assert window.stats.total_tokens <= budget
         assert "now also check module 120" in [str(m.content) for m in window.messages]
+
+
+def test_an_append_after_a_long_tail_reads_only_its_end() -> None:
+    log = MemoryMessageLog()
+    s = service(log)
+    fill(s, steps=600)  # 1,201 entries, nothing compacted (workers down)
+    reads: list[int] = []
+    original = log.read_range
+
+    def spied(key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
+        found = original(key, first, last)
+        reads.append(len(found))
+        return found
+
+    log.read_range = spied  # type: ignore[method-assign]
+    s.append(KEY, [AssistantMessage(content="", tool_calls=[ToolCall(id="z", name="bash")])])
+    s.append(KEY, [ToolMessage(content="done", tool_call_id="z")])
+    with pytest.raises(InvalidMessageError):
+        s.append(KEY, [ToolMessage(content="orphan", tool_call_id="nope")])
+    assert reads and max(reads) <= 512
