@@ -5,10 +5,14 @@ Every key of a conversation carries its hash tag ``{tenant:conversation}``
 the layout works unchanged on Redis Cluster:
 
 - ``...:state:version`` (string) and ``...:state:history`` (list of state JSON, newest
-  first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:budget``;
+  first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:state:head``
+  (``cursor|pinned ids``, written by the save scripts for the window script); ``...:budget``;
 - ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
-  message with log id ``n``), ``...:log:dedupe`` (hash ``message_id -> log id``),
+  message with log id ``n`` in ``m``, and for counted entries ``t``/``c``: its token count
+  and the run's running total), ``...:log:dedupe`` (hash ``message_id -> log id``),
   ``...:log:end`` (the last remaining seq after a ``truncate_after``, until the next append);
+  ``...:log:run``, ``...:log:real`` and ``...:log:other``: stored counts
+  (``ctxcore.state.redis_tail``);
 - ``...:offload`` (hash ``handle -> messages JSON``);
 - ``...:archive`` (hash ``chunk id -> chunk JSON``) and ``...:archive:index`` (the recall
   index's bytes), written by the state's save script.
