@@ -26,8 +26,6 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
-from ctxcore.state.redis import RedisMessageLog, RedisStateStore
-from ctxcore.state.redis_window import RedisWindowReader
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
@@ -35,7 +33,7 @@ from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
-from workers.service_tail import WindowTail, read_window_tail
+from workers.service_tail import WindowTail, read_window_tail, redis_window_reader
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
 
@@ -75,19 +73,6 @@ class InlineQueue:
         return "idle"
 
 
-def _redis_window_reader(
-    state_store: StateStore, log: MessageLog, failures: FailureStore | None
-) -> RedisWindowReader | None:
-    """The one-call window read, when state, log (and failure record) share a Redis and prefix."""
-    if not (isinstance(state_store, RedisStateStore) and isinstance(log, RedisMessageLog)):
-        return None
-    if state_store.client is not log.client or state_store.prefix != log.prefix:
-        return None
-    if failures is not None and failures.key(ConversationKey("t", "c")) != f"{log.prefix}:{{t:c}}:compaction":
-        return None
-    return RedisWindowReader(log.client, log.prefix)
-
-
 class ContextService:
     """Append and window operations over the stores (see module docstring)."""
 
@@ -117,7 +102,7 @@ class ContextService:
         self._counters: dict[str, TokenCounter] = {}
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
-        self._window_reader = _redis_window_reader(state_store, log, failures)
+        self._window_reader = redis_window_reader(state_store, log, failures)
 
     # --- appends ----------------------------------------------------------------------
 

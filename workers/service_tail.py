@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 
 from ctxcore.assemble import elided_marker
 from ctxcore.messages import AnyMessage, ToolMessage
-from ctxcore.state import ConversationKey, MessageLog
+from ctxcore.state import ConversationKey, MessageLog, StateStore
 from ctxcore.state.base import format_log_id, parse_log_id
+from ctxcore.state.redis import RedisMessageLog, RedisStateStore
+from ctxcore.state.redis_window import RedisWindowReader
 from ctxcore.state.tail import CountedLog, TailRead
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
 from ctxcore.window_counter import WindowCounter
+from workers.failures import FailureStore
 
-__all__ = ["WindowTail", "read_window_tail"]
+__all__ = ["WindowTail", "read_window_tail", "redis_window_reader"]
 
 
 @dataclass
@@ -35,6 +38,19 @@ class WindowTail:
     # Tokens of the left-out entries minus those of the markers standing for them, so the
     # trigger sees the whole tail: ``raw_tokens`` of the window plus this.
     raw_tokens_delta: int = 0
+
+
+def redis_window_reader(
+    state_store: StateStore, log: MessageLog, failures: FailureStore | None
+) -> RedisWindowReader | None:
+    """The one-call window read, when state, log (and failure record) share a Redis and prefix."""
+    if not (isinstance(state_store, RedisStateStore) and isinstance(log, RedisMessageLog)):
+        return None
+    if state_store.client is not log.client or state_store.prefix != log.prefix:
+        return None
+    if failures is not None and failures.key(ConversationKey("t", "c")) != f"{log.prefix}:{{t:c}}:compaction":
+        return None
+    return RedisWindowReader(log.client, log.prefix)
 
 
 def read_window_tail(

