@@ -8,7 +8,8 @@ before each window. Per tail, p50/p95/p99 of:
 
 * ``miss``: ``get_window`` right after an append: what an agent does, the figure the goals use;
 * ``hit``: ``get_window`` again with nothing appended: what a window cache could serve;
-* ``append``: the append of the step (an assistant tool call and its result), timed apart;
+* ``append``: ``ContextService.append`` of the step (an assistant tool call and its result:
+  validated against the tail, counted and stored with its count), timed apart;
 * ``floor``: what one read script per window would do, in one pipelined round trip with
   results left undecoded: the state, the pinned entries, the first newest-first tail page
   (``XREVRANGE ... COUNT 128``), the failure record, the compaction hash and the budget
@@ -42,8 +43,10 @@ from fast_path_flat import BUDGET, DEFAULT_DATA, conversation, covered_state, ta
 from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.state import ConversationKey
+from ctxcore.state.tail import CountedLog
 from ctxcore.status import CompactionStatus
 from workers.embedded import ensure_redis
+from workers.failures import FailureRecord
 from workers.runtime import Runtime, build_service
 
 LOG_MESSAGES = 10_000
@@ -63,6 +66,10 @@ class SchedulerQueue:
     def status(self, key: ConversationKey) -> CompactionStatus:
         failing = self.runtime.failures.get(key).failing
         return "failing" if failing else self.runtime.scheduler.status(key)
+
+    def status_from(self, record: FailureRecord) -> CompactionStatus:
+        """As ``CeleryQueue``: from the record the window read (the scheduler mirrors into it)."""
+        return "failing" if record.failing else record.scheduler_status
 
     def request(self, key: ConversationKey) -> CompactionStatus:
         self.runtime.scheduler.request(key)
@@ -162,7 +169,14 @@ def main() -> None:
             key = ConversationKey("bench", f"agent-{tail}")
             ids: list[str] = []
             for i in range(0, len(body), 1000):
-                ids += runtime.log.append(key, body[i : i + 1000])
+                # Counted as the service's appends count (stored counts, real-user flags).
+                chunk = body[i : i + 1000]
+                counts = service.append_counts(body[max(0, i - 64) : i], chunk)
+                if counts is None:
+                    raise RuntimeError("the bench needs the default TiktokenCounter")
+                if not isinstance(runtime.log, CountedLog):
+                    raise RuntimeError("the bench needs a log with stored counts")
+                ids += runtime.log.append_counted(key, chunk, counts)
             state = covered_state(body, ids, tail)
             if not runtime.state_store.save(key, state, expected_version=0):
                 raise RuntimeError(f"could not save the state of {key}")
@@ -186,7 +200,7 @@ def main() -> None:
                 for _ in range(args.steps):
                     serial += 1
                     started = time.perf_counter_ns()
-                    runtime.log.append(size.key, step(serial))
+                    service.append(size.key, step(serial))
                     size.append.append(time.perf_counter_ns() - started)
                     profiling = profiler is not None and size is measured[0]
                     if profiling:

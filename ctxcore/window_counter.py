@@ -50,6 +50,10 @@ class WindowCounter:
         self._messages[id(message)] = (message, value)
         return value
 
+    def seed(self, message: AnyMessage, count: int) -> None:
+        """Take ``count`` as ``message``'s count (a count the log stored at append)."""
+        self._messages[id(message)] = (message, count)
+
     def count_messages(self, messages: Sequence[AnyMessage]) -> int:
         """Tokens of ``messages`` as one request."""
         if self._priming is None:

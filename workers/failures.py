@@ -41,6 +41,7 @@ __all__ = [
     "StageFailedError",
     "classify_failure",
     "model_error_message",
+    "parse_record",
     "public_endpoint",
 ]
 
@@ -123,7 +124,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _parse(fields: dict[Any, Any]) -> FailureRecord:
+def parse_record(fields: dict[Any, Any]) -> FailureRecord:
+    """The record of a compaction hash's fields (as HGETALL returns them)."""
     data = {_text(k): _text(v) for k, v in fields.items()}
     error = None
     if "last_error" in data:
@@ -165,7 +167,7 @@ class FailureStore:
 
     def get(self, key: ConversationKey) -> FailureRecord:
         """The record (empty when nothing ever failed or succeeded)."""
-        return _parse(
+        return parse_record(
             self._call("reading the failure record", key, lambda: self.client.hgetall(self.key(key)))
         )
 

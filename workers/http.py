@@ -44,7 +44,7 @@ import logging
 import time
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Response
+from fastapi import BackgroundTasks, Depends, FastAPI, Header, Path, Query, Response
 
 from ctxcore import __version__
 from ctxcore.client.models import (
@@ -62,7 +62,7 @@ from ctxcore.client.models import (
     WindowStats,
 )
 from ctxcore.config import Settings
-from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError
+from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, NotFoundError
 from ctxcore.messages import from_openai, to_openai
 from ctxcore.state import CompressionState, validate_id
 from ctxcore.state.filesystem import validate_handle
@@ -76,7 +76,7 @@ from workers.http_errors import (
     not_found,
 )
 from workers.http_log import log_router
-from workers.http_ops import operations_router
+from workers.http_ops import operations_router, window_metrics
 from workers.http_recall import recall_router
 from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
@@ -197,6 +197,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         conversation_id: ConversationId,
         body: WindowRequest,
         tenant: Tenant,
+        background: BackgroundTasks,
         format: Annotated[
             WindowFormat,
             Query(
@@ -212,21 +213,29 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         409 ``invalid_window`` (with the violations) when the saved state cannot be served
         without breaking the chat protocol: roll the conversation back.
         """
-        key = api.require(tenant, conversation_id)
+        key = api.key(tenant, conversation_id)
         try:
             system = from_openai(body.system_messages)
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None
         started = time.perf_counter()
         try:
-            result = api.service.get_window(key, body.budget_tokens, system, body.tools, body.model)
+            # The existence check is part of the window's read (one script call on Redis).
+            result = api.service.get_window(
+                key, body.budget_tokens, system, body.tools, body.model, require_existing=True
+            )
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None
-        runtime.metrics.observe(
-            "ctxcore_fast_path_seconds", time.perf_counter() - started, tenant=key.tenant_id
+        except NotFoundError:
+            raise not_found() from None
+        # Metrics are written after the response is sent: not a round trip the client waits for.
+        background.add_task(
+            window_metrics,
+            runtime.metrics,
+            key.tenant_id,
+            time.perf_counter() - started,
+            result.fallback_applied,
         )
-        if result.fallback_applied:
-            runtime.metrics.inc("ctxcore_fallback_windows_total", tenant=key.tenant_id)
         return WindowResponse(
             messages=to_openai(result.messages, include_extra=format == "ctxcore"),
             tools=result.tools,

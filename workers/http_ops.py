@@ -8,9 +8,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ctxcore.client.models import HealthResponse
 from workers.http_errors import error_responses
+from workers.metrics import Metrics
 from workers.runtime import Runtime
 
-__all__ = ["operations_router"]
+__all__ = ["operations_router", "window_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +72,9 @@ def _dead_letters(runtime: Runtime) -> int | None:
     except (OperationalError, OSError) as exc:
         log.warning("dead-letter depth not read: the broker does not answer (%s)", exc)
         return None
+
+
+def window_metrics(metrics: Metrics, tenant: str, seconds: float, fallback: bool) -> None:
+    """A window's metrics in one pipeline, run after its response is sent."""
+    also = "ctxcore_fallback_windows_total" if fallback else None
+    metrics.observe("ctxcore_fast_path_seconds", seconds, tenant=tenant, also=also)

@@ -73,13 +73,18 @@ class Metrics:
         except _ERRORS:
             log.debug("metrics unavailable", exc_info=True)
 
-    def observe(self, name: str, seconds: float, *, tenant: str | None = None, **labels: str) -> None:
-        """Record one observation of a summary (sum and count), in ``tenant``'s hash."""
+    def observe(
+        self, name: str, seconds: float, *, tenant: str | None = None, also: str | None = None, **labels: str
+    ) -> None:
+        """Record one observation of a summary (sum and count), in ``tenant``'s hash; ``also``
+        names a counter incremented in the same pipeline."""
         key = self._key(tenant)
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrbyfloat(key, _label_key(f"{name}_sum", labels), seconds)
             pipe.hincrbyfloat(key, _label_key(f"{name}_count", labels), 1)
+            if also is not None:
+                pipe.hincrbyfloat(key, _label_key(also, labels), 1)
             pipe.execute()
         except _ERRORS:
             log.debug("metrics unavailable", exc_info=True)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
-from ctxcore.errors import InvalidMessageError, RecallDisabled
+from ctxcore.errors import InvalidMessageError, NotFoundError, RecallDisabled
 from ctxcore.markers import RECALLED_CONTEXT
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
@@ -26,14 +26,20 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
+from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
-from workers.failures import FailureStore
+from workers.failures import FailureRecord, FailureStore, parse_record
+from workers.service_tail import WindowTail, read_window_tail, redis_window_reader
 
 __all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
+
+# Log entries an append is validated after at most: a tail of 50,000 entries (workers
+# down) must not be read whole by every append; what a batch must follow is the log's end.
+_VALIDATION_SPAN = 512
 
 
 class CompactionQueue(Protocol):
@@ -96,6 +102,7 @@ class ContextService:
         self._counters: dict[str, TokenCounter] = {}
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
+        self._window_reader = redis_window_reader(state_store, log, failures)
 
     # --- appends ----------------------------------------------------------------------
 
@@ -149,7 +156,23 @@ class ContextService:
             at = first.index - len(tail)
             index = fresh[at][0] if at >= 0 else (fresh[0][0] if fresh else 0)
             raise InvalidMessageError(index, first.rule, first.detail)
+        counts = self.append_counts(tail, messages)
+        if counts is not None and isinstance(self.log, CountedLog):
+            return self.log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
         return self.log.append(key, list(messages), expected_last_id=expected_last_id)
+
+    def append_counts(
+        self, tail: Sequence[AnyMessage], messages: Sequence[AnyMessage]
+    ) -> AppendCounts | None:
+        """What an append stores beside ``messages`` (logged after ``tail``): their counts under
+        the default encoding and which are real user messages, so windows can read long tails
+        newest first. None with a custom counter (stored counts are ``TiktokenCounter``'s)."""
+        if not isinstance(self.counter, TiktokenCounter):
+            return None
+        flags = self.detector.real_flags([*tail, *messages])[len(tail) :]
+        return AppendCounts(
+            self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
+        )
 
     def _validation_tail(
         self, key: ConversationKey, cursor: str | None, expected_last_id: str | None
@@ -160,11 +183,18 @@ class ContextService:
         append itself re-checks atomically); a replay is validated as its first call was.
         """
         expected = expected_seq(expected_last_id)
-        if expected is None or expected < 1:
-            return self.log.read_after(key, cursor)
         after = parse_log_id(cursor) if cursor is not None else 0
+        if expected is None or expected < 1:
+            last = self.log.last_id(key)
+            expected = parse_log_id(last) if last is not None else 0
+        if after < expected - _VALIDATION_SPAN:
+            # A long tail (workers behind): new messages follow its end, from a step start.
+            first = format_log_id(expected - _VALIDATION_SPAN + 1)
+            return drop_leading_tool_messages(self.log.read_range(key, first, format_log_id(expected)))
         if after < expected:
             return self.log.read_range(key, format_log_id(after + 1), format_log_id(expected))
+        if expected_last_id is None or expected < 1:
+            return []
         # The state already covers the expected id (compaction ran since): the context a
         # batch needs is the end of the last step before it, which starts after tool results.
         before = self.log.read_range(key, format_log_id(max(expected - 63, 1)), format_log_id(expected))
@@ -210,6 +240,46 @@ class ContextService:
 
         return rules
 
+    def _window_reads(
+        self,
+        key: ConversationKey,
+        budget_tokens: int,
+        base: TokenCounter,
+        counter: WindowCounter,
+        require_existing: bool,
+    ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
+        """State, pinned anchors, tail and failure record: one script call on Redis (with a
+        ``TiktokenCounter``), else the stores one by one (the record read once)."""
+        reader = self._window_reader
+        tail_read: TailRead | None = None
+        if reader is not None and isinstance(base, TiktokenCounter):
+            got = reader.read(key, budget_tokens, base.encoding_name)
+            if require_existing and got.state is None and got.last_id is None:
+                raise NotFoundError(f"conversation {key} not found")
+            state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
+            record = parse_record(got.compaction) if self.failures is not None else None
+        else:
+            loaded = self.state_store.load(key)
+            if require_existing and loaded is None and self.log.last_id(key) is None:
+                raise NotFoundError(f"conversation {key} not found")
+            state = loaded or CompressionState()
+            self.state_store.set_budget(key, budget_tokens)
+            pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
+            record = self.failures.get(key) if self.failures is not None else None
+        tail = read_window_tail(
+            self.log,
+            key,
+            state.covered_until,
+            budget_tokens,
+            base,
+            counter,
+            default_encoding=getattr(self.counter, "encoding_name", None),
+            pinned=pinned,
+            detector=self.detector,
+            read=tail_read,
+        )
+        return state, pinned, tail, record
+
     def recall(
         self, key: ConversationKey, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS
     ) -> RecallAnswer:
@@ -253,6 +323,7 @@ class ContextService:
         model: str | None = None,
         *,
         own_tools: bool = True,
+        require_existing: bool = False,
     ) -> WindowResult:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
@@ -261,7 +332,9 @@ class ContextService:
         the conversation's last job failed (``compaction_detail`` says why, from the
         ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
         anchors alone do not fit. ``own_tools=False`` counts and serves the request's tools
-        alone (the proxy never injects the recall tool).
+        alone (the proxy never injects the recall tool). With ``require_existing`` a
+        conversation with neither log nor state is ``NotFoundError`` (checked in the same
+        read on Redis), and nothing is recorded for it.
         """
         if budget_tokens <= 0:
             raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
@@ -272,11 +345,10 @@ class ContextService:
         tools = self.window_tools(key, tools) if own_tools else [dict(t) for t in tools]
         # One counter for the rules and the window (the request's model), each message
         # counted once however often the window's steps ask.
-        counter = WindowCounter(self._counter_for(model))
-        state = self.state_store.load(key) or CompressionState()
-        self.state_store.set_budget(key, budget_tokens)
-        pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
-        tail = self.log.read_after(key, state.covered_until)
+        base = self._counter_for(model)
+        counter = WindowCounter(base)
+        state, pinned, read, record = self._window_reads(key, budget_tokens, base, counter, require_existing)
+        tail = read.messages
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         auto: AutoRecall | None = None
         if recall_settings.auto:
@@ -294,12 +366,26 @@ class ContextService:
             detector=self.detector,
             auto_recall=auto,
         )
+        if read.elided:
+            # The older tail was left unread behind markers: the fallback applied, and the
+            # trigger still sees the whole tail (its stored total).
+            result.fallback_applied = True
+            result.elided_ranges[:0] = read.elided
+            result.raw_tokens += read.raw_tokens_delta
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
-        detail = self.failures.detail(key) if self.failures is not None else CompactionDetail()
+        detail = record.detail if record is not None else CompactionDetail()
         if result.raw_tokens > trigger:
             result.compaction = self.queue.request(key)
         else:
-            result.compaction = "failing" if detail.last_error else self.queue.status(key)
+            # The queue's status from the record already read, where the queue reads it
+            # from there (the scheduler's mirror): the record is read once per window.
+            from_record = getattr(self.queue, "status_from", None)
+            if detail.last_error:
+                result.compaction = "failing"
+            elif record is not None and callable(from_record):
+                result.compaction = from_record(record)
+            else:
+                result.compaction = self.queue.status(key)
         if detail.last_error is not None:
             result.compaction = "failing"
         result.compaction_detail = detail

@@ -40,7 +40,13 @@ from ctxcore.status import CompactionStatus
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
 from workers.broker import retry_countdown, wait_for_stage_room
-from workers.failures import StageFailedError, classify_failure, model_error_message, public_endpoint
+from workers.failures import (
+    FailureRecord,
+    StageFailedError,
+    classify_failure,
+    model_error_message,
+    public_endpoint,
+)
 from workers.locks import LockBusy, conversation_lock
 
 log = logging.getLogger(__name__)
@@ -108,7 +114,10 @@ class CeleryQueue:
 
     def status(self, key: ConversationKey) -> CompactionStatus:
         """``failing`` while the last job failed, else ``idle``, ``queued`` or ``running``."""
-        record = runtime().failures.get(key)
+        return self.status_from(runtime().failures.get(key))
+
+    def status_from(self, record: FailureRecord) -> CompactionStatus:
+        """``status`` from the record a window read already (the scheduler's mirror is in it)."""
         return "failing" if record.failing else record.scheduler_status
 
 

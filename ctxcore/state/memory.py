@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ctxcore.messages import AnyMessage
@@ -32,6 +32,7 @@ from ctxcore.state.base import (
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
+from ctxcore.state.tail import AppendCounts, TailRead, check_counts, plan_tail
 
 __all__ = ["MemoryMessageLog", "MemoryOffloadStore", "MemoryStateStore"]
 
@@ -133,6 +134,37 @@ class _Log:
     entries: list[str] = field(default_factory=list)
     by_message_id: dict[str, str] = field(default_factory=dict)
     counter: int = 0
+    # Stored counts (``ctxcore.state.tail``): per entry its count and running total under
+    # ``run_encoding`` (None outside the counted run, which starts at ``run_from``), the
+    # run's real-user seqs, and counts under other encodings by seq.
+    counts: list[int | None] = field(default_factory=list)
+    totals: list[int | None] = field(default_factory=list)
+    run_encoding: str | None = None
+    run_from: int | None = None
+    real: list[int] = field(default_factory=list)
+    other: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def add(self, data: str, counted: tuple[str, int, bool] | None) -> int:
+        """Store one new entry; ``counted`` = (encoding, count, real) or None (ends the run)."""
+        self.counter += 1
+        seq = self.counter
+        count = total = None
+        if counted is None:
+            self.run_encoding = self.run_from = None
+            self.real = []
+        else:
+            encoding, count, real = counted
+            if self.run_encoding != encoding:
+                self.run_encoding, self.run_from, self.real = encoding, seq, []
+            previous = self.totals[-1] if self.seqs and self.seqs[-1] >= (self.run_from or seq) else 0
+            total = (previous or 0) + count
+            if real:
+                self.real.append(seq)
+        self.seqs.append(seq)
+        self.entries.append(data)
+        self.counts.append(count)
+        self.totals.append(total)
+        return seq
 
     @property
     def last(self) -> int:
@@ -153,6 +185,27 @@ class MemoryMessageLog:
 
         ``expected_last_id`` is checked under the same lock as the write (``ConflictError``).
         """
+        return self._append(key, messages, expected_last_id, None)
+
+    def append_counted(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        counts: AppendCounts,
+        *,
+        expected_last_id: str | None = None,
+    ) -> list[str]:
+        """``append`` storing each new entry's count and the running total (``CountedLog``)."""
+        check_counts(messages, counts)
+        return self._append(key, messages, expected_last_id, counts)
+
+    def _append(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        expected_last_id: str | None,
+        counts: AppendCounts | None,
+    ) -> list[str]:
         check_loggable(messages)
         if not messages:
             return []
@@ -169,15 +222,13 @@ class MemoryMessageLog:
                 if replay is not None:
                     return replay
                 raise append_conflict(key, expected_last_id, log.last)
-            for message, data in zip(messages, encoded, strict=True):
+            for i, (message, data) in enumerate(zip(messages, encoded, strict=True)):
                 known = log.by_message_id.get(message.message_id) if message.message_id else None
                 if known is not None:
                     ids.append(known)
                     continue
-                log.counter += 1
-                log.seqs.append(log.counter)
-                log.entries.append(data)
-                log_id = format_log_id(log.counter)
+                counted = (counts.encoding, int(counts.counts[i]), counts.real[i]) if counts else None
+                log_id = format_log_id(log.add(data, counted))
                 if message.message_id:
                     log.by_message_id[message.message_id] = log_id
                 ids.append(log_id)
@@ -244,8 +295,39 @@ class MemoryMessageLog:
             if removed:
                 gone = set(removed)
                 log.by_message_id = {m: i for m, i in log.by_message_id.items() if i not in gone}
-                del log.seqs[cut:], log.entries[cut:]
+                del log.seqs[cut:], log.entries[cut:], log.counts[cut:], log.totals[cut:]
+                log.real = [seq for seq in log.real if seq <= after]
         return removed
+
+    def read_tail(
+        self, key: ConversationKey, cursor: str | None, *, budget_tokens: int, encoding: str
+    ) -> TailRead:
+        """The newest entries after ``cursor`` that fill ``budget_tokens`` (``CountedLog``)."""
+        after = parse_log_id(cursor) if cursor is not None else 0
+        with self._lock:
+            log = self._logs.get(key) or _Log()
+            plan = plan_tail(log.seqs, log.counts, log.totals, log.run_from, log.real, after, budget_tokens)
+            seqs = log.seqs[plan.start :]
+            rows = list(zip(seqs, log.entries[plan.start :], strict=True))
+            own = log.run_encoding == encoding
+            other = log.other.get(encoding, {})
+            counts = log.counts[plan.start :] if own else [other.get(seq) for seq in seqs]
+            omitted = log.seqs[plan.cursor_index : plan.start]
+            extra = [(seq, log.entries[bisect.bisect_left(log.seqs, seq)]) for seq in plan.anchors]
+        return TailRead(
+            messages=decode_log_messages([(format_log_id(seq), data) for seq, data in rows]),
+            counts=list(counts),
+            omitted=(format_log_id(omitted[0]), format_log_id(omitted[-1])) if omitted else None,
+            omitted_tokens=plan.omitted_tokens,
+            anchors=decode_log_messages([(format_log_id(seq), data) for seq, data in extra]),
+        )
+
+    def store_counts(self, key: ConversationKey, encoding: str, counts: Mapping[str, int]) -> None:
+        """Keep counts under ``encoding`` by log id (``CountedLog``)."""
+        with self._lock:
+            log = self._logs.get(key)
+            if log is not None:
+                log.other.setdefault(encoding, {}).update({parse_log_id(i): c for i, c in counts.items()})
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""

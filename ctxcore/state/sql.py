@@ -146,6 +146,20 @@ _MIGRATIONS: tuple[_Migration, ...] = (
             "version BIGINT NOT NULL, data {blob} NOT NULL, PRIMARY KEY (tenant_id, conversation_id))",
         ),
     ),
+    _Migration(
+        "stored token counts: per entry, the counted run on the counter row, other encodings",
+        (
+            'ALTER TABLE "{p}log" ADD COLUMN tokens BIGINT',
+            'ALTER TABLE "{p}log" ADD COLUMN total BIGINT',
+            'ALTER TABLE "{p}log" ADD COLUMN is_real SMALLINT',
+            'ALTER TABLE "{p}log_counter" ADD COLUMN run_encoding VARCHAR(64)',
+            'ALTER TABLE "{p}log_counter" ADD COLUMN run_from BIGINT',
+            'ALTER TABLE "{p}log_counter" ADD COLUMN run_total BIGINT',
+            'CREATE TABLE "{p}log_count" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "encoding VARCHAR(64) NOT NULL, seq BIGINT NOT NULL, tokens BIGINT NOT NULL, "
+            "PRIMARY KEY (tenant_id, conversation_id, encoding, seq))",
+        ),
+    ),
 )
 
 # Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
@@ -169,6 +183,7 @@ class _Tables:
     budget: Table
     log_counter: Table
     log: Table
+    log_count: Table
     offload: Table
     archive_chunk: Table
     archive_index: Table
@@ -193,7 +208,15 @@ class _Tables:
                 Column("data", Text),
             ),
             budget=Table(f"{p}budget", md, *_id_columns(), Column("budget_tokens", BigInteger)),
-            log_counter=Table(f"{p}log_counter", md, *_id_columns(), Column("last_seq", BigInteger)),
+            log_counter=Table(
+                f"{p}log_counter",
+                md,
+                *_id_columns(),
+                Column("last_seq", BigInteger),
+                Column("run_encoding", String(64)),
+                Column("run_from", BigInteger),
+                Column("run_total", BigInteger),
+            ),
             log=Table(
                 f"{p}log",
                 md,
@@ -201,6 +224,17 @@ class _Tables:
                 Column("seq", BigInteger, primary_key=True),
                 Column("message_key", String(64)),
                 Column("data", Text),
+                Column("tokens", BigInteger),
+                Column("total", BigInteger),
+                Column("is_real", Integer),
+            ),
+            log_count=Table(
+                f"{p}log_count",
+                md,
+                *_id_columns(),
+                Column("encoding", String(64), primary_key=True),
+                Column("seq", BigInteger, primary_key=True),
+                Column("tokens", BigInteger),
             ),
             offload=Table(
                 f"{p}offload",

@@ -28,6 +28,8 @@ from ctxcore.state.base import (
 )
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.sql import _SqlBackend
+from ctxcore.state.sql_tail import CountedSqlLog
+from ctxcore.state.tail import AppendCounts
 
 __all__ = ["SqlMessageLog"]
 
@@ -37,7 +39,7 @@ def _message_key(message_id: str) -> str:
     return hashlib.sha256(message_id.encode()).hexdigest()
 
 
-class SqlMessageLog(_SqlBackend):
+class SqlMessageLog(_SqlBackend, CountedSqlLog):
     """Append-only logs in SQL: rows keyed by (tenant, conversation, seq), ids from a counter row.
 
     ``SqlMessageLog("sqlite:///ctx.db")`` or ``SqlMessageLog(engine=engine)``; call ``setup()`` once.
@@ -50,6 +52,15 @@ class SqlMessageLog(_SqlBackend):
 
         ``expected_last_id`` is checked against the locked counter row (``ConflictError``).
         """
+        return self._append_with(key, messages, expected_last_id, None)
+
+    def _append_with(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        expected_last_id: str | None,
+        counts: AppendCounts | None,
+    ) -> list[str]:
         check_loggable(messages)
         if not messages:
             return []
@@ -66,9 +77,11 @@ class SqlMessageLog(_SqlBackend):
                 .values(**ids, last_seq=0)
                 .on_conflict_do_nothing(index_elements=[counter.c.tenant_id, counter.c.conversation_id])
             )
-            last = conn.execute(
-                select(counter.c.last_seq).where(self._where(counter, key)).with_for_update()
-            ).scalar_one()
+            last, run_encoding, run_from, run_total = conn.execute(
+                select(counter.c.last_seq, counter.c.run_encoding, counter.c.run_from, counter.c.run_total)
+                .where(self._where(counter, key))
+                .with_for_update()
+            ).one()
             wanted = {k for k, _ in encoded if k is not None}
             known: dict[str, int] = {}
             if wanted:
@@ -95,18 +108,31 @@ class SqlMessageLog(_SqlBackend):
                 raise append_conflict(key, expected_last_id, current)
             log_ids: list[str] = []
             rows: list[dict[str, Any]] = []
-            for message_key, data in encoded:
+            for i, (message_key, data) in enumerate(encoded):
                 seq = known.get(message_key) if message_key is not None else None
                 if seq is None:
                     last += 1
                     seq = last
-                    rows.append({**ids, "seq": seq, "message_key": message_key, "data": data})
+                    row = {**ids, "seq": seq, "message_key": message_key, "data": data}
+                    if counts is None:  # a plain append ends the counted run
+                        run_encoding = run_from = run_total = None
+                        row.update(tokens=None, total=None, is_real=None)
+                    else:
+                        if run_encoding != counts.encoding:
+                            run_encoding, run_from, run_total = counts.encoding, seq, 0
+                        run_total = (run_total or 0) + int(counts.counts[i])
+                        row.update(tokens=int(counts.counts[i]), total=run_total, is_real=int(counts.real[i]))
+                    rows.append(row)
                     if message_key is not None:
                         known[message_key] = seq  # a duplicate later in the same batch
                 log_ids.append(format_log_id(seq))
             if rows:
                 conn.execute(insert(log), rows)
-                conn.execute(update(counter).where(self._where(counter, key)).values(last_seq=last))
+                conn.execute(
+                    update(counter)
+                    .where(self._where(counter, key))
+                    .values(last_seq=last, run_encoding=run_encoding, run_from=run_from, run_total=run_total)
+                )
         return log_ids
 
     def _select(
@@ -160,7 +186,9 @@ class SqlMessageLog(_SqlBackend):
         after = parse_log_id(log_id)
         counter, log = self._t.log_counter, self._t.log
         with self._write(f"truncate {key}") as conn:
-            conn.execute(select(counter.c.last_seq).where(self._where(counter, key)).with_for_update())
+            run_from = conn.execute(
+                select(counter.c.run_from).where(self._where(counter, key)).with_for_update()
+            ).scalar()
             current = self._last_seq(conn, key)
             if expected_last_id is not None and expected_seq(expected_last_id) != current:
                 raise truncate_moved(key, expected_last_id, current)
@@ -170,12 +198,21 @@ class SqlMessageLog(_SqlBackend):
             ids = [format_log_id(seq) for seq in removed]
             if ids:
                 conn.execute(delete(log).where(self._where(log, key), log.c.seq > after))
+                if run_from is not None:
+                    # The run's total goes back to that of the last entry kept (0: none kept).
+                    kept = conn.execute(
+                        select(log.c.total)
+                        .where(self._where(log, key), log.c.seq >= run_from)
+                        .order_by(log.c.seq.desc())
+                        .limit(1)
+                    ).scalar()
+                    conn.execute(update(counter).where(self._where(counter, key)).values(run_total=kept or 0))
         return ids
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the log and its counter (ids of a later append start again from 1)."""
         with self._write(f"delete {key}") as conn:
-            for table in (self._t.log_counter, self._t.log):
+            for table in (self._t.log_counter, self._t.log, self._t.log_count):
                 conn.execute(delete(table).where(self._where(table, key)))
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:

@@ -19,6 +19,8 @@ from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.tail import AppendCounts
 from workers import scheduler_scripts
 from workers.circuit import CircuitBreaker
 from workers.failures import FailureStore
@@ -52,6 +54,9 @@ def test_every_script_call_stays_in_one_slot(
         RedisOffloadStore(client, p),
     )
     log.append(key, [UserMessage(content="a"), UserMessage(content="b")])
+    log.append_counted(key, [UserMessage(content="c")], AppendCounts("o200k_base", [5], [True]))
+    log.read_tail(key, None, budget_tokens=100, encoding="o200k_base")
+    RedisWindowReader(client, p).read(key, 100, "o200k_base")
     log.truncate_after(key, "000000000001")
     assert state.save(key, CompressionState(), 0)
     chunk = ArchiveChunk("000000000001", "000000000001", "a", 1)

@@ -1,0 +1,85 @@
+"""Stored counts and newest-first tails on Redis (``CountedLog`` for ``RedisMessageLog``).
+
+Keys beside the log, in the conversation's slot: ``...:log:run`` (hash: the counted run's
+enc, from and total), ``...:log:real`` (sorted set of the run's real-user seqs) and
+``...:log:other`` (hash ``encoding:seq -> count`` for encodings other than the run's: one
+hash for all of them, so deleting a conversation needs no listing). Each counted stream
+entry also holds ``t`` (its count) and ``c`` (the run's total through it); see
+``READ_TAIL_LUA`` for the read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from ctxcore.messages import AnyMessage
+from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
+from ctxcore.state.keys import ConversationKey
+from ctxcore.state.redis_common import text, translated
+from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
+
+__all__ = ["CountedRedisLog", "decode_rows"]
+
+
+def decode_rows(flat: Sequence[Any]) -> tuple[list[AnyMessage], list[int | None]]:
+    """Messages and counts from the scripts' flat (seq, JSON, count or '') triples."""
+    rows = [(format_log_id(int(flat[i])), flat[i + 1]) for i in range(0, len(flat), 3)]
+    counts = [int(c) if text(c) != "" else None for c in flat[2::3]]
+    return decode_log_messages(rows), counts
+
+
+class CountedRedisLog:
+    """The ``CountedLog`` methods of ``RedisMessageLog`` (which provides what they use)."""
+
+    # Provided by RedisMessageLog (the class these methods are mixed into, first in its MRO).
+    _client: redis.Redis
+    _read_tail: Any
+    _key: Callable[[ConversationKey, str], str]
+    _append_with: Callable[
+        [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
+    ]
+
+    def append_counted(
+        self,
+        key: ConversationKey,
+        messages: Sequence[AnyMessage],
+        counts: AppendCounts,
+        *,
+        expected_last_id: str | None = None,
+    ) -> list[str]:
+        """``append`` storing counts, the running total and real-user seqs in the same script."""
+        check_counts(messages, counts)
+        return self._append_with(key, messages, expected_last_id, counts)
+
+    def _tail_keys(self, key: ConversationKey) -> list[str]:
+        return [self._key(key, s) for s in ("log", "log:run", "log:real", "log:other")]
+
+    def read_tail(
+        self, key: ConversationKey, cursor: str | None, *, budget_tokens: int, encoding: str
+    ) -> TailRead:
+        """The newest entries after ``cursor`` filling ``budget_tokens``: one script call."""
+        after = parse_log_id(cursor) if cursor is not None else 0
+        with translated(f"read tail of {key}"):
+            first, last, omitted, entries, anchors = self._read_tail(
+                keys=self._tail_keys(key), args=[after, TAIL_PAGE, budget_tokens, encoding]
+            )
+        messages, counts = decode_rows(entries)
+        extra, _ = decode_rows(anchors)
+        return TailRead(
+            messages=messages,
+            counts=counts,
+            omitted=(format_log_id(int(first)), format_log_id(int(last))) if int(first) else None,
+            omitted_tokens=int(omitted),
+            anchors=extra,
+        )
+
+    def store_counts(self, key: ConversationKey, encoding: str, counts: Mapping[str, int]) -> None:
+        """Keep counts under ``encoding`` (one HSET into the slot's other-encodings hash)."""
+        if not counts:
+            return
+        mapping: dict[Any, Any] = {f"{encoding}:{parse_log_id(i)}": int(c) for i, c in counts.items()}
+        with translated(f"store counts of {key}"):
+            self._client.hset(self._key(key, "log:other"), mapping=mapping)

@@ -1,0 +1,129 @@
+"""The tail a window reads: stored counts and newest-first pages (``ctxcore.state.tail``).
+
+``read_window_tail`` asks a ``CountedLog`` for the newest part of the tail whose stored
+counts fill the budget and splices what it left unread behind the fallback's marker
+(``ctxcore.assemble.elided_marker``) naming each left-out log-id range, keeping the real
+user messages among them that can be the window's anchors. Logs without the capability,
+and counters other than ``TiktokenCounter`` (custom counters bypass stored counts), read the
+whole tail as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ctxcore.assemble import elided_marker
+from ctxcore.messages import AnyMessage, ToolMessage
+from ctxcore.state import ConversationKey, MessageLog, StateStore
+from ctxcore.state.base import format_log_id, parse_log_id
+from ctxcore.state.redis import RedisMessageLog, RedisStateStore
+from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.tail import CountedLog, TailRead
+from ctxcore.tokens import TiktokenCounter, TokenCounter
+from ctxcore.turns import UserDetector
+from ctxcore.window_counter import WindowCounter
+from workers.failures import FailureStore
+
+__all__ = ["WindowTail", "read_window_tail", "redis_window_reader"]
+
+
+@dataclass
+class WindowTail:
+    """The tail handed to ``assemble_window`` and what it stands for beyond itself."""
+
+    messages: list[AnyMessage]
+    # Log-id ranges left unread, each behind one marker message in ``messages``.
+    elided: list[tuple[str, str]] = field(default_factory=list)
+    # Tokens of the left-out entries minus those of the markers standing for them, so the
+    # trigger sees the whole tail: ``raw_tokens`` of the window plus this.
+    raw_tokens_delta: int = 0
+
+
+def redis_window_reader(
+    state_store: StateStore, log: MessageLog, failures: FailureStore | None
+) -> RedisWindowReader | None:
+    """The one-call window read, when state, log (and failure record) share a Redis and prefix."""
+    if not (isinstance(state_store, RedisStateStore) and isinstance(log, RedisMessageLog)):
+        return None
+    if state_store.client is not log.client or state_store.prefix != log.prefix:
+        return None
+    if failures is not None and failures.key(ConversationKey("t", "c")) != f"{log.prefix}:{{t:c}}:compaction":
+        return None
+    return RedisWindowReader(log.client, log.prefix)
+
+
+def read_window_tail(
+    log: MessageLog,
+    key: ConversationKey,
+    cursor: str | None,
+    budget_tokens: int,
+    base: TokenCounter,
+    counter: WindowCounter,
+    *,
+    default_encoding: str | None,
+    pinned: Sequence[AnyMessage],
+    detector: UserDetector,
+    read: TailRead | None = None,
+) -> WindowTail:
+    """The tail after ``cursor`` for one window counted by ``counter`` (wrapping ``base``);
+    ``read`` when the caller read it already (the Redis window script)."""
+    if not (isinstance(base, TiktokenCounter) and isinstance(log, CountedLog)):
+        return WindowTail(log.read_after(key, cursor))
+    encoding = base.encoding_name
+    if read is None:
+        read = log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
+    counted: dict[str, int] = {}
+    for message, count in zip(read.messages, read.counts, strict=True):
+        if count is None:
+            counted[message.context_message_id or ""] = counter.count_message(message)
+        else:
+            counter.seed(message, count)
+    if counted and encoding != default_encoding:
+        # Another encoding is counted on first use, then stored beside the run's counts.
+        log.store_counts(key, encoding, counted)
+    if read.omitted is None:
+        return WindowTail(read.messages)
+    return _spliced(read, read.omitted, counter, pinned, detector)
+
+
+def _spliced(
+    read: TailRead,
+    omitted: tuple[str, str],
+    counter: WindowCounter,
+    pinned: Sequence[AnyMessage],
+    detector: UserDetector,
+) -> WindowTail:
+    first, last = (parse_log_id(i) for i in omitted)
+    messages = list(read.messages)
+    delta = read.omitted_tokens
+    # The page may start inside a step: results whose call was left out go with it.
+    while messages and isinstance(messages[0], ToolMessage):
+        dropped = messages.pop(0)
+        last = parse_log_id(dropped.context_message_id or format_log_id(last))
+        delta += counter.count_message(dropped)
+    anchors = list(read.anchors)
+    # The candidates are the first real user message after the cursor (the task anchor
+    # unless one is pinned) and the latest left out (the intent unless the page has one).
+    if anchors and any(detector.is_real(m) for m in pinned):
+        anchors = anchors[1:] if len(anchors) > 1 else anchors
+    if len(anchors) > 1 and any(detector.real_flags(messages)):
+        anchors = anchors[:1]
+    out: list[AnyMessage] = []
+    elided: list[tuple[str, str]] = []
+    start = first
+    for anchor in [*anchors, None]:
+        stop = parse_log_id(anchor.context_message_id or "") if anchor is not None else last + 1
+        if stop > start:
+            lo, hi = format_log_id(start), format_log_id(stop - 1)
+            marker = elided_marker(lo, hi, stop - start).model_copy(
+                update={"context_message_id": f"{hi}~elided"}
+            )
+            out.append(marker)
+            elided.append((lo, hi))
+            delta -= counter.count_message(marker)
+        if anchor is not None:
+            out.append(anchor)
+            delta -= counter.count_message(anchor)
+            start = stop + 1
+    return WindowTail([*out, *messages], elided, delta)
