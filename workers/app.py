@@ -23,7 +23,8 @@ Deployments sharing one Redis database are isolated by ``redis.key_prefix``: que
 from __future__ import annotations
 
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.signals import celeryd_init, worker_process_init
@@ -31,6 +32,9 @@ from celery.signals import celeryd_init, worker_process_init
 from ctxcore.config import Settings
 from workers.broker import QueueNames, amqp_queues, broker_url, queue_names, result_backend_url, uses_amqp
 from workers.reconciler import Reconciler
+
+if TYPE_CHECKING:
+    from workers.runtime import Runtime
 
 __all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "runtime", "settings"]
 
@@ -93,55 +97,74 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 app.conf.update(celery_config(Settings()))
-_state: dict[str, Any] = {"settings": None, "runtime": None}
+
+
+@dataclass
+class _AppState:
+    """What ``configure`` applied, and the process's runtime built from it."""
+
+    settings: Settings | None = None
+    runtime: Runtime | None = None
+
+
+_state = _AppState()
 
 
 def configure(settings: Settings, celery_app: Celery = app) -> Celery:
     """Apply ``settings`` to the app and remember them for the tasks' runtime."""
     celery_app.conf.update(celery_config(settings))
-    # Connections and the result backend are cached on first use: drop them so a new broker
-    # URL takes effect in a process that already talked to another one.
-    celery_app._pool = None
+    _drop_cached_connections(celery_app)
+    _state.settings = settings
+    _state.runtime = None
+    return celery_app
+
+
+def _drop_cached_connections(celery_app: Celery) -> None:
+    """Forget what the app built from its previous configuration, so a new broker URL takes
+    effect in a process that already talked to another one (tests, ``ctxcore demo``).
+
+    Celery has no public reset: ``close()`` drops the pool but also deregisters the app, and
+    ``_after_fork`` keeps the backend. So this resets the attributes Celery 5's
+    ``app/base.py`` caches them in; the stubs (celery-types) do not declare them."""
+    # The broker connection pool and the result backend (thread-local unless thread-safe).
+    celery_app._pool = None  # type: ignore[attr-defined]  # private: see the docstring
+    celery_app._backend_cache = None  # type: ignore[attr-defined]  # private: see the docstring
+    celery_app._local = threading.local()  # type: ignore[attr-defined]  # private: see the docstring
     # The queues, router and producer pool (amqp), the control mailbox (exchange name) and
-    # the event helpers are built from the configuration on first use: rebuild them too.
+    # the event helpers are cached properties built on first use: rebuild them too.
     for cached in ("amqp", "control", "events"):
         celery_app.__dict__.pop(cached, None)
-    celery_app._backend_cache = None
-    celery_app._local = threading.local()
-    _state["settings"] = settings
-    _state["runtime"] = None
-    return celery_app
 
 
 def settings() -> Settings:
     """The settings the app was configured with (from the environment when it was not)."""
-    current = _state["settings"]
+    current = _state.settings
     if current is None:
         # Started by the celery command rather than ``ctxcore worker``: this is the
         # worker's start-up, the one place besides the CLI that reads the environment.
         current = Settings.from_env()
         configure(current)
-    return current  # type: ignore[no-any-return]
+    return current
 
 
-def runtime() -> Any:
+def runtime() -> Runtime:
     """The process's ``Runtime`` (built on first use, after the worker forked)."""
     from workers.runtime import Runtime
 
-    rt = _state["runtime"]
+    rt = _state.runtime
     if rt is None:
-        rt = _state["runtime"] = Runtime(settings())
+        rt = _state.runtime = Runtime(settings())
     return rt
 
 
 @celeryd_init.connect
 def _settings_from_env(**_: Any) -> None:
     # Worker start-up through the celery command: read CTXCORE_* once, before connecting.
-    if _state["settings"] is None:
+    if _state.settings is None:
         configure(Settings.from_env())
 
 
 @worker_process_init.connect
 def _fresh_connections(**_: Any) -> None:
     # A forked child must not share the parent's Redis sockets.
-    _state["runtime"] = None
+    _state.runtime = None

@@ -21,11 +21,14 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 from urllib.parse import urlsplit
 
 from kombu import Connection, Exchange, Queue
 from kombu.exceptions import OperationalError
+
+if TYPE_CHECKING:
+    from kombu.connection import ConnectionPool
 
 from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
@@ -188,7 +191,10 @@ def broker_channel() -> Iterator[tuple[Any, Any]]:
     """A fresh channel on the app's pooled broker connection (a channel error closes only it)."""
     from workers.app import app
 
-    with app.pool.acquire(block=True) as conn:
+    # celery-types declares ``app.pool`` a ``ProducerPool``; Celery returns kombu's
+    # ``ConnectionPool`` (``pools.connections[...]``), whose ``acquire`` gives a ``Connection``.
+    pool = cast("ConnectionPool", app.pool)
+    with pool.acquire(block=True) as conn:
         channel = conn.channel()
         try:
             yield conn, channel

@@ -182,7 +182,9 @@ class CircuitBreaker:
         """The circuit's stored state (``open`` stays ``open`` until a caller half-opens it)."""
         raw = self.client.hget(self.key(tenant, endpoint), "state")
         text = raw.decode() if isinstance(raw, bytes) else (raw or "closed")
-        return text if text in ("open", "half_open") else "closed"  # type: ignore[return-value]
+        if text == "open":
+            return "open"
+        return "half_open" if text == "half_open" else "closed"
 
     def failures(self, tenant: str, endpoint: str) -> int:
         """Failed calls counted since the circuit last closed."""

@@ -13,13 +13,16 @@ import secrets
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from ctxcore.config import Settings, hash_token
 from ctxcore.messages import from_openai
 from ctxcore.state.keys import validate_id
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window import check_window
+
+if TYPE_CHECKING:
+    from workers.broker import NodeKind
 
 __all__ = [
     "bundled_sample",
@@ -59,7 +62,7 @@ def cmd_count(args: argparse.Namespace, out: TextIO) -> int:
 
     path = Path(args.file) if args.file else bundled_sample()
     counter = counter_for(args, settings_for(args))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for record in read_batch(path):
         messages = from_openai(record.messages)
         rows.append(
@@ -105,7 +108,8 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
 
     settings = settings_for(args)
     check_startup(settings)
-    node = getattr(args, "node", "all")
+    # argparse's ``choices`` keeps ``--node`` to a ``NodeKind`` (absent: the default, "all").
+    node = cast("NodeKind", getattr(args, "node", "all"))
     if node == "all" and uses_amqp(settings):
         from workers.nodes import run_nodes
 

@@ -67,7 +67,7 @@ def _load(path: str, prefix: str) -> list[Track]:
         records = [json.loads(line) for line in fh if line.strip()]
     for n, record in enumerate(records):
         messages = from_openai(record["messages"])
-        system = [m for m in messages if isinstance(m, SystemMessage)]
+        system: list[AnyMessage] = [m for m in messages if isinstance(m, SystemMessage)]
         rest = [m for m in messages if not isinstance(m, SystemMessage)]
         conv_id = f"{prefix}-{record['id']}"[:128].replace("/", "-")
         # Budgets small enough that every run needs compaction.

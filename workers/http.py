@@ -109,8 +109,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         from workers.tasks import CeleryQueue
 
         configure(runtime.settings)
-        queue = CeleryQueue()  # type: ignore[assignment]
-    assert queue is not None
+        queue = CeleryQueue()
     api = ApiState(runtime, queue)
 
     app = FastAPI(
@@ -122,10 +121,11 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
     install_error_handlers(app)
 
-    Tenant = Annotated[str, Depends(tenant_dependency(api))]
+    current_tenant = tenant_dependency(api)
+    Tenant = Annotated[str, Depends(current_tenant)]
     conv = "/v1/conversations/{conversation_id}"
-    app.include_router(log_router(api, Tenant))
-    app.include_router(recall_router(api, Tenant))
+    app.include_router(log_router(api, current_tenant))
+    app.include_router(recall_router(api, current_tenant))
     app.include_router(proxy_router(api))
 
     @app.post(

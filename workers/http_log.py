@@ -1,8 +1,9 @@
 """The raw log's routes: ``GET`` (paged read) and ``DELETE`` (truncate) ``/v1/conversations/{id}/messages``."""
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Depends, Header, Path, Query
 
 from ctxcore.client.models import MessagesPage, TruncateResponse
 from ctxcore.errors import InvalidKeyError
@@ -25,11 +26,11 @@ def _log_id(value: str, name: str) -> str:
     return value
 
 
-def log_router(api: ApiState, tenant: Any) -> APIRouter:
-    """The log routes over ``api``; ``tenant`` is the authenticated-tenant dependency type."""
+def log_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
+    """The log routes over ``api``; ``current_tenant`` is the authenticating dependency."""
     router = APIRouter(tags=["conversations"])
     conv = "/v1/conversations/{conversation_id}"
-    Tenant = tenant
+    Tenant = Annotated[str, Depends(current_tenant)]
 
     @router.get(
         f"{conv}/messages", response_model=MessagesPage, responses=error_responses(401, 404, 422, 429, 503)

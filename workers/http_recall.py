@@ -7,9 +7,10 @@ unknown one. Recall off: 409 ``recall_disabled`` naming the setting; an empty qu
 
 # No ``from __future__ import annotations``: FastAPI reads the route's annotations at
 # definition time, and the tenant dependency is a value passed in by ``create_app``.
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path
 
 from ctxcore.client.models import RecallHit, RecallRequest, RecallResponse
 from workers.http_api import ApiState
@@ -20,10 +21,10 @@ __all__ = ["recall_router"]
 ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of letters, digits, '-', '_', '.'")]
 
 
-def recall_router(api: ApiState, tenant: Any) -> APIRouter:
-    """The recall route over ``api``; ``tenant`` is the authenticated-tenant dependency type."""
+def recall_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
+    """The recall route over ``api``; ``current_tenant`` is the authenticating dependency."""
     router = APIRouter(tags=["conversations"])
-    Tenant = tenant
+    Tenant = Annotated[str, Depends(current_tenant)]
 
     @router.post(
         "/v1/conversations/{conversation_id}/recall",

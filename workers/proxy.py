@@ -137,6 +137,7 @@ def _split(raw: list[Any]) -> tuple[list[dict[str, Any]], list[SystemMessage], l
                     400, f"message {i}: {exc.detail}", exc.field, param=f"messages[{i}]"
                 ) from None
             system_raw.append(message)
+            # from_openai returns AnyMessage; the role forced to "system" makes it a SystemMessage.
             system.append(parsed)  # type: ignore[arg-type]
         else:
             rest.append(message)

@@ -99,7 +99,7 @@ def _declare_queues(settings: Any) -> None:
 class Reconciler(bootsteps.StartStopStep):
     """Runs ``reconcile_once`` on the worker's timer every ``requeue_after_seconds / 2``."""
 
-    requires = {"celery.worker.components:Timer"}
+    requires = ("celery.worker.components:Timer",)
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)

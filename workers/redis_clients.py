@@ -52,6 +52,7 @@ def redis_client(url: str, socket_timeout: float = 5.0) -> redis.Redis:
 
 def _node(text: str) -> ClusterNode:
     host, _, port = text.rpartition(":")
+    # redis-py leaves ClusterNode.__init__ unannotated.
     return ClusterNode(host.strip("[]"), int(port))  # type: ignore[no-untyped-call]
 
 

@@ -10,12 +10,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import redis
 
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
-from ctxcore.errors import StoreUnavailable
+from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -29,7 +30,10 @@ from workers.failures import FailureStore
 from workers.metrics import Metrics
 from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
-from workers.service import ContextService
+from workers.service import CompactionQueue, ContextService
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 __all__ = ["Runtime", "check_startup", "redis_client"]
 
@@ -51,11 +55,13 @@ class Runtime:
         return settings_client(self.settings.redis)
 
     @cached_property
-    def _sql_engine(self):  # type: ignore[no-untyped-def]
+    def _sql_engine(self) -> Engine:
         from sqlalchemy import create_engine
 
-        assert self.settings.database.url is not None
-        return create_engine(self.settings.database.url, pool_pre_ping=True)
+        url = self.settings.database.url
+        if url is None:
+            raise ConfigError("database.url is not set: set it in the settings to use the SQL stores")
+        return create_engine(url, pool_pre_ping=True)
 
     @cached_property
     def state_store(self) -> StateStore:
@@ -230,14 +236,14 @@ def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:
     )
 
 
-def build_service(runtime: Runtime, queue: object) -> ContextService:
+def build_service(runtime: Runtime, queue: CompactionQueue) -> ContextService:
     """A ``ContextService`` over the runtime's stores and ``queue``."""
     return ContextService(
         runtime.settings,
         runtime.state_store,
         runtime.log,
         runtime.offloads,
-        queue,  # type: ignore[arg-type]
+        queue,
         counter=runtime.counter,
         detector=runtime.detector,
         failures=runtime.failures,

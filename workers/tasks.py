@@ -153,9 +153,10 @@ def drain(ring: int | None = None) -> dict[str, Any]:
 def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
     """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``."""
     return STAGE_TASKS[stage.kind].apply_async(
-        args=[key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), list(exhausted)],
+        args=(key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), list(exhausted)),
         queue=queue_names(runtime().settings).stages,
-        argsrepr=str(key),
+        # argsrepr is a message option Celery passes through **options; celery-types omits it.
+        argsrepr=str(key),  # type: ignore[call-arg]
     )
 
 
@@ -182,14 +183,14 @@ def _plan_and_send(key: ConversationKey, exhausted: Sequence[str]) -> str | None
     return stage.kind
 
 
-def _retry_delay(task: Task, retry_after: float | None) -> float:
+def _retry_delay(task: Task[Any, Any], retry_after: float | None) -> float:
     delays = runtime().settings.worker.retry_delays
     base = delays[min(task.request.retries, len(delays) - 1)] if delays else 1.0
     delay = base * random.uniform(0.8, 1.2)
     return retry_countdown(runtime().settings, max(delay, retry_after or 0.0))
 
 
-def _attempt(task: Task, key: ConversationKey, stage: str, kind: str, exc: BaseException) -> str:
+def _attempt(task: Task[Any, Any], key: ConversationKey, stage: str, kind: str, exc: BaseException) -> str:
     """The log line of one failed attempt (its cause, never the endpoint's credentials)."""
     endpoint = public_endpoint(runtime().settings.model_for_tenant(key.tenant_id).base_url)
     text = model_error_message(exc) if isinstance(exc, ModelError) else str(exc)
@@ -200,7 +201,7 @@ def _attempt(task: Task, key: ConversationKey, stage: str, kind: str, exc: BaseE
 
 
 def _retry_or_raise(
-    task: Task,
+    task: Task[Any, Any],
     key: ConversationKey,
     stage: str,
     kind: str,
@@ -221,7 +222,7 @@ def _retry_or_raise(
 
 
 def _run_stage(
-    task: Task, tenant: str, conversation: str, stage_json: dict[str, Any], exhausted: list[str]
+    task: Task[Any, Any], tenant: str, conversation: str, stage_json: dict[str, Any], exhausted: list[str]
 ) -> dict[str, Any]:
     rt = runtime()
     key = ConversationKey(tenant, conversation)
@@ -326,7 +327,7 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
         )
 
 
-class StageTask(Task):
+class StageTask(Task[Any, Any]):
     """Base of the stage tasks: a final failure is recorded and escalates or ends the job."""
 
     # A classified model failure is expected: Celery logs it without a traceback (our own
@@ -339,17 +340,17 @@ class StageTask(Task):
         _after_failure(ConversationKey(tenant, conversation), stage.get("kind"), list(exhausted), exc)
 
 
-def _make_stage_task(kind: str) -> Task:
+def _make_stage_task(kind: str) -> Task[Any, Any]:
     def stage_task(
-        self: Task, tenant: str, conversation: str, stage: dict[str, Any], exhausted: list[str]
+        self: Task[Any, Any], tenant: str, conversation: str, stage: dict[str, Any], exhausted: list[str]
     ) -> dict[str, Any]:
         return _run_stage(self, tenant, conversation, stage, exhausted)
 
     stage_task.__name__ = f"stage_{kind}"
     stage_task.__doc__ = f"Run one {kind} stage of a conversation under its lock and save it with CAS."
     task = app.task(name=f"ctxcore.stage.{kind}", bind=True, acks_late=True, base=StageTask)(stage_task)
-    return task  # type: ignore[no-any-return]
+    return task
 
 
-STAGE_TASKS: dict[str, Task] = {kind: _make_stage_task(kind) for kind in STAGE_ORDER}
+STAGE_TASKS: dict[str, Task[Any, Any]] = {kind: _make_stage_task(kind) for kind in STAGE_ORDER}
 stage_task = STAGE_TASKS

@@ -42,7 +42,7 @@ class OrphanSummarizer:
 def configured(redis_url: str, redis_prefix: str) -> Iterator[Any]:
     from workers import app as app_module
 
-    saved = dict(app_module._state)
+    saved = (app_module._state.settings, app_module._state.runtime)
     settings = Settings.load(
         {
             "redis": {"url": redis_url, "key_prefix": redis_prefix},
@@ -59,8 +59,7 @@ def configured(redis_url: str, redis_prefix: str) -> Iterator[Any]:
         client.delete(*keys)
     client.close()
     rt.redis.close()
-    app_module._state.clear()
-    app_module._state.update(saved)
+    app_module._state.settings, app_module._state.runtime = saved
 
 
 def test_a_rejected_stage_fails_without_retry_shows_failing_and_planning_moves_on(
