@@ -17,7 +17,8 @@ Deployments sharing one Redis database are isolated by ``redis.key_prefix``: que
 ``<prefix>.control`` / ``<prefix>.events``, and kombu's and the result backend's own keys
 (``unacked``, ``_kombu.binding.*``, ``celery-task-meta-*``) get ``<prefix>:`` in front
 (``global_keyprefix``). Every worker also runs the scheduler's reconciler
-(``workers.reconciler``) as a bootstep timer.
+(``workers.reconciler``, in ``include``: it adds itself to the worker's bootsteps) as a
+bootstep timer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from celery.signals import celeryd_init, worker_process_init
 
 from ctxcore.config import Settings
 from workers.broker import QueueNames, amqp_queues, broker_url, queue_names, result_backend_url, uses_amqp
-from workers.reconciler import Reconciler
 
 if TYPE_CHECKING:
     from workers.runtime import Runtime
@@ -40,8 +40,7 @@ __all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "ru
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
-app = Celery("ctxcore", include=["workers.tasks"])
-app.steps["worker"].add(Reconciler)
+app = Celery("ctxcore", include=["workers.tasks", "workers.reconciler"])
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

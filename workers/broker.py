@@ -10,25 +10,19 @@ before any worker consumes, since RabbitMQ drops a message dead-lettered to a mi
 
 RabbitMQ has no priority across queues, so ``ctxcore worker`` runs a stages node and a drain
 node there (``node_queues``), and a drain starts a new job only while the stages queue holds
-fewer ready messages than ``worker.concurrency`` (``wait_for_stage_room``). This module
-imports ``workers.app`` only inside functions (the app imports it).
+fewer ready messages than ``worker.concurrency`` (``workers.broker_queues.wait_for_stage_room``).
+This module never imports ``workers.app`` (the app imports it); what needs the app's
+connection pool is in ``workers.broker_queues``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
+from typing import Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from kombu import Connection, Exchange, Queue
-from kombu.exceptions import OperationalError
-
-if TYPE_CHECKING:
-    from kombu.connection import ConnectionPool
 
 from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
@@ -37,21 +31,17 @@ __all__ = [
     "NodeKind",
     "QueueNames",
     "amqp_queues",
-    "broker_channel",
     "broker_url",
     "check_broker",
-    "dead_letter_depth",
     "dead_letter_queue",
     "declare_queues",
     "is_amqp",
     "node_queues",
     "public_host",
     "queue_names",
-    "queue_ready",
     "result_backend_url",
     "retry_countdown",
     "uses_amqp",
-    "wait_for_stage_room",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,7 +50,6 @@ NodeKind = Literal["all", "stages", "drain"]
 _AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 # A broker that does not answer within this long is reported, not waited for.
 CHECK_TIMEOUT = 3.0
-STAGE_ROOM_POLL = 0.5
 
 
 class QueueNames(NamedTuple):
@@ -184,73 +173,3 @@ def check_broker(settings: Settings) -> None:
         raise
     finally:
         conn.release()
-
-
-@contextlib.contextmanager
-def broker_channel() -> Iterator[tuple[Any, Any]]:
-    """A fresh channel on the app's pooled broker connection (a channel error closes only it)."""
-    from workers.app import app
-
-    # celery-types declares ``app.pool`` a ``ProducerPool``; Celery returns kombu's
-    # ``ConnectionPool`` (``pools.connections[...]``), whose ``acquire`` gives a ``Connection``.
-    pool = cast("ConnectionPool", app.pool)
-    with pool.acquire(block=True) as conn:
-        channel = conn.channel()
-        try:
-            yield conn, channel
-        finally:
-            with contextlib.suppress(*conn.connection_errors, *conn.channel_errors):
-                channel.close()
-
-
-def queue_ready(name: str, amqp: bool) -> int:
-    """Ready messages in queue ``name`` (0 when it does not exist yet).
-
-    On RabbitMQ the declare is passive: an active one without the quorum arguments would be
-    refused as inequivalent. kombu's Redis channel counts every priority level.
-    """
-    with broker_channel() as (conn, channel):
-        try:
-            return int(channel.queue_declare(queue=name, passive=amqp).message_count)
-        except conn.channel_errors as exc:
-            if getattr(exc, "code", None) == 404:
-                return 0
-            raise
-
-
-def dead_letter_depth(settings: Settings) -> int | None:
-    """Messages in ``<prefix>.dead`` (None on a Redis broker, which has no dead letters)."""
-    if not uses_amqp(settings):
-        return None
-    return queue_ready(queue_names(settings).dead, amqp=True)
-
-
-def wait_for_stage_room(settings: Settings) -> float:
-    """On RabbitMQ, block (holding the caller's drain token) while the stages queue holds
-    ``worker.concurrency`` or more ready messages; returns the seconds waited.
-
-    The wait is capped at half of ``worker.soft_time_limit`` so the drain task never runs
-    into its own time limit: a backlog that outlasts it is saturation, and the job starts.
-    """
-    if not uses_amqp(settings):
-        return 0.0
-    worker = settings.worker
-    stages = queue_names(settings).stages
-    started = time.monotonic()
-    deadline = started + worker.soft_time_limit / 2
-    while _stages_ready(stages) >= worker.concurrency:
-        if time.monotonic() >= deadline:
-            log.info("stages queue still full after %.0f s; starting the job anyway", deadline - started)
-            break
-        time.sleep(STAGE_ROOM_POLL)
-    return time.monotonic() - started
-
-
-def _stages_ready(stages: str) -> int:
-    """Ready stage messages; 0 when the broker does not answer: the drain then goes on as
-    on Redis (a broker outage is met, and handled, where its first stage is sent)."""
-    try:
-        return queue_ready(stages, amqp=True)
-    except (OperationalError, OSError) as exc:
-        log.warning("stages queue depth not read (%s); starting the job", exc)
-        return 0

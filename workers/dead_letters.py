@@ -17,7 +17,8 @@ from typing import Any
 import redis
 
 from ctxcore.config import Settings
-from workers.broker import broker_channel, dead_letter_queue, queue_names, uses_amqp
+from workers.broker import dead_letter_queue, queue_names, uses_amqp
+from workers.broker_queues import broker_channel
 
 __all__ = ["SCAN_LIMIT", "describe", "report_dead_letters"]
 

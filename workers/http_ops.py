@@ -65,7 +65,7 @@ def _dead_letters(runtime: Runtime) -> int | None:
     the other series are still served)."""
     from kombu.exceptions import OperationalError
 
-    from workers.broker import dead_letter_depth
+    from workers.broker_queues import dead_letter_depth
 
     try:
         return dead_letter_depth(runtime.settings)

@@ -12,8 +12,9 @@ Tokens are interchangeable, so tokens still waiting in the jobs queue already st
 stuck jobs (a backlog that outlasts ``requeue_after_seconds`` is not a loss): only the
 difference is sent, which keeps a long backlog from piling up tokens that find the ring
 empty later. On RabbitMQ each pass also logs the dead letters not reported before
-(``workers.dead_letters``). This module imports nothing from ``workers.app`` at import time (the app
-registers the step).
+(``workers.dead_letters``). The step registers itself on the app when this module is
+imported: it is in the app's ``include``, which a worker imports before it builds its
+bootsteps, so the app never imports this module (nor, through it, the tasks).
 """
 
 from __future__ import annotations
@@ -25,24 +26,27 @@ import redis
 from celery import bootsteps
 from kombu.exceptions import OperationalError
 
+from ctxcore.config import Settings
 from ctxcore.errors import StoreUnavailable
+from workers.app import app, runtime, settings
+from workers.broker import declare_queues, queue_names, uses_amqp
+from workers.broker_queues import broker_channel, queue_ready
+from workers.dead_letters import report_dead_letters
+from workers.runtime import Runtime
+from workers.tasks import send_drain_tokens
 
 __all__ = ["Reconciler", "reconcile_once"]
 
 log = logging.getLogger(__name__)
 
 
-def _waiting_tokens(settings: Any) -> int:
+def _waiting_tokens(current: Settings) -> int:
     """Messages waiting in the jobs queue (kombu counts every priority level)."""
-    from workers.broker import queue_names, queue_ready, uses_amqp
-
-    return queue_ready(queue_names(settings).jobs, amqp=uses_amqp(settings))
+    return queue_ready(queue_names(current).jobs, amqp=uses_amqp(current))
 
 
-def _report_dead_letters(rt: Any) -> None:
+def _report_dead_letters(rt: Runtime) -> None:
     """On RabbitMQ, log each new dead letter at ERROR (``workers.dead_letters``)."""
-    from workers.dead_letters import report_dead_letters
-
     try:
         report_dead_letters(rt.settings, rt.redis)
     except (StoreUnavailable, OperationalError, OSError, redis.RedisError) as exc:
@@ -51,9 +55,6 @@ def _report_dead_letters(rt: Any) -> None:
 
 def reconcile_once() -> int:
     """Send drain tokens for queued jobs that waited too long without one; returns how many."""
-    from workers.app import runtime
-    from workers.tasks import send_drain_tokens
-
     rt = runtime()
     wait = rt.settings.worker.requeue_after_seconds
     _report_dead_letters(rt)
@@ -80,16 +81,14 @@ def reconcile_once() -> int:
     return sent
 
 
-def _declare_queues(settings: Any) -> None:
+def _declare_queues(current: Settings) -> None:
     """Declare the queues at start-up: RabbitMQ drops a message dead-lettered to a missing
     queue, and a node binds every queue of the app to the delayed-delivery exchange."""
-    from workers.broker import broker_channel, declare_queues, uses_amqp
-
-    if not uses_amqp(settings):
+    if not uses_amqp(current):
         return
     try:
         with broker_channel() as (conn, _channel):
-            declare_queues(conn, settings)
+            declare_queues(conn, current)
     except (OperationalError, OSError) as exc:
         log.warning(
             "reconciler: queues not declared at start-up (%s); the first pass declares <prefix>.dead", exc
@@ -107,8 +106,6 @@ class Reconciler(bootsteps.StartStopStep):
 
     def start(self, parent: Any) -> None:
         """Start the timer (the interval comes from the app's settings)."""
-        from workers.app import settings
-
         current = settings()
         _declare_queues(current)
         interval = current.worker.requeue_after_seconds / 2
@@ -119,3 +116,6 @@ class Reconciler(bootsteps.StartStopStep):
         if self.tref is not None:
             self.tref.cancel()
             self.tref = None
+
+
+app.steps["worker"].add(Reconciler)

@@ -39,7 +39,8 @@ from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
-from workers.broker import retry_countdown, wait_for_stage_room
+from workers.broker import retry_countdown
+from workers.broker_queues import wait_for_stage_room
 from workers.failures import (
     FailureRecord,
     StageFailedError,

@@ -111,7 +111,8 @@ def test_a_message_delivered_delivery_limit_times_is_dead_lettered_shown_and_log
     deployment: tuple[str, str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     from workers.app import app, configure, queue_names
-    from workers.broker import check_broker, dead_letter_depth
+    from workers.broker import check_broker
+    from workers.broker_queues import dead_letter_depth
     from workers.dead_letters import report_dead_letters
     from workers.http import create_app
     from workers.runtime import Runtime
@@ -168,7 +169,7 @@ def test_a_message_delivered_delivery_limit_times_is_dead_lettered_shown_and_log
 
 def test_a_drain_holds_its_token_while_the_stages_queue_is_full(deployment: tuple[str, str, str]) -> None:
     from workers.app import app, configure, queue_names
-    from workers.broker import wait_for_stage_room
+    from workers.broker_queues import wait_for_stage_room
 
     redis_url, amqp_url, prefix = deployment
     settings = _settings(redis_url, amqp_url, prefix, concurrency=2)

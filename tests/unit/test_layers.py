@@ -4,7 +4,8 @@ Every import statement counts, ``TYPE_CHECKING`` blocks and function-local impor
 a cycle hidden from the interpreter is still a design cycle. A module's layer is its longest
 matching prefix in ``LAYERS``; it may import modules of its own layer or of a lower one, and
 the imports among all modules must form no cycle. ``ctxcore`` imports nothing from
-``workers``. Planted graphs show the checks fail. The layout is drawn in
+``workers``, and the imports among ``workers/`` form no cycle either. Planted graphs show
+the checks fail. The layout is drawn in
 ``docs/architecture.md``.
 """
 
@@ -58,10 +59,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-def modules(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file, for every ``.py`` file of the ``ctxcore`` package."""
+def modules(root: Path, package: str = "ctxcore") -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file of ``package``."""
     found: dict[str, Path] = {}
-    for path in sorted((root / "ctxcore").rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -94,14 +95,15 @@ def imported(module: str, path: Path) -> set[tuple[str, str]]:
     return out
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the ctxcore modules it imports (``from a import b``: ``a.b`` if b is a module, else ``a``)."""
-    known = modules(root)
+def import_graph(root: Path, package: str = "ctxcore") -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (``from a import b``: ``a.b`` if b is a
+    module, else ``a``)."""
+    known = modules(root, package)
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
         targets: set[str] = set()
         for base, name in imported(module, path):
-            if not base.startswith("ctxcore"):
+            if base != package and not base.startswith(package + "."):
                 continue
             target = f"{base}.{name}" if f"{base}.{name}" in known else _resolve(base, known)
             if target is not None and target != module:
@@ -183,6 +185,11 @@ def test_every_module_has_a_layer() -> None:
 
 def test_no_import_cycle_in_ctxcore() -> None:
     assert cycles(import_graph(ROOT)) == []
+
+
+def test_no_import_cycle_in_workers() -> None:
+    # No layer order is written down for workers/ yet; cycles alone are checked.
+    assert cycles(import_graph(ROOT, "workers")) == []
 
 
 def test_no_import_against_the_layer_order() -> None:
