@@ -27,7 +27,7 @@ from ctxcore.state.base import (
     truncate_moved,
 )
 from ctxcore.state.keys import ConversationKey, validate_id
-from ctxcore.state.sql import _SqlBackend
+from ctxcore.state.sql_engine import _SqlBackend
 from ctxcore.state.sql_tail import CountedSqlLog
 from ctxcore.state.tail import AppendCounts
 

@@ -1,0 +1,84 @@
+"""``SqlOffloadStore``: offloaded originals in SQL, with their expiry."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import ColumnElement, Engine, delete, or_, select
+from sqlalchemy.engine import URL
+
+from ctxcore.errors import ConfigError
+from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
+from ctxcore.state.filesystem import validate_handle
+from ctxcore.state.keys import ConversationKey
+from ctxcore.state.sql_engine import _SqlBackend
+
+__all__ = ["SqlOffloadStore"]
+
+
+class SqlOffloadStore(_SqlBackend):
+    """Offloaded originals in SQL, one row per (conversation, handle); first write wins.
+
+    With ``ttl_seconds`` an offload expires that long after it was stored; expired rows are
+    invisible and are purged by the conversation's next put.
+    """
+
+    def __init__(
+        self,
+        url: str | URL | None = None,
+        table_prefix: str = "ctxcore_",
+        *,
+        engine: Engine | None = None,
+        ttl_seconds: float | None = None,
+    ) -> None:
+        super().__init__(url, table_prefix, engine=engine)
+        if ttl_seconds is not None and ttl_seconds <= 0:
+            raise ConfigError(f"SqlOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
+        self.ttl_seconds = ttl_seconds
+
+    def _live(self, now: float) -> ColumnElement[bool]:
+        expires_at = self._t.offload.c.expires_at
+        return or_(expires_at.is_(None), expires_at > now)
+
+    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
+        """Store ``messages`` under ``handle`` unless the handle exists."""
+        validate_handle(handle)
+        data = messages_to_json(messages).decode()
+        offload, now = self._t.offload, time.time()
+        with self._write(f"offload to {key}") as conn:
+            # An expired handle is absent: purge the conversation's expired rows first.
+            conn.execute(delete(offload).where(self._where(offload, key), offload.c.expires_at <= now))
+            stored = conn.execute(
+                self._insert(conn, offload)
+                .values(
+                    tenant_id=key.tenant_id,
+                    conversation_id=key.conversation_id,
+                    handle=handle,
+                    data=data,
+                    expires_at=now + self.ttl_seconds if self.ttl_seconds is not None else None,
+                )
+                .on_conflict_do_nothing(
+                    index_elements=[offload.c.tenant_id, offload.c.conversation_id, offload.c.handle]
+                )
+                # rowcount of an INSERT is only kept when asked for (0 = the handle existed).
+                .execution_options(preserve_rowcount=True)
+            )
+        return bool(stored.rowcount == 1)
+
+    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
+        """The stored messages, or None (also once expired)."""
+        validate_handle(handle)
+        offload = self._t.offload
+        query = select(offload.c.data).where(
+            self._where(offload, key), offload.c.handle == handle, self._live(time.time())
+        )
+        with self._read(f"read offload of {key}") as conn:
+            data = conn.execute(query).scalar_one_or_none()
+        return messages_from_json(data) if data is not None else None
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove every offload of the conversation."""
+        offload = self._t.offload
+        with self._write(f"delete offloads of {key}") as conn:
+            conn.execute(delete(offload).where(self._where(offload, key)))

@@ -1,0 +1,178 @@
+"""The SQL stores' schema: the append-only migrations (DDL) and the Core tables queries use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import BigInteger, Column, Float, Integer, LargeBinary, MetaData, String, Table, Text
+
+# Every name is private to the SQL backends (sql_engine, sql_state, sql_offload, sql_log).
+__all__: list[str] = []
+
+
+@dataclass(frozen=True)
+class _Migration:
+    """One append-only schema step; ``{p}`` is the table prefix, ``{id}`` the id column type.
+
+    Table names are quoted, as SQLAlchemy quotes them in queries, so a prefix may have capitals.
+    """
+
+    name: str
+    statements: tuple[str, ...]
+
+
+# Never edit or reorder a released step: add a new one. The DDL sticks to what SQLite and
+# PostgreSQL both accept.
+_MIGRATIONS: tuple[_Migration, ...] = (
+    _Migration(
+        "compaction state: head version, kept versions, budget",
+        (
+            'CREATE TABLE "{p}state" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "version BIGINT NOT NULL, PRIMARY KEY (tenant_id, conversation_id))",
+            'CREATE TABLE "{p}state_history" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "version BIGINT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (tenant_id, conversation_id, version))",
+            'CREATE TABLE "{p}budget" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "budget_tokens BIGINT NOT NULL, PRIMARY KEY (tenant_id, conversation_id))",
+        ),
+    ),
+    _Migration(
+        "message log and its per-conversation counters",
+        (
+            'CREATE TABLE "{p}log_counter" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "last_seq BIGINT NOT NULL, PRIMARY KEY (tenant_id, conversation_id))",
+            'CREATE TABLE "{p}log" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "seq BIGINT NOT NULL, message_key CHAR(64), data TEXT NOT NULL, "
+            "PRIMARY KEY (tenant_id, conversation_id, seq), "
+            "UNIQUE (tenant_id, conversation_id, message_key))",
+        ),
+    ),
+    _Migration(
+        "offloaded originals",
+        (
+            'CREATE TABLE "{p}offload" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "handle VARCHAR(64) NOT NULL, data TEXT NOT NULL, expires_at DOUBLE PRECISION, "
+            "PRIMARY KEY (tenant_id, conversation_id, handle))",
+        ),
+    ),
+    _Migration(
+        "recall archive: chunks by log-id range and the index bytes",
+        (
+            'CREATE TABLE "{p}archive_chunk" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "chunk_id VARCHAR(64) NOT NULL, data TEXT NOT NULL, PRIMARY KEY (tenant_id, conversation_id, chunk_id))",
+            'CREATE TABLE "{p}archive_index" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "version BIGINT NOT NULL, data {blob} NOT NULL, PRIMARY KEY (tenant_id, conversation_id))",
+        ),
+    ),
+    _Migration(
+        "stored token counts: per entry, the counted run on the counter row, other encodings",
+        (
+            'ALTER TABLE "{p}log" ADD COLUMN tokens BIGINT',
+            'ALTER TABLE "{p}log" ADD COLUMN total BIGINT',
+            'ALTER TABLE "{p}log" ADD COLUMN is_real SMALLINT',
+            'ALTER TABLE "{p}log_counter" ADD COLUMN run_encoding VARCHAR(64)',
+            'ALTER TABLE "{p}log_counter" ADD COLUMN run_from BIGINT',
+            'ALTER TABLE "{p}log_counter" ADD COLUMN run_total BIGINT',
+            'CREATE TABLE "{p}log_count" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "encoding VARCHAR(64) NOT NULL, seq BIGINT NOT NULL, tokens BIGINT NOT NULL, "
+            "PRIMARY KEY (tenant_id, conversation_id, encoding, seq))",
+        ),
+    ),
+)
+
+# Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
+_ID_TYPE = {"sqlite": "VARCHAR(128)", "postgresql": 'VARCHAR(128) COLLATE "C"'}
+_BLOB_TYPE = {"sqlite": "BLOB", "postgresql": "BYTEA"}
+
+
+def _id_columns() -> tuple[Column[str], Column[str]]:
+    return Column("tenant_id", String(128), primary_key=True), Column(
+        "conversation_id", String(128), primary_key=True
+    )
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Core ``Table`` objects for one prefix (queries only: the DDL is in ``_MIGRATIONS``)."""
+
+    migrations: Table
+    state: Table
+    state_history: Table
+    budget: Table
+    log_counter: Table
+    log: Table
+    log_count: Table
+    offload: Table
+    archive_chunk: Table
+    archive_index: Table
+
+    @classmethod
+    def for_prefix(cls, p: str) -> _Tables:
+        md = MetaData()
+        return cls(
+            migrations=Table(
+                f"{p}schema_migrations",
+                md,
+                Column("version", Integer, primary_key=True),
+                Column("name", String(200)),
+                Column("applied_at", String(40)),
+            ),
+            state=Table(f"{p}state", md, *_id_columns(), Column("version", BigInteger)),
+            state_history=Table(
+                f"{p}state_history",
+                md,
+                *_id_columns(),
+                Column("version", BigInteger, primary_key=True),
+                Column("data", Text),
+            ),
+            budget=Table(f"{p}budget", md, *_id_columns(), Column("budget_tokens", BigInteger)),
+            log_counter=Table(
+                f"{p}log_counter",
+                md,
+                *_id_columns(),
+                Column("last_seq", BigInteger),
+                Column("run_encoding", String(64)),
+                Column("run_from", BigInteger),
+                Column("run_total", BigInteger),
+            ),
+            log=Table(
+                f"{p}log",
+                md,
+                *_id_columns(),
+                Column("seq", BigInteger, primary_key=True),
+                Column("message_key", String(64)),
+                Column("data", Text),
+                Column("tokens", BigInteger),
+                Column("total", BigInteger),
+                Column("is_real", Integer),
+            ),
+            log_count=Table(
+                f"{p}log_count",
+                md,
+                *_id_columns(),
+                Column("encoding", String(64), primary_key=True),
+                Column("seq", BigInteger, primary_key=True),
+                Column("tokens", BigInteger),
+            ),
+            offload=Table(
+                f"{p}offload",
+                md,
+                *_id_columns(),
+                Column("handle", String(64), primary_key=True),
+                Column("data", Text),
+                Column("expires_at", Float),
+            ),
+            archive_chunk=Table(
+                f"{p}archive_chunk",
+                md,
+                *_id_columns(),
+                Column("chunk_id", String(64), primary_key=True),
+                Column("data", Text),
+            ),
+            archive_index=Table(
+                f"{p}archive_index",
+                md,
+                *_id_columns(),
+                Column("version", BigInteger),
+                Column("data", LargeBinary),
+            ),
+        )

@@ -1,0 +1,167 @@
+"""``SqlStateStore``: compaction states (head row and kept versions), budgets and the recall
+archive in SQL (the schema is ``ctxcore.state.sql_schema``'s)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, and_, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ctxcore.errors import StoreError
+from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
+from ctxcore.state.base import HISTORY_LIMIT, check_budget, encode_state, rollback_by_save
+from ctxcore.state.keys import ConversationKey
+from ctxcore.state.models import CompressionState
+from ctxcore.state.sql_engine import _SqlBackend
+
+__all__ = ["SqlStateStore"]
+
+
+class SqlStateStore(_SqlBackend):
+    """Compaction states in SQL: a head row per conversation plus the kept versions.
+
+    ``SqlStateStore("sqlite:///ctx.db")`` or ``SqlStateStore(engine=engine)``; call ``setup()`` once.
+    """
+
+    def load(self, key: ConversationKey) -> CompressionState | None:
+        """The current state, or None."""
+        head, kept = self._t.state, self._t.state_history
+        query = (
+            select(kept.c.data)
+            .select_from(
+                head.join(
+                    kept,
+                    and_(
+                        kept.c.tenant_id == head.c.tenant_id,
+                        kept.c.conversation_id == head.c.conversation_id,
+                        kept.c.version == head.c.version,
+                    ),
+                )
+            )
+            .where(self._where(head, key))
+        )
+        with self._read(f"load {key}") as conn:
+            data = conn.execute(query).scalar_one_or_none()
+        return CompressionState.model_validate_json(data) if data is not None else None
+
+    def save(
+        self,
+        key: ConversationKey,
+        state: CompressionState,
+        expected_version: int,
+        archive: ArchiveWrite | None = None,
+    ) -> bool:
+        """Store ``state`` as version ``expected_version + 1`` iff the current version is
+        ``expected_version``; ``archive`` is written in the same transaction."""
+        new_version = expected_version + 1
+        data = encode_state(state, new_version)
+        head, kept = self._t.state, self._t.state_history
+        ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
+        try:
+            with self._write(f"save {key}") as conn:
+                if expected_version == 0:
+                    conn.execute(insert(head).values(**ids, version=new_version))
+                else:
+                    moved = conn.execute(
+                        update(head)
+                        .where(self._where(head, key), head.c.version == expected_version)
+                        .values(version=new_version)
+                    )
+                    if moved.rowcount != 1:
+                        return False
+                conn.execute(insert(kept).values(**ids, version=new_version, data=data))
+                conn.execute(
+                    delete(kept).where(self._where(kept, key), kept.c.version <= new_version - HISTORY_LIMIT)
+                )
+                if archive is not None:
+                    self._write_archive(conn, key, archive)
+        except StoreError as exc:
+            # First-insert race: the other writer's head row holds the primary key.
+            if isinstance(exc.__cause__, IntegrityError):
+                return False
+            raise
+        return True
+
+    def _write_archive(self, conn: Connection, key: ConversationKey, archive: ArchiveWrite) -> None:
+        ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
+        chunks, index = self._t.archive_chunk, self._t.archive_index
+        if archive.chunks:
+            conn.execute(
+                self._insert(conn, chunks)
+                .values([{**ids, "chunk_id": c.chunk_id, "data": encode_chunk(c)} for c in archive.chunks])
+                .on_conflict_do_nothing(
+                    index_elements=[chunks.c.tenant_id, chunks.c.conversation_id, chunks.c.chunk_id]
+                )
+            )
+        conn.execute(
+            self._insert(conn, index)
+            .values(**ids, version=archive.version, data=archive.index)
+            .on_conflict_do_update(
+                index_elements=[index.c.tenant_id, index.c.conversation_id],
+                set_={"version": archive.version, "data": archive.index},
+            )
+        )
+
+    def load_archive(self, key: ConversationKey) -> bytes | None:
+        """The stored recall index, or None."""
+        index = self._t.archive_index
+        with self._read(f"load archive of {key}") as conn:
+            data = conn.execute(select(index.c.data).where(self._where(index, key))).scalar_one_or_none()
+        return bytes(data) if data is not None else None
+
+    def archive_chunks(self, key: ConversationKey) -> list[ArchiveChunk]:
+        """Every archived chunk, in log order."""
+        chunks = self._t.archive_chunk
+        query = select(chunks.c.data).where(self._where(chunks, key)).order_by(chunks.c.chunk_id)
+        with self._read(f"read archive of {key}") as conn:
+            rows = conn.execute(query).scalars().all()
+        return [decode_chunk(data) for data in rows]
+
+    def history(self, key: ConversationKey, limit: int = HISTORY_LIMIT) -> list[CompressionState]:
+        """The kept versions, newest first."""
+        if limit < 1:
+            return []
+        kept = self._t.state_history
+        query = select(kept.c.data).where(self._where(kept, key)).order_by(kept.c.version.desc()).limit(limit)
+        with self._read(f"history {key}") as conn:
+            rows = conn.execute(query).scalars().all()
+        return [CompressionState.model_validate_json(data) for data in rows]
+
+    def rollback(self, key: ConversationKey, to_version: int, expected_version: int) -> bool:
+        """Save a copy of kept version ``to_version`` as version ``expected_version + 1`` (CAS)."""
+        return rollback_by_save(self, key, to_version, expected_version)
+
+    def delete(self, key: ConversationKey) -> None:
+        """Remove the state, its history, its budget and its archive in one transaction."""
+        with self._write(f"delete {key}") as conn:
+            tables = (
+                self._t.state,
+                self._t.state_history,
+                self._t.budget,
+                self._t.archive_chunk,
+                self._t.archive_index,
+            )
+            for table in tables:
+                conn.execute(delete(table).where(self._where(table, key)))
+
+    def get_budget(self, key: ConversationKey) -> int | None:
+        """The budget last recorded for ``key``."""
+        budget = self._t.budget
+        with self._read(f"get_budget {key}") as conn:
+            value = conn.execute(select(budget.c.budget_tokens).where(self._where(budget, key))).scalar()
+        return int(value) if value is not None else None
+
+    def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
+        """Record a budget (an upsert beside the state, no version bump)."""
+        check_budget(budget_tokens)
+        budget = self._t.budget
+        with self._write(f"set_budget {key}") as conn:
+            conn.execute(
+                self._insert(conn, budget)
+                .values(
+                    tenant_id=key.tenant_id, conversation_id=key.conversation_id, budget_tokens=budget_tokens
+                )
+                .on_conflict_do_update(
+                    index_elements=[budget.c.tenant_id, budget.c.conversation_id],
+                    set_={"budget_tokens": budget_tokens},
+                )
+            )
