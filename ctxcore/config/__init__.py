@@ -1,0 +1,38 @@
+"""``Settings``: the one configuration tree of the service, validated at construction.
+
+Sources, lowest precedence first: defaults, a TOML file (``--config`` or
+``CTXCORE_CONFIG_FILE``), environment variables ``CTXCORE_<SECTION>__<KEY>`` (nested keys
+joined by ``__``, values parsed as JSON when they parse, e.g. ``CTXCORE_HTTP__TOKENS='{...}'``)
+plus the short aliases ``CTXCORE_REDIS_URL``, ``CTXCORE_BROKER_URL``, ``CTXCORE_MODEL_BASE_URL``
+and ``CTXCORE_MODEL``. Only ``Settings.from_env()`` reads the environment; a constructed
+``Settings`` never does.
+
+Layout: ``base`` (shared model config, ``hash_token``), a module per group of sections
+(``stores``, ``compaction``, ``service``, ``worker``), ``loading`` (TOML and variable
+parsing) and ``settings`` (the tree and ``from_env``); this package re-exports them.
+"""
+
+from __future__ import annotations
+
+from ctxcore.config.base import hash_token
+from ctxcore.config.compaction import EngineSettings, ModelSettings, RecallSettings
+from ctxcore.config.service import HttpSettings, ProxySettings, ServiceSettings, TenantSettings
+from ctxcore.config.settings import Settings, environment_variables
+from ctxcore.config.stores import DatabaseSettings, RedisSettings
+from ctxcore.config.worker import WorkerSettings
+
+__all__ = [
+    "DatabaseSettings",
+    "EngineSettings",
+    "HttpSettings",
+    "ModelSettings",
+    "ProxySettings",
+    "RecallSettings",
+    "RedisSettings",
+    "ServiceSettings",
+    "Settings",
+    "TenantSettings",
+    "WorkerSettings",
+    "environment_variables",
+    "hash_token",
+]

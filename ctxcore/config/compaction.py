@@ -1,0 +1,94 @@
+"""The compaction sections: ``model`` (the summariser), ``engine`` (the rule chain) and ``recall``."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ctxcore.config.base import _STRICT
+from ctxcore.errors import ConfigError
+from ctxcore.recall.index import require_fts5
+from ctxcore.turns import HARNESS_USER_PATTERNS, UserDetector, compile_patterns
+
+__all__ = ["EngineSettings", "ModelSettings", "RecallSettings"]
+
+
+class ModelSettings(BaseModel):
+    """The summarisation model: any OpenAI-compatible endpoint, or the offline ``ExtractiveModel``
+    when ``base_url`` is None."""
+
+    model_config = _STRICT
+    base_url: str | None = None
+    name: str = "gpt-4o-mini"
+    api_key_env: str = Field(default="OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout: float = Field(default=60.0, gt=0)
+    max_tokens: int = Field(default=4096, gt=0)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+
+    @property
+    def offline(self) -> bool:
+        """True when no endpoint is configured (the deterministic offline model is used)."""
+        return self.base_url is None
+
+
+class EngineSettings(BaseModel):
+    """Tokenizer and conversation-shape knobs shared by every conversation."""
+
+    model_config = _STRICT
+    tokenizer_model: str | None = None
+    keep_recent_messages: int = Field(default=4, ge=0)
+    internal_user_prefixes: tuple[str, ...] = ()
+    # Regexes of harness-written user messages (never an anchor); () turns the defaults off.
+    internal_user_patterns: tuple[str, ...] = HARNESS_USER_PATTERNS
+    # Also treat a user message right after a tool-using turn's final reply as internal.
+    harness_structure: bool = False
+    rule_chain: Literal["default", "none"] = "default"
+    # The most of the window one tool result may take in the default chain (ToolResultCap).
+    max_result_ratio: float = Field(default=0.25, gt=0, le=1)
+
+    @field_validator("internal_user_patterns")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            compile_patterns(value, "engine.internal_user_patterns")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    def detector(self) -> UserDetector:
+        """The ``UserDetector`` these settings describe."""
+        return UserDetector(
+            extra_prefixes=self.internal_user_prefixes,
+            patterns=self.internal_user_patterns,
+            harness_structure=self.harness_structure,
+        )
+
+
+class RecallSettings(BaseModel):
+    """Compression recall: archive what compaction folds, search it, spend headroom on it."""
+
+    model_config = _STRICT
+    enabled: bool = False
+    # Auto-recall: windows spend leftover room on the archived passages closest to the intent.
+    auto: bool = False
+    chunk_size_tokens: int = Field(default=3000, gt=0)
+    chunk_overlap_tokens: int = Field(default=300, ge=0)
+    auto_passage_tokens: int = Field(default=256, gt=0)
+    auto_max_ratio: float = Field(default=0.25, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.chunk_overlap_tokens >= self.chunk_size_tokens:
+            raise ValueError(
+                f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be below chunk_size_tokens "
+                f"({self.chunk_size_tokens})"
+            )
+        if self.auto and not self.enabled:
+            raise ValueError("auto needs enabled: set recall.enabled = true as well")
+        if self.enabled:
+            try:
+                require_fts5("recall.enabled")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return self

@@ -1,0 +1,89 @@
+"""The service sections: ``service`` (windows and triggers), ``http``, ``proxy`` and the
+per-tenant overrides."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ctxcore.config.base import _STRICT
+from ctxcore.config.compaction import ModelSettings, RecallSettings
+from ctxcore.state.keys import validate_id
+
+__all__ = ["HttpSettings", "ProxySettings", "ServiceSettings", "TenantSettings"]
+
+
+class ServiceSettings(BaseModel):
+    """Fast path and compaction targets, as ratios of the budget a client asks for."""
+
+    model_config = _STRICT
+    # Compaction is asked for once the raw view is over the budget itself: until the worker
+    # lands it, the headroom-aware rules and the fallback fit the served window (oldest
+    # first), so the verbatim tail uses the whole budget and each compaction saves a
+    # quarter of it (fewer, larger summaries than a trigger below the budget would make).
+    trigger_ratio: float = Field(default=1.0, gt=0, le=1)
+    target_ratio: float = Field(default=0.8, gt=0, le=1)
+    default_budget: int = Field(default=128_000, gt=0)
+    max_messages_per_append: int = Field(default=1000, gt=0)
+    max_message_chars: int = Field(default=2_000_000, gt=0)
+    offload_ttl_seconds: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _ratios(self) -> Self:
+        if self.target_ratio > self.trigger_ratio:
+            raise ValueError(
+                f"target_ratio ({self.target_ratio}) must be <= trigger_ratio ({self.trigger_ratio})"
+            )
+        return self
+
+
+class HttpSettings(BaseModel):
+    """HTTP API: limits and the bearer-token table (sha256 of token -> tenant id)."""
+
+    model_config = _STRICT
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, gt=0, lt=65536)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    tokens: dict[str, str] = Field(default_factory=dict)
+    requests_per_second: float = Field(default=50.0, gt=0)
+    burst: int = Field(default=100, gt=0)
+
+    @field_validator("tokens")
+    @classmethod
+    def _hashes(cls, value: dict[str, str]) -> dict[str, str]:
+        for digest, tenant in value.items():
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(
+                    "http.tokens keys must be sha256 hex digests of bearer tokens (see hash_token)"
+                )
+            validate_id(tenant, "tenant_id")
+        return value
+
+
+class ProxySettings(BaseModel):
+    """The OpenAI-compatible proxy's upstream: the agent's model (``model`` is the summariser).
+
+    ``upstream_api_key_env`` is read once at start-up (None: no key is sent)."""
+
+    model_config = _STRICT
+    upstream_base_url: str | None = None
+    upstream_api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    upstream_timeout: float = Field(default=600.0, gt=0)
+    context_window_tokens: dict[str, int] = Field(default_factory=dict)
+    default_reserve_tokens: int = Field(default=4096, ge=0)
+
+
+class TenantSettings(BaseModel):
+    """Per-tenant overrides."""
+
+    model_config = _STRICT
+    model: ModelSettings | None = None
+    # Replaces the global proxy section whole for this tenant's requests.
+    proxy: ProxySettings | None = None
+    # Replaces the global recall section whole for this tenant's conversations.
+    recall: RecallSettings | None = None
+    default_budget: int | None = Field(default=None, gt=0)
+    requests_per_second: float | None = Field(default=None, gt=0)
+    max_conversations: int | None = Field(default=None, gt=0)
+    retention_days: int | None = Field(default=None, gt=0)

@@ -1,0 +1,83 @@
+"""The ``worker`` section: Celery, the broker, retries, the scheduler and the circuit breaker."""
+
+from __future__ import annotations
+
+import math
+from typing import Self
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ctxcore.config.base import _STRICT
+
+__all__ = ["WorkerSettings"]
+
+_BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
+
+
+class WorkerSettings(BaseModel):
+    """Celery worker limits and retry policy."""
+
+    model_config = _STRICT
+    soft_time_limit: float = Field(default=120.0, gt=0)
+    hard_time_limit: float = Field(default=150.0, gt=0)
+    concurrency: int = Field(default=2, gt=0)
+    lock_timeout: float = Field(default=60.0, gt=0)
+    retry_delays: tuple[float, ...] = (2.0, 4.0, 8.0)
+    visibility_timeout: int = Field(default=60, gt=0)
+    # Circuit breaker per tenant + model endpoint (workers/circuit.py): opens after this many
+    # consecutive failed calls, lets one probe call through after ``circuit_reset_seconds``.
+    circuit_failure_threshold: int = Field(default=5, gt=0)
+    circuit_reset_seconds: float = Field(default=30.0, gt=0)
+    # After a job that ended with a failed stage, windows and POST .../compact do not queue
+    # the conversation again for this long; it doubles per consecutive failed job up to the
+    # maximum and resets on success (a dead endpoint is not hammered).
+    failure_backoff_seconds: float = Field(default=30.0, gt=0)
+    failure_backoff_max_seconds: float = Field(default=600.0, gt=0)
+    # A queued job whose last drain token was sent longer ago than this gets a new one (the
+    # reconciler in every worker checks every half of it): no job waits without a token.
+    requeue_after_seconds: float = Field(default=30.0, gt=0)
+    # The fair scheduler's shards (workers/scheduler.py): tenants hash onto this many rings,
+    # each in its own cluster slot, with at most ``ring_tokens`` drain tokens out per ring.
+    # Fixed at a deployment's first start (queued jobs would be stranded by a re-mapping).
+    scheduler_rings: int = Field(default=16, ge=1, le=256)
+    ring_tokens: int = Field(default=2, ge=1)
+    # Celery's broker and result backend (None: ``redis.url``). An ``amqp://`` broker
+    # (RabbitMQ) gets quorum queues, a delivery limit and a dead-letter queue
+    # (docs/reliability.md); the result backend stays a plain Redis.
+    broker_url: str | None = None
+    result_backend_url: str | None = None
+    # RabbitMQ only: a message returned unacknowledged more often than this (e.g. a stage that
+    # kills its worker each time) is dead-lettered to ``<prefix>.dead``, not delivered again.
+    delivery_limit: int = Field(default=5, ge=1)
+    # RabbitMQ only: the broker's ``consumer_timeout`` (seconds; rabbitmq.conf, default 30
+    # min). An unacknowledged delivery held longer closes its channel, so it must stay above
+    # the longest hold: ``hard_time_limit`` plus the longest retry countdown.
+    consumer_timeout: float = Field(default=1800.0, gt=0)
+
+    @field_validator("broker_url", "result_backend_url")
+    @classmethod
+    def _url_scheme(cls, value: str | None) -> str | None:
+        if value is not None and value.split("://", 1)[0].lower() not in _BROKER_SCHEMES:
+            # Never echo the value: it may carry a password.
+            scheme = value.split("://", 1)[0] if "://" in value else "(none)"
+            raise ValueError(
+                f"scheme {scheme!r} is not one of {', '.join(_BROKER_SCHEMES)} "
+                "(e.g. amqp://user:password@host:5672//)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _limits(self) -> Self:
+        if self.soft_time_limit >= self.hard_time_limit:
+            raise ValueError("worker.soft_time_limit must be below worker.hard_time_limit")
+        # Retry delays are jittered by up to +20% (workers/tasks.py) and rounded up to whole
+        # seconds on RabbitMQ's delayed delivery.
+        longest = self.hard_time_limit + math.ceil(max(self.retry_delays, default=1.0) * 1.2)
+        if self.consumer_timeout <= longest:
+            raise ValueError(
+                f"worker.consumer_timeout ({self.consumer_timeout:g} s) must be above "
+                f"worker.hard_time_limit plus the longest retry countdown ({longest:g} s)"
+            )
+        if self.failure_backoff_max_seconds < self.failure_backoff_seconds:
+            raise ValueError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")
+        return self
