@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ctxcore.pipeline.model_call as model_call_module
+import ctxcore.pipeline.running as running_module
 import ctxcore.pipeline.stages as stages_module
 import ctxcore.pipeline.targets as targets_module
 import ctxcore.processors.snapshot_compressor as snapshot_module
@@ -168,18 +170,18 @@ def _timed(module: Any, name: str, slot: str) -> None:
 # Counting the task prompt (and head/tail-cutting it if over the call budget): the one place
 # a round-level stage tokenises a large fresh string of its own. Redacting secrets from that
 # prompt scans all of it too. Both are looked up as module globals at call time.
-_timed(stages_module, "_fit_call_budget", "prompt")
-_timed(stages_module, "redact", "redact")
+_timed(model_call_module, "_fit_call_budget", "prompt")
+_timed(model_call_module, "redact", "redact")
 _timed(snapshot_module, "redact_messages", "redact")
 # Where our own time goes, for the breakdown table (module globals, so calls inside go through).
 PARTS = ("plan", "build targets", "View.tokens", "task prompt", "parse reply", "apply", "result")
 _timed(stages_module, "plan_next_stage", "plan")
 _timed(targets_module, "_build_targets", "build targets")
 _timed(View, "tokens", "View.tokens")
-_timed(stages_module, "_task_prompt", "task prompt")
-_timed(stages_module, "parse_blocks", "parse reply")
-_timed(stages_module, "_apply", "apply")
-_timed(stages_module, "_result", "result")
+_timed(model_call_module, "_task_prompt", "task prompt")
+_timed(model_call_module, "parse_blocks", "parse reply")
+_timed(running_module, "_apply", "apply")
+_timed(running_module, "_result", "result")
 
 
 @dataclass

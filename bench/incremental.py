@@ -43,7 +43,7 @@ from pathlib import Path
 from fast_path import runs
 from store_latency import Stores, percentiles, redis_stores, sql_stores
 
-import ctxcore.pipeline.stages as stages_module
+import ctxcore.pipeline.running as running_module
 from ctxcore.coordinator import Coordinator
 from ctxcore.messages import AnyMessage
 from ctxcore.state import CompressionState, ConversationKey, MemoryMessageLog, MemoryStateStore
@@ -222,12 +222,12 @@ def main() -> None:
     )
     inc, replay, outcomes = incremental(body, starts, args.every, args.budget, counter)
     # For comparison: every earlier block as context, as before the summarizer context was capped.
-    capped = (stages_module.SUMMARIZER_CONTEXT_RATIO, stages_module.SUMMARIZER_CONTEXT_FLOOR)
-    stages_module.SUMMARIZER_CONTEXT_RATIO, stages_module.SUMMARIZER_CONTEXT_FLOOR = 10**6, 10**12
+    capped = (running_module.SUMMARIZER_CONTEXT_RATIO, running_module.SUMMARIZER_CONTEXT_FLOOR)
+    running_module.SUMMARIZER_CONTEXT_RATIO, running_module.SUMMARIZER_CONTEXT_FLOOR = 10**6, 10**12
     try:
         uncapped, _, _ = incremental(body, starts, args.every, args.budget, counter)
     finally:
-        stages_module.SUMMARIZER_CONTEXT_RATIO, stages_module.SUMMARIZER_CONTEXT_FLOOR = capped
+        running_module.SUMMARIZER_CONTEXT_RATIO, running_module.SUMMARIZER_CONTEXT_FLOOR = capped
     keep_recent = Coordinator(
         MemoryStateStore(), MemoryMessageLog(), counter, lambda _: inc
     ).keep_recent_messages
