@@ -218,8 +218,9 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
                 # Steady state from here: the earlier rounds ran, unmeasured (the soak's warm-up).
                 appends, windows, drains, stage_wall, worker_cpu = Cost(), {}, Cost(), 0.0, 0.0
                 base = metrics.snapshot()
-            if round_no == args.rounds - 1:
+            if round_no == args.rounds - args.monitor_rounds:
                 spy = Monitor(server.url, prefix, keys, own_ports)
+                spy_start = read(probe)
             for key in rng.sample(keys, len(keys)):
                 for _ in range(args.steps):
                     n += 1
@@ -259,6 +260,9 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
                 setattr(drains, f, getattr(drains, f) - idle_per_s[f] * elapsed)
             drains.cpu_s -= idle_per_s["cpu_s"] * elapsed
         shares = spy.stop() if spy is not None else {}
+        if spy is not None:
+            span = read(probe)
+            shares["commandstats_same_span"] = sum(span.cmds.values()) - sum(spy_start.cmds.values())
         snap = {k: v - base.get(k, 0.0) for k, v in metrics.snapshot().items()}
         stages = sum(v for k, v in snap.items() if k.startswith("ctxcore_compactions_total"))
         stage_seconds = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_sum"))
@@ -292,7 +296,8 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
         "worker_idle_per_s": idle_per_s | {"top": idle.top(idle_seconds)},
         "memory": memory,
         "key_shares_last_round": shares,
-        "last_round_turns": len(keys) * args.steps,
+        "last_round_turns": len(keys) * args.steps * args.monitor_rounds,
+        "monitor_rounds": args.monitor_rounds,
         "from_round": args.from_round,
         "rounds": args.rounds,
         "info_reading_overhead": info.per(),
@@ -328,11 +333,17 @@ def _table(fig: dict[str, Any]) -> str:
     turns = max(fig["last_round_turns"], 1)
     out += [
         "",
-        f"last round under MONITOR ({turns} turns and their drain): commands on a conversation's keys "
+        f"last {fig['monitor_rounds']} rounds under MONITOR ({turns} turns and their drains): commands on a conversation's keys "
         f"{sh.get('conversation', 0) / turns:.1f}/turn, on its tenant's keys {sh.get('tenant', 0) / turns:.1f}/turn, "
         f"on its tenant's scheduler ring {sh.get('ring', 0) / turns:.1f}/turn, "
         f"shared {sh.get('shared', 0) / turns:.1f}/turn; of all of them, round trips "
-        f"{sh.get('round_trips', 0) / turns:.1f}/turn and commands run inside scripts {sh.get('in_script', 0) / turns:.1f}/turn",
+        f"{sh.get('round_trips', 0) / turns:.1f}/turn and commands run inside scripts {sh.get('in_script', 0) / turns:.1f}/turn "
+        f"(commandstats over the same span, the bench's idle checks included: {sh.get('commandstats_same_span', 0) / turns:.1f}/turn)",
+        "  round trips per turn by class: "
+        + ", ".join(
+            f"{c} {sh.get(c + '_round_trips', 0) / turns:.2f}"
+            for c in ("conversation", "tenant", "ring", "shared")
+        ),
         f"  tenant keys: {sh.get('tenant_keys')}",
         f"  ring keys: {sh.get('ring_keys')}",
         f"  shared keys: {sh.get('shared_keys')}",
@@ -360,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--concurrency", type=int, default=2, help="the worker's prefork pool")
     parser.add_argument("--from-round", type=int, default=6, help="measure from this round on (steady state)")
+    parser.add_argument("--monitor-rounds", type=int, default=10, help="the last rounds, under MONITOR")
     parser.add_argument("--idle-seconds", type=float, default=5.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

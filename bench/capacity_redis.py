@@ -117,17 +117,18 @@ class Monitor:
             keys = args[:1]
         joined = " ".join(keys)
         if any(c in joined for c in self.convs):
-            self.counts["conversation"] += 1
+            cls = "conversation"
         elif ":sched:" in joined:
-            # A scheduler ring's slot: the tenant's ring (``ring_of(tenant)``), one shard.
-            self.counts["ring"] += 1
-            self.examples["ring"].add(f"{name} {self._shape(joined)[:40]}")
+            cls = "ring"  # a scheduler ring's slot: the tenant's ring (``ring_of(tenant)``)
         elif any(t in joined for t in self.tenants):
-            self.counts["tenant"] += 1
-            self.examples["tenant"].add(f"{name} {self._shape(joined)}")
+            cls = "tenant"
         else:
-            self.counts["shared"] += 1
-            self.examples["shared"].add(f"{name} {self._shape(joined)}")
+            cls = "shared"
+        self.counts[cls] += 1
+        if not in_script:
+            self.counts[f"{cls}_round_trips"] = self.counts.get(f"{cls}_round_trips", 0) + 1
+        if cls != "conversation":
+            self.examples[cls].add(f"{name} {self._shape(joined)[: 40 if cls == 'ring' else 60]}")
 
     def _shape(self, text: str) -> str:
         text = text.replace(self.prefix, "P")
