@@ -167,10 +167,16 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
     rng = random.Random(7)
 
     # A reading's own cost, back to back.
-    info = Cost()
-    for _ in range(50):
-        a = read(probe)
-        info.add(a, read(probe))
+    def calibrate() -> Cost:
+        """A reading's own cost, back to back (its reply grows with the command names seen,
+        so this is measured again every round, while the worker is paused)."""
+        cost = Cost()
+        for _ in range(20):
+            a = read(probe)
+            cost.add(a, read(probe))
+        return cost
+
+    info = calibrate()
 
     # The idle checks read the scheduler through a connection of their own (MONITOR skips it).
     watch = Runtime(rt.settings)
@@ -214,6 +220,7 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
         base: dict[str, float] = {}
         spy: Monitor | None = None
         for round_no in range(args.rounds):
+            info = calibrate()
             if round_no == args.from_round:
                 # Steady state from here: the earlier rounds ran, unmeasured (the soak's warm-up).
                 appends, windows, drains, stage_wall, worker_cpu = Cost(), {}, Cost(), 0.0, 0.0
@@ -369,7 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps", type=int, default=1, help="append + window pairs per conversation per round"
     )
-    parser.add_argument("--concurrency", type=int, default=2, help="the worker's prefork pool")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="the worker's prefork pool (1: a round's queued stages run one at a time, so the "
+        "stage time is the uncontended one Little's law needs, not a burst's)",
+    )
     parser.add_argument("--from-round", type=int, default=6, help="measure from this round on (steady state)")
     parser.add_argument("--monitor-rounds", type=int, default=10, help="the last rounds, under MONITOR")
     parser.add_argument("--idle-seconds", type=float, default=5.0)
