@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/soak.py [--duration 300] [--tenants 5] [--conversations 200]
         [--clients 3] [--workers 1] [--concurrency 2] [--model-delay 0.05 | --offline]
-        [--redis-url redis://127.0.0.1:6379/0] [--json]
+        [--rate 0] [--redis-url redis://127.0.0.1:6379/0] [--json]
 
 ``--conversations`` is per tenant (default 5 x 200 = 1,000 conversations). Client processes
 pick conversations at random, so several processes append to the same conversation at
@@ -12,7 +12,12 @@ once; every window over its trigger asks the fair scheduler for a compaction, wh
 
 Prints throughput, p50/p99 window latency, CAS conflicts, lost updates (acknowledged
 appends missing from the log: must be 0), invalid states (history, block ranges, cursor:
-must be 0) and worker memory growth. Loopback only, bounded in time. Every key of the run,
+must be 0) and worker memory growth; and the load on Redis and the workers, for the capacity
+model of docs/scaling.md: Redis commands/s and bytes/s (in + out) from ``INFO commandstats``
+/ ``INFO stats`` deltas over the load (server-wide: run it on a redis-server of its own to
+count only the soak), and busy worker processes (the mean number of stages running, from
+``ctxcore_stage_seconds``; and the workers' CPU seconds per wall second). ``--rate`` paces
+each client to that many turns (append + window) per second (0: as fast as it can). Loopback only, bounded in time. Every key of the run,
 Celery's queues and results included, carries the run's own ``soak<hex>`` prefix; exactly
 those keys are deleted at the end (nothing is flushed: the database may be shared).
 Asserts nothing (``tests/chaos/test_soak.py`` runs a 60-second version and asserts).
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import sys
 import tempfile
@@ -105,7 +111,9 @@ def _keys(tenants: int, conversations: int) -> list[ConversationKey]:
     ]
 
 
-def _client(index: int, url: str, prefix: str, keys: list[ConversationKey], until: float, out: str) -> None:
+def _client(
+    index: int, url: str, prefix: str, keys: list[ConversationKey], until: float, out: str, rate: float = 0.0
+) -> None:
     """One client process: append a user/assistant pair, then ask for a window, until ``until``."""
     rt = Runtime(_settings(url, prefix))
     queue = _Queue(rt)
@@ -114,10 +122,20 @@ def _client(index: int, url: str, prefix: str, keys: list[ConversationKey], unti
     rng = random.Random(index)
     acked: list[tuple[str, str, list[str], list[str]]] = []
     latencies: list[float] = []
+    acked_at: list[float] = []
     errors: list[str] = []
     violations = 0
     n = 0
+    next_turn = time.time()
     while time.time() < until:
+        if rate > 0:
+            # Paced: turn n starts at start + n / rate (a late turn starts at once).
+            next_turn += 1.0 / rate
+            pause = next_turn - 1.0 / rate - time.time()
+            if pause > 0:
+                time.sleep(pause)
+            if time.time() >= until:
+                break
         key = rng.choice(keys)
         n += 1
         tag = f"c{index}-{n}"
@@ -131,6 +149,7 @@ def _client(index: int, url: str, prefix: str, keys: list[ConversationKey], unti
         try:
             ids = service.append(key, batch)
             acked.append((key.tenant_id, key.conversation_id, [m.message_id or "" for m in batch], ids))
+            acked_at.append(time.time())
             started = time.perf_counter()
             window = service.get_window(key, BUDGET)
             latencies.append(time.perf_counter() - started)
@@ -146,9 +165,54 @@ def _client(index: int, url: str, prefix: str, keys: list[ConversationKey], unti
                 "errors": errors,
                 "violations": violations,
                 "requests": queue.requests,
+                "acked_at": acked_at,
             }
         )
     )
+
+
+def redis_counters(client: redis.Redis) -> tuple[int, int, int, float]:
+    """Server-wide commands (this INFO call left out), bytes in, bytes out, CPU seconds."""
+    info: dict[str, Any] = client.execute_command("INFO", "commandstats", "stats", "cpu")
+    calls = sum(int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and k != "cmdstat_info")
+    return (
+        calls,
+        int(info["total_net_input_bytes"]),
+        int(info["total_net_output_bytes"]),
+        float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+    )
+
+
+def _load_point(rt: Runtime, workers: list[WorkerProcess], keys: list[ConversationKey]) -> dict[str, float]:
+    """Counters at one instant of the load: Redis (server-wide), the workers' CPU, the stages
+    run and their seconds, and the appends so far (the tenants' ``ctxcore_*`` series)."""
+    commands, bytes_in, bytes_out, redis_cpu = redis_counters(rt.redis)
+    metrics = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants={k.tenant_id for k in keys})
+    snap = metrics.snapshot()
+    return {
+        "t": time.time(),
+        "commands": commands,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "redis_cpu": redis_cpu,
+        "worker_cpu": sum(worker_cpu_seconds(w) for w in workers),
+        "stages": sum(v for k, v in snap.items() if k.startswith("ctxcore_compactions_total")),
+        "stage_seconds": sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_sum")),
+    }
+
+
+def worker_cpu_seconds(worker: WorkerProcess) -> float:
+    """User + system CPU seconds of a worker's main process and its pool's live children."""
+    if worker.proc is None or not worker.alive:
+        return 0.0
+    ticks = 0
+    for pid in [worker.proc.pid, *worker.children()]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended between listing and reading
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -201,7 +265,7 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
         procs = [
             ctx.Process(
                 target=_client,
-                args=(i, args.redis_url, prefix, keys, until, str(workdir / f"client{i}.json")),
+                args=(i, args.redis_url, prefix, keys, until, str(workdir / f"client{i}.json"), args.rate),
             )
             for i in range(args.clients)
         ]
@@ -210,9 +274,12 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
         # Memory baseline once the workers are warm (a tenth of the run), then at the end.
         time.sleep(min(max(args.duration * 0.1, 5.0), args.duration))
         rss_start = sum(w.rss_kb() for w in workers)
+        # The load figures below are steady-state: from this warm point to the end of the load.
+        warm = _load_point(rt, workers, keys)
         for p in procs:
             p.join(args.duration + 120)
         load_seconds = time.time() - started
+        end = _load_point(rt, workers, keys)
         rss_end = sum(w.rss_kb() for w in workers)
         # Let queued compactions finish (bounded), then stop the workers before checking.
         drain_deadline = time.monotonic() + args.drain
@@ -260,6 +327,11 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     tenants = {k.tenant_id for k in keys}
     metrics = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants=tenants).snapshot()
     stages = sum(v for k, v in metrics.items() if k.startswith("ctxcore_compactions_total"))
+    window = max(end["t"] - warm["t"], 1e-9)
+
+    def rate(name: str) -> float:
+        return (end[name] - warm[name]) / window
+
     figures = {
         "duration_s": round(load_seconds, 1),
         "conversations": len(keys),
@@ -285,6 +357,22 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
         "worker_rss_start_mb": round(rss_start / 1024, 1),
         "worker_rss_end_mb": round(rss_end / 1024, 1),
         "worker_rss_growth_mb": round((rss_end - rss_start) / 1024, 1),
+        "load_window_s": round(window, 1),
+        "window_appends_per_s": round(
+            sum(warm["t"] <= t <= end["t"] for r in results for t in r["acked_at"]) / window, 1
+        ),
+        "window_stages_per_s": round(rate("stages"), 2),
+        "redis_commands_per_s": round(rate("commands"), 1),
+        "redis_bytes_in_per_s": round(rate("bytes_in")),
+        "redis_bytes_out_per_s": round(rate("bytes_out")),
+        "redis_bytes_per_s": round(rate("bytes_in") + rate("bytes_out")),
+        "redis_cpu_cores": round(rate("redis_cpu"), 3),
+        "busy_worker_processes": round(rate("stage_seconds"), 3),
+        "stage_seconds_mean_ms": round(
+            (end["stage_seconds"] - warm["stage_seconds"]) / max(end["stages"] - warm["stages"], 1) * 1000, 1
+        ),
+        "worker_cpu_cores": round(rate("worker_cpu"), 3),
+        "rate_per_client": args.rate,
         "model": "offline ExtractiveModel"
         if args.offline
         else f"local OpenAI-compatible server, {args.model_delay}s/call",
@@ -303,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="pool size of each worker")
     parser.add_argument("--model-delay", type=float, default=0.05)
     parser.add_argument("--offline", action="store_true", help="summarise with ExtractiveModel")
+    parser.add_argument("--rate", type=float, default=0.0, help="turns per second per client (0: unpaced)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)

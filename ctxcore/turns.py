@@ -29,6 +29,7 @@ __all__ = [
     "adjust_keep_recent_for_tool_boundaries",
     "anchors",
     "compile_patterns",
+    "count_turns",
     "intent_anchor",
     "is_real_user",
     "newest_step_start",
@@ -288,6 +289,21 @@ class Turn:
 
 def turns(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> list[Turn]:
     """Dialogue rounds in log order; messages before the first real user are in none."""
+    starts = _turn_starts(messages, detector)
+    out: list[Turn] = []
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(messages)
+        out.append(_make_turn(messages, start, end))
+    return out
+
+
+def count_turns(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> int:
+    """``len(turns(messages, detector))`` without building the turns (a window's statistics
+    need only the count)."""
+    return len(_turn_starts(messages, detector))
+
+
+def _turn_starts(messages: Sequence[AnyMessage], detector: UserDetector | None) -> list[int]:
     det = detector or DEFAULT_DETECTOR
     starts: list[int] = []
     previous_real = False
@@ -299,11 +315,7 @@ def turns(messages: Sequence[AnyMessage], detector: UserDetector | None = None) 
             previous_real = False
         elif real:
             previous_real = True
-    out: list[Turn] = []
-    for n, start in enumerate(starts):
-        end = starts[n + 1] if n + 1 < len(starts) else len(messages)
-        out.append(_make_turn(messages, start, end))
-    return out
+    return starts
 
 
 def _make_turn(messages: Sequence[AnyMessage], start: int, end: int) -> Turn:

@@ -21,7 +21,7 @@ from ctxcore.protocol import (
     drop_leading_tool_messages,
 )
 from ctxcore.tokens import TokenCounter
-from ctxcore.turns import UserDetector, anchors, turns
+from ctxcore.turns import UserDetector, anchors, count_turns, turns
 
 __all__ = [
     "DEFAULT_CONTEXT_MAX_TOKENS",
@@ -114,7 +114,7 @@ def compute_stats(
     stats.tools = len(tools)
     stats.tool_tokens = counter.count_tools(tools)
     stats.total_tokens = counter.count_messages([*system_messages, *context_messages]) + stats.tool_tokens
-    stats.total_dialogues = len(turns(context_messages, detector))
+    stats.total_dialogues = count_turns(context_messages, detector)
     return stats
 
 

@@ -37,7 +37,9 @@ class EngineSettings(BaseModel):
 
     model_config = _STRICT
     tokenizer_model: str | None = None
-    keep_recent_messages: int = Field(default=4, ge=0)
+    # The newest three steps (call + result each) stay verbatim through L0->L1: the agent acts
+    # on what it just did. Only the most aggressive pass may take them.
+    keep_recent_messages: int = Field(default=6, ge=0)
     internal_user_prefixes: tuple[str, ...] = ()
     # Regexes of harness-written user messages (never an anchor); () turns the defaults off.
     internal_user_patterns: tuple[str, ...] = HARNESS_USER_PATTERNS

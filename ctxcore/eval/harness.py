@@ -295,7 +295,7 @@ def evaluate_conversation(
     counter: TokenCounter,
     detector: UserDetector = DEFAULT_DETECTOR,
     step_stride: int = 1,
-    keep_recent_messages: int = 4,
+    keep_recent_messages: int = 6,
     trigger_ratio: float = 1.0,
     target_ratio: float = 0.8,
     control_qa: Sequence[QAItem] = (),

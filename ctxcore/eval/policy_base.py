@@ -29,7 +29,7 @@ TRIGGER_RATIO = 1.0
 # The embedded compressors keep the reference's own trigger (their configs need it < 1).
 EMBEDDED_TRIGGER_RATIO = 0.9
 TARGET_RATIO = 0.8
-KEEP_RECENT_MESSAGES = 4
+KEEP_RECENT_MESSAGES = 6
 
 
 class CountingModel:

@@ -61,7 +61,7 @@ class EvalConfig:
     limit: int | None = None
     ids: Sequence[str] | None = None
     step_stride: int = 1
-    keep_recent_messages: int = 4
+    keep_recent_messages: int = 6
     trigger_ratio: float = 1.0
     target_ratio: float = 0.8
     model: ModelClient | None = None

@@ -7,13 +7,15 @@ context, no clock, only the pure rule functions in order. Its result always pass
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import IdRange
+from ctxcore.processors.offload_batch import DeferredOffloads
 from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv
@@ -33,6 +35,8 @@ __all__ = [
 ]
 
 RuleChain = Sequence[tuple[str, Any]]
+
+logger = logging.getLogger(__name__)
 
 
 def _clamp(value: int, low: int, high: int) -> int:
@@ -131,9 +135,8 @@ def apply_rules_result(
     ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
     the reference behaviour; headroom-aware rules then do nothing).
     """
-    current = list(messages)
     if originals is None:
-        originals = {m.context_message_id: m for m in current if m.context_message_id}
+        originals = {m.context_message_id: m for m in messages if m.context_message_id}
     env = RuleEnv(
         counter=counter,
         key=key,
@@ -143,10 +146,27 @@ def apply_rules_result(
         context_max=context_max,
         tail_budget_tokens=tail_budget_tokens,
     )
+    rules = build_rule_chain(chain)
+    if offloads is None or isinstance(offloads, DeferredOffloads):
+        return _run(messages, rules, env)
+    deferred = DeferredOffloads(offloads)
+    result = _run(messages, rules, replace(env, offloads=deferred))
+    try:
+        deferred.flush()
+    except Exception:
+        # Some offloads may be missing: run again writing one at a time, so a result whose
+        # original could not be stored stays in the view as it was.
+        logger.warning("batched offload for %s failed; offloading one at a time", key, exc_info=True)
+        return _run(messages, rules, env)
+    return result
+
+
+def _run(messages: Sequence[AnyMessage], rules: Sequence[RuleProcessor[Any]], env: RuleEnv) -> ChainResult:
+    current = list(messages)
     ranges: list[IdRange] = []
     handles: list[str] = []
     changed = False
-    for rule in build_rule_chain(chain):
+    for rule in rules:
         result = rule.rule(current, env)
         if result.changed:
             changed = True

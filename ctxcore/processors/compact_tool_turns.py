@@ -45,9 +45,9 @@ def _uses_tools(messages: list[AnyMessage], turn: Turn) -> bool:
 def _compactable(
     messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv
 ) -> list[Turn]:
-    found = turns(messages, env.detector)
     if config.act_only_over_budget and not HeadroomBudget(messages, env).over:
         return []
+    found = turns(messages, env.detector)
     keep = 1 if config.act_only_over_budget else max(config.keep_recent_turns, 1)
     # The current (last) turn is never compacted, even with keep_recent_turns=0.
     older = found[: max(len(found) - keep, 0)]

@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 
+_SUMS_KEPT = 64  # lists whose sums an env remembers (a chain sizes a handful)
+
+
 def message_tokens(counter: TokenCounter, message: AnyMessage) -> int:
     """Tokens of one message (without the per-request priming)."""
     count_message = getattr(counter, "count_message", None)
@@ -75,6 +78,13 @@ class RuleEnv:
     context_max: int = DEFAULT_CONTEXT_MAX_TOKENS
     new_ids: frozenset[str] | None = None
     tail_budget_tokens: int | None = None
+    # ``tail_tokens`` of the lists seen, keyed by their messages' identities (the list is
+    # held so the ids cannot be reused): each headroom rule of a chain sizes its input, and
+    # a rule that changes nothing hands the next one the same messages. Messages are
+    # immutable, so a sum is fixed for the env's life (one chain call).
+    _sums: dict[tuple[int, ...], tuple[tuple[AnyMessage, ...], int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def original(self, message: AnyMessage) -> AnyMessage:
         """The message as it entered the log (itself when it has no known log id)."""
@@ -87,7 +97,15 @@ class RuleEnv:
 
     def tail_tokens(self, messages: Sequence[AnyMessage]) -> int:
         """What ``messages`` cost in the window (the sum of their tokens)."""
-        return sum(self.tokens(m) for m in messages)
+        key = tuple(map(id, messages))
+        found = self._sums.get(key)
+        if found is not None:
+            return found[1]
+        total = sum(self.tokens(m) for m in messages)
+        if len(self._sums) >= _SUMS_KEPT:
+            self._sums.clear()
+        self._sums[key] = (tuple(messages), total)
+        return total
 
     def is_new(self, message: AnyMessage) -> bool:
         """True if the message belongs to the batch being added."""

@@ -15,6 +15,7 @@ from ctxcore.state.models import CompressionState
 __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
+    "BatchOffloadStore",
     "MessageLog",
     "OffloadStore",
     "StateStore",
@@ -171,6 +172,22 @@ class OffloadStore(Protocol):
 
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""
+        ...
+
+
+@runtime_checkable
+class BatchOffloadStore(OffloadStore, Protocol):
+    """An ``OffloadStore`` that writes many offloads of one conversation in one call.
+
+    Optional (``ctxcore.processors.offload_batch.put_many`` falls back to one
+    ``put_if_absent`` each): the fast path offloads every cleared result of a window at once.
+    """
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each (handle, messages) in order; a handle repeated in
+        ``items`` is written once (its first messages)."""
         ...
 
 

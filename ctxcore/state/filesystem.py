@@ -67,6 +67,14 @@ class FilesystemOffloadStore:
             raise StoreUnavailable(f"cannot write offload file {path}: {exc}") from exc
         return True
 
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each item (one file each: there is no round trip to save)."""
+        for handle, _ in items:
+            validate_handle(handle)
+        return [self.put_if_absent(key, handle, messages) for handle, messages in items]
+
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """The stored messages, or None."""
         path = self.path_for(key, handle)

@@ -356,6 +356,20 @@ class MemoryOffloadStore:
             handles[handle] = tuple(messages)
             return True
 
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each item, under one lock."""
+        for handle, _ in items:
+            validate_handle(handle)
+        with self._lock:
+            handles = self._data.setdefault(key, {})
+            written: list[bool] = []
+            for handle, messages in items:
+                written.append(handle not in handles)
+                handles.setdefault(handle, tuple(messages))
+            return written
+
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """The stored messages, or None."""
         validate_handle(handle)

@@ -14,7 +14,24 @@ from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import RedisBackend, translated
 from ctxcore.state.redis_scripts import PUT_LUA
 
-__all__ = ["RedisOffloadStore"]
+__all__ = ["PUT_MANY_LUA", "RedisOffloadStore"]
+
+# PUT_LUA for many handles of one conversation. KEYS: the offload hash. ARGV: ttl ms (0:
+# none), then (handle, data) pairs. Returns 1/0 per pair; the TTL is renewed once, when
+# anything was written (as PUT_LUA renews it on each successful put).
+PUT_MANY_LUA = """
+local out, any = {}, false
+for i = 2, #ARGV, 2 do
+  local stored = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+  out[#out + 1] = stored
+  if stored == 1 then any = true end
+end
+local ttl = tonumber(ARGV[1])
+if any and ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return out
+"""
 
 
 class RedisOffloadStore(RedisBackend):
@@ -32,6 +49,7 @@ class RedisOffloadStore(RedisBackend):
             raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
         self._put = client.register_script(PUT_LUA)
+        self._put_many = client.register_script(PUT_MANY_LUA)
 
     @classmethod
     def from_url(
@@ -48,6 +66,20 @@ class RedisOffloadStore(RedisBackend):
         with translated(f"offload to {key}"):
             stored = self._put(keys=[self._key(key, "offload")], args=[handle, data, ttl_ms])
         return bool(stored)
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each item in one script call: the conversation's offloads are
+        one hash (one slot on a cluster), so a window's offloads cost one round trip."""
+        if not items:
+            return []
+        args: list[str | bytes | int] = [round(self.ttl_seconds * 1000) if self.ttl_seconds else 0]
+        for handle, messages in items:
+            args += [validate_handle(handle), messages_to_json(messages)]
+        with translated(f"offload to {key}"):
+            stored = self._put_many(keys=[self._key(key, "offload")], args=args)
+        return [bool(s) for s in stored]
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """The stored messages, or None."""

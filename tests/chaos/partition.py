@@ -33,7 +33,7 @@ from typing import Any
 from celery import Celery
 
 from ctxcore.config import Settings
-from ctxcore.state import ConversationKey
+from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.testing import OpenAIServer
 from tests.chaos.helpers import (
     agent_round,
@@ -172,6 +172,8 @@ class Outcome:
     cas_conflicts: float
     warning: str | None
     worker_a_log: str
+    # Worker A saved a stage (the short cut: it completes once the link is back).
+    a_saved: bool = False
 
     @property
     def lost_blocks(self) -> int:
@@ -266,8 +268,12 @@ def _redis_on(link: Link, directory: Path) -> Iterator[int]:
         proc.wait(timeout=5)
 
 
-def run_partition(workdir: Path) -> Outcome:
-    """One run: build the link, cut it under A's held stage, let B finish, restore, check."""
+def run_partition(workdir: Path, *, cut_seconds: float | None = None) -> Outcome:
+    """One run: build the link, cut it under A's held stage, let B finish, restore, check.
+
+    ``cut_seconds`` shorter than the lock timeout: the link comes back before A's lock
+    expires, A's held reply is released and A saves; B runs meanwhile, so a redelivered copy
+    of A's task finds the lock held or its plan stale."""
     link = Link()
     workdir.mkdir(parents=True, exist_ok=True)
     a_log, b_log = workdir / "worker-a.log", workdir / "worker-b.log"
@@ -309,18 +315,27 @@ def run_partition(workdir: Path) -> Outcome:
                 state = rt.state_store.load(key)
                 return state is not None and state.version > 0 and rt.scheduler.status(key) == "idle"
 
-            _until(b_done, "worker B to complete the conversation")
-            before = rt.state_store.load(key)
-            if before is None:
-                raise RuntimeError("no state after B completed")
-            link.restore()
-            responder.release.set()
+            if cut_seconds is None:
+                _until(b_done, "worker B to complete the conversation")
+                before = rt.state_store.load(key)
+                if before is None:
+                    raise RuntimeError("no state after B completed")
+                link.restore()
+                responder.release.set()
 
-            def a_warned() -> bool:
-                return "lost its compare-and-swap" in a_log.read_text(errors="replace")
+                def a_warned() -> bool:
+                    return "lost its compare-and-swap" in a_log.read_text(errors="replace")
 
-            _until(a_warned, "worker A's late save to lose its compare-and-swap")
-            time.sleep(1.0)  # let A finish re-planning before the state is read
+                _until(a_warned, "worker A's late save to lose its compare-and-swap")
+                time.sleep(1.0)  # let A finish re-planning before the state is read
+            else:
+                time.sleep(cut_seconds)
+                before = rt.state_store.load(key) or CompressionState()
+                link.restore()
+                responder.release.set()
+                _until(b_done, "the conversation to complete after the short cut")
+                # A redelivered copy of A's task would run by now (visibility timeout).
+                time.sleep(float(LIMITS["visibility_timeout"]) + 2.0)
             after = rt.state_store.load(key)
             if after is None:
                 raise RuntimeError("no state after A came back")
@@ -342,6 +357,7 @@ def run_partition(workdir: Path) -> Outcome:
                 cas_conflicts=metrics.snapshot().get(CONFLICTS, 0.0) - conflicts_before,
                 warning=warning,
                 worker_a_log=a_log.read_text(errors="replace")[-4000:],
+                a_saved="'outcome': 'compressed'" in a_log.read_text(errors="replace"),
             )
     finally:
         responder.release.set()

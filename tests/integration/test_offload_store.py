@@ -13,6 +13,7 @@ from redis.retry import Retry
 
 from ctxcore.errors import InvalidKeyError, StoreUnavailable
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
+from ctxcore.processors.offload_batch import put_many
 from ctxcore.state import ConversationKey, OffloadStore, RedisOffloadStore, SqlOffloadStore
 from tests.conftest import BACKENDS, Backend
 
@@ -83,6 +84,24 @@ def test_delete_removes_only_that_conversation(store: OffloadStore, tenant: str)
     assert store.put_if_absent(a, HANDLE, originals("again")) is True
 
 
+def test_put_many_matches_put_if_absent_one_at_a_time(store: OffloadStore, conv_key: ConversationKey) -> None:
+    third = "00112233aabbccdd"
+    assert store.put_if_absent(conv_key, HANDLE, originals("kept"))
+    items = [(HANDLE, originals("lost")), (OTHER_HANDLE, originals("b")), (OTHER_HANDLE, originals("c"))]
+    items.append((third, originals("d")))
+    # The batch path of every backend (the SQL stores fall back to one put each)
+    assert put_many(store, conv_key, items) == [False, True, False, True]
+    assert store.get(conv_key, HANDLE) == originals("kept")
+    assert store.get(conv_key, OTHER_HANDLE) == originals("b")
+    assert store.get(conv_key, third) == originals("d")
+    assert put_many(store, conv_key, []) == []
+
+
+def test_put_many_rejects_an_invalid_handle(store: OffloadStore, conv_key: ConversationKey) -> None:
+    with pytest.raises(InvalidKeyError):
+        put_many(store, conv_key, [(HANDLE, originals()), ("../../x", originals())])
+
+
 def test_invalid_handles_are_rejected(store: OffloadStore, conv_key: ConversationKey) -> None:
     for bad in ("../../etc/passwd", "ABCDEF12", "abc", "x" * 65, "0123456789abcdeg"):
         with pytest.raises(InvalidKeyError):
@@ -101,6 +120,18 @@ def test_ttl_expires_offloads(backend: Backend, conv_key: ConversationKey) -> No
     assert store.get(conv_key, HANDLE) is None
     assert store.put_if_absent(conv_key, HANDLE, originals("new")) is True
     assert store.get(conv_key, HANDLE) == originals("new")
+
+
+@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "memory"], indirect=True)
+def test_ttl_of_a_batch(backend: Backend, conv_key: ConversationKey) -> None:
+    store = backend.offloads(ttl_seconds=0.3)
+    assert put_many(store, conv_key, [(HANDLE, originals("a")), (OTHER_HANDLE, originals("b"))]) == [
+        True,
+        True,
+    ]
+    time.sleep(0.6)
+    assert store.get(conv_key, HANDLE) is None and store.get(conv_key, OTHER_HANDLE) is None
+    assert put_many(store, conv_key, [(HANDLE, originals("new"))]) == [True]
 
 
 def test_redis_unreachable_raises_store_unavailable() -> None:

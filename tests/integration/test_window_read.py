@@ -10,7 +10,8 @@ import redis
 from ctxcore.config import Settings
 from ctxcore.errors import NotFoundError
 from ctxcore.messages import UserMessage
-from ctxcore.state import ConversationKey, RedisMessageLog, RedisStateStore
+from ctxcore.processors.offload import OFFLOAD_MARKER_RE
+from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.models import CompressionState
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
 from workers.failures import FailureStore
@@ -102,3 +103,22 @@ def test_a_deleted_conversation_is_not_found_and_nothing_is_written(
     with pytest.raises(NotFoundError):
         service.get_window(conv_key, 1000, SYSTEM, require_existing=True)
     assert list(client.scan_iter(match=f"{redis_prefix}:{conv_key.hash_tag}:*")) == []
+
+
+def test_a_window_offloads_every_cleared_result_in_one_call(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = RedisStateStore(client, redis_prefix), RedisMessageLog(client, redis_prefix)
+    offloads = RedisOffloadStore(client, redis_prefix)
+    service = ContextService(Settings(), state, log, offloads, InlineQueue())
+    for batch in agent_run(300, user_at=100):
+        service.append(conv_key, batch)
+    service.get_window(conv_key, 6_000, SYSTEM)  # loads the scripts
+    service.append(conv_key, agent_run(301)[-1])
+    client.sent.clear()
+    window = service.get_window(conv_key, 6_000, SYSTEM)
+    handles = {h[0] for m in window.messages for h in OFFLOAD_MARKER_RE.findall(str(m.content))}
+    # The window script, then one script for all of the window's offloads
+    assert client.sent == ["EVALSHA", "EVALSHA"] and len(handles) > 10
+    for handle in handles:
+        assert offloads.get(conv_key, handle) is not None

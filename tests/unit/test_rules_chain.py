@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxcore.engine import ContextEngine
-from ctxcore.errors import ConfigError
+from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.messages import (
     AnyMessage,
     AssistantMessage,
@@ -42,11 +42,48 @@ class CountingStore(MemoryOffloadStore):
     def __init__(self) -> None:
         super().__init__()
         self.writes = 0
+        self.batches = 0
 
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
         written = super().put_if_absent(key, handle, messages)
         self.writes += written
         return written
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        self.batches += 1
+        written = super().put_many_if_absent(key, items)
+        self.writes += sum(written)
+        return written
+
+
+class OneAtATime:
+    """A store without ``put_many_if_absent``, whose puts fail while ``failing`` is set."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryOffloadStore()
+        self.failing = False
+
+    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
+        if self.failing:
+            raise StoreUnavailable("offload store down (test)")
+        return self.inner.put_if_absent(key, handle, messages)
+
+    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
+        return self.inner.get(key, handle)
+
+    def delete(self, key: ConversationKey) -> None:
+        self.inner.delete(key)
+
+
+class FailingBatch(CountingStore):
+    """Batches fail; single puts work."""
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        raise StoreUnavailable("batch refused (test)")
 
 
 def with_ids(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
@@ -118,6 +155,46 @@ def test_same_input_twice_gives_the_same_window_and_writes_once() -> None:
     assert first.offloaded == second.offloaded and first.removed_ranges == second.removed_ranges
     assert store.writes == writes
     assert_sound(messages, first.messages, store, KEY)
+
+
+def _default_chain_on(messages: list[AnyMessage], store: Any) -> Any:
+    counter = TiktokenCounter()
+    room = 16_000 - counter.count_messages(messages[:1])
+    return apply_rules_result(
+        messages, default_rule_chain(16_000), counter, store, KEY, context_max=16_000, tail_budget_tokens=room
+    )
+
+
+def test_a_chain_writes_its_offloads_in_one_batch_as_one_at_a_time_would() -> None:
+    messages = swe_run()
+    store, single = CountingStore(), OneAtATime()
+    batched, plain = _default_chain_on(messages, store), _default_chain_on(messages, single)
+    assert len(batched.offloaded) > 1 and store.batches == 1 and store.writes == len(batched.offloaded)
+    assert messages_to_json(batched.messages) == messages_to_json(plain.messages)
+    assert batched.offloaded == plain.offloaded and batched.removed_ranges == plain.removed_ranges
+    for handle in batched.offloaded:
+        assert store.get(KEY, handle) == single.get(KEY, handle) is not None
+    assert_sound(messages, batched.messages, store, KEY)
+
+
+def test_a_failed_batch_falls_back_to_one_put_each() -> None:
+    messages = swe_run()
+    store = FailingBatch()
+    result = _default_chain_on(messages, store)
+    assert messages_to_json(result.messages) == messages_to_json(
+        _default_chain_on(messages, CountingStore()).messages
+    )
+    assert store.writes == len(result.offloaded) > 1
+    assert_sound(messages, result.messages, store, KEY)
+
+
+def test_a_store_that_fails_keeps_every_message_it_could_not_offload() -> None:
+    messages = swe_run()
+    store = OneAtATime()
+    store.failing = True
+    result = _default_chain_on(messages, store)
+    assert not result.offloaded
+    assert "[[OFFLOAD:" not in "".join(str(m.content) for m in result.messages)
 
 
 def test_embedded_contexts_with_the_same_input_serve_the_same_window_and_write_once() -> None:

@@ -11,6 +11,7 @@ from ctxcore.turns import (
     UserDetector,
     adjust_keep_recent_for_tool_boundaries,
     anchors,
+    count_turns,
     intent_anchor,
     is_real_user,
     protect_tool_call_boundary,
@@ -166,3 +167,10 @@ def test_keep_recent_tail_never_violates(messages: list[AnyMessage], keep: int) 
         assert min(keep, len(messages)) <= k <= len(messages)
     tail = messages[len(messages) - k :] if k else []
     assert check_window(tail) == []
+
+
+@given(conversations())
+def test_count_turns_is_the_number_of_turns(messages: list[AnyMessage]) -> None:
+    harness = UserDetector(harness_structure=True)
+    for detector in (None, harness):
+        assert count_turns(messages, detector) == len(turns(messages, detector))
