@@ -1,8 +1,9 @@
 """The offline, deterministic summariser, by job.
 
 ``features`` (line features, section rules, error detection), ``tools`` (tool-call and
-shell parsing), ``candidates`` and ``extract`` (candidate lines of a source), ``select``
-(budgeted selection) and ``model`` (``ExtractiveModel``: routing and rendering).
+shell parsing), ``items`` (the candidate line), ``candidates`` and ``extract`` (candidate
+lines of a source), ``select`` (budgeted selection) and ``model`` (``ExtractiveModel``:
+routing and rendering).
 
 It collects candidate lines from the contract's source messages: the user's own requests
 and corrections verbatim, tool calls with a one-line result, the latest write of each

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Final
 
 from ctxcore.markers import INTERNAL_USER_PREFIXES
@@ -37,6 +35,7 @@ from ctxcore.summarize.extractive.features import (
     scan,
     tool_tag,
 )
+from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.tools import (
     TASK_TOOL,
     args_short,
@@ -50,36 +49,12 @@ from ctxcore.summarize.extractive.tools import (
 )
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 
-__all__ = ["BASE_SCORE", "FILES_LOOKED_AT", "FILES_WRITTEN", "Extractor", "Item", "user_key"]
-
-# Prior value of a line by what it is; the words it covers and its features add to it.
-BASE_SCORE: Final = MappingProxyType(
-    {
-        "request": 8.0,
-        "constraint": 12.0,
-        "error": 10.0,
-        "file": 15.0,
-        "tool": 6.0,
-        "pending": 6.0,
-        "decision": 6.0,
-        "work": 2.0,
-        "fact": 3.0,
-        "paths": 2.0,
-        "other": 1.0,
-        # A sentence of a dialogue: no prior at all, it is worth what it says.
-        "chat": 0.0,
-    }
-)
-
+__all__ = ["Extractor"]
 
 # A frame of a Python traceback: where a failure passed, which its error line says better.
 _FRAME = re.compile(r'^File "[^"]+", line \d+')
 # A call's line is ordered after every text line of its message, from here.
 _CALL_ORDER: Final = 10_000
-# The line listing every file the source wrote.
-FILES_WRITTEN: Final = "files written: "
-# The line listing the files its other calls named.
-FILES_LOOKED_AT: Final = "files looked at: "
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
 
@@ -99,51 +74,6 @@ def _without_code(text: str) -> str:
         elif not fenced:
             kept.append(line)
     return "\n".join(kept)
-
-
-@dataclass
-class Item:
-    """A candidate line: where it came from, what it is and what it is worth.
-
-    ``static`` is its prior plus its features; ``words`` the content words it would add
-    to the summary (each worth its rarity in the source, once); ``decay`` discounts the
-    second, third... line taken from one message.
-    """
-
-    order: tuple[int, int]
-    category: str
-    text: str
-    static: float
-    key: str
-    words: frozenset[str] = frozenset()
-    must: bool = False
-    # For anchors: the largest share of the budget they may take whole.
-    share: float = 1.0
-    decay: float = 1.0
-    tokens: int = field(default=-1, compare=False)
-    # A line of an earlier summary: chosen on its own once already, so the lines of one
-    # memory block do not share a message's diminishing returns.
-    independent: bool = False
-    # Who wrote what the line says: ``user``, ``assistant`` or ``tool <name>`` ("" unknown).
-    tag: str = ""
-    # For a line of an earlier summary: the section heading it sat under.
-    section: str = ""
-    # Shortened from its end only, never head and tail: an error line's start names the
-    # error, and a list (newest first) loses its oldest entries.
-    keep_head: bool = False
-    # A must kept only whole: over its share it competes as an ordinary line instead.
-    whole: bool = False
-
-    @property
-    def weight(self) -> float:
-        """The line's value without coverage, used to drop the weakest line first."""
-        return self.static * self.decay
-
-
-def user_key(text: str) -> str:
-    """The deduplication key of a user message."""
-    # Harness messages repeat word for word (format reminders); one copy is enough.
-    return "user:" + " ".join(text.split()).casefold()
 
 
 class Extractor:

@@ -14,13 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage, UserMessage
-from ctxcore.summarize.extractive.candidates import (
-    BASE_SCORE,
-    FILES_LOOKED_AT,
-    FILES_WRITTEN,
-    Extractor,
-    Item,
-)
+from ctxcore.summarize.extractive.candidates import Extractor
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
     EXCEPTION_NAME,
@@ -31,6 +25,7 @@ from ctxcore.summarize.extractive.features import (
     tool_tag,
     words_of,
 )
+from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item
 from ctxcore.summarize.extractive.tools import result_line
 from ctxcore.turns import is_real_user, tool_callers
 

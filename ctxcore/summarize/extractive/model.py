@@ -15,9 +15,9 @@ from typing import Final
 
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, UserMessage
-from ctxcore.summarize.extractive.candidates import Item
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
+from ctxcore.summarize.extractive.items import Item
 from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, render_lines
 from ctxcore.summarize.model import Completion, ContractBlock, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter, TokenCounter

@@ -10,8 +10,8 @@ import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 
-from ctxcore.summarize.extractive.candidates import Item
 from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words, meaningful, tail_words
+from ctxcore.summarize.extractive.items import Item
 from ctxcore.tokens import TokenCounter
 
 __all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet", "line_key", "render_lines"]
