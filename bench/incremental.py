@@ -40,7 +40,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fast_path import runs
+from fast_path_flat import runs
 from store_latency import Stores, percentiles, redis_stores, sql_stores
 
 import ctxcore.pipeline.running as running_module
