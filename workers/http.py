@@ -221,8 +221,9 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         started = time.perf_counter()
         try:
             # The existence check is part of the window's read (one script call on Redis).
+            budget = body.budget_tokens or runtime.settings.budget_for_tenant(key.tenant_id)
             result = api.service.get_window(
-                key, body.budget_tokens, system, body.tools, body.model, require_existing=True
+                key, budget, system, body.tools, body.model, require_existing=True
             )
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None

@@ -141,7 +141,7 @@ class calls:
     @staticmethod
     def window(
         conversation_id: str,
-        budget_tokens: int,
+        budget_tokens: int | None,
         system: str | Sequence[MessageLike] | None,
         tools: Sequence[Mapping[str, Any]] | None,
         model: str | None,
@@ -149,10 +149,11 @@ class calls:
     ) -> Call[WindowResponse]:
         """``POST .../window``."""
         body: dict[str, Any] = {
-            "budget_tokens": budget_tokens,
             "system_messages": _system(system),
             "tools": [dict(t) for t in tools or []],
         }
+        if budget_tokens is not None:
+            body["budget_tokens"] = budget_tokens
         if model is not None:
             body["model"] = model
         return Call(

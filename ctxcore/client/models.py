@@ -103,8 +103,14 @@ class WindowRequest(_Request):
 
     # Bounded: the budget is stored beside the state (a BIGINT column on SQL backends) and
     # no model has a billion-token window.
-    budget_tokens: int = Field(
-        gt=0, le=1_000_000_000, description="Token budget of the whole request (system + tools + messages)"
+    budget_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000_000,
+        description=(
+            "Token budget of the whole request (system + tools + messages); default: the tenant's"
+            " default_budget, else service.default_budget"
+        ),
     )
     model: str | None = Field(
         default=None,

@@ -128,14 +128,15 @@ class CtxcoreClient:
     def window(
         self,
         conversation_id: str,
-        budget_tokens: int,
+        budget_tokens: int | None = None,
         *,
         system: str | Sequence[MessageLike] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         model: str | None = None,
         format: WindowFormat = "ctxcore",
     ) -> WindowResponse:
-        """The window within ``budget_tokens`` (system + tools + messages); send
+        """The window within ``budget_tokens`` (system + tools + messages; None: the tenant's
+        default budget, else the service's); send
         ``window.openai_messages()`` and ``window.tools`` to the model."""
         return self._send(calls.window(conversation_id, budget_tokens, system, tools, model, format))
 

@@ -707,3 +707,28 @@ def test_openapi_document_is_valid_and_complete(api: Api) -> None:
         assert name in schemas
     assert set(schemas["WindowStats"]["properties"]) >= {"total_tokens", "tool_tokens", "total_dialogues"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_a_window_without_a_budget_uses_the_tenants_default(make_api: Callable[..., Api]) -> None:
+    api = make_api(service={"default_budget": 5000}, tenants={"tenant-b": {"default_budget": 900}})
+    for auth, conv in ((AUTH_A, "d1"), (AUTH_B, "d2")):
+        api.client.post(
+            f"{CONV}/{conv}/messages",
+            json={
+                "messages": [
+                    _user("fix the parser " * 100),
+                    _assistant("on it " * 300),
+                    _user("and the tests " * 100),
+                    _assistant("done " * 300),
+                ]
+            },
+            headers=auth,
+        )
+    wide = api.client.post(f"{CONV}/d1/window", json={}, headers=AUTH_A)
+    narrow = api.client.post(f"{CONV}/d2/window", json={}, headers=AUTH_B)
+    assert wide.status_code == 200 and narrow.status_code == 200, (wide.text, narrow.text)
+    assert wide.json()["stats"]["total_tokens"] <= 5000
+    assert narrow.json()["stats"]["total_tokens"] <= 900
+    # The default is the conversation's budget from then on, as an explicit one would be.
+    assert api.runtime.state_store.get_budget(ConversationKey("tenant-a", "d1")) == 5000
+    assert api.runtime.state_store.get_budget(ConversationKey("tenant-b", "d2")) == 900
