@@ -66,6 +66,50 @@ class SqlOffloadStore(_SqlBackend):
             )
         return bool(stored.rowcount == 1)
 
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each (handle, messages) in order, in one statement; a handle
+        repeated in ``items`` is written once (its first messages)."""
+        for handle, _ in items:
+            validate_handle(handle)
+        first: dict[str, Sequence[AnyMessage]] = {}
+        for handle, messages in items:
+            first.setdefault(handle, messages)
+        if not first:
+            return []
+        offload, now = self._t.offload, time.time()
+        expires_at = now + self.ttl_seconds if self.ttl_seconds is not None else None
+        rows = [
+            {
+                "tenant_id": key.tenant_id,
+                "conversation_id": key.conversation_id,
+                "handle": handle,
+                "data": messages_to_json(messages).decode(),
+                "expires_at": expires_at,
+            }
+            for handle, messages in first.items()
+        ]
+        with self._write(f"offload to {key}") as conn:
+            conn.execute(delete(offload).where(self._where(offload, key), offload.c.expires_at <= now))
+            # RETURNING names the rows this statement inserted: exactly the handles that were
+            # absent, even with a concurrent writer (its rows conflict and are skipped).
+            inserted = set(
+                conn.execute(
+                    self._insert(conn, offload)
+                    .values(rows)
+                    .on_conflict_do_nothing(
+                        index_elements=[offload.c.tenant_id, offload.c.conversation_id, offload.c.handle]
+                    )
+                    .returning(offload.c.handle)
+                ).scalars()
+            )
+        written: list[bool] = []
+        for handle, _ in items:
+            written.append(handle in inserted)
+            inserted.discard(handle)  # a repeat of a handle is not written again
+        return written
+
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """The stored messages, or None (also once expired)."""
         validate_handle(handle)

@@ -89,7 +89,7 @@ def test_put_many_matches_put_if_absent_one_at_a_time(store: OffloadStore, conv_
     assert store.put_if_absent(conv_key, HANDLE, originals("kept"))
     items = [(HANDLE, originals("lost")), (OTHER_HANDLE, originals("b")), (OTHER_HANDLE, originals("c"))]
     items.append((third, originals("d")))
-    # The batch path of every backend (the SQL stores fall back to one put each)
+    # The batch path of every backend
     assert put_many(store, conv_key, items) == [False, True, False, True]
     assert store.get(conv_key, HANDLE) == originals("kept")
     assert store.get(conv_key, OTHER_HANDLE) == originals("b")
@@ -146,3 +146,26 @@ def test_sqlite_on_unwritable_path_raises_store_unavailable(tmp_path: Path) -> N
     store = SqlOffloadStore(f"sqlite:///{tmp_path / 'missing-dir' / 'ctx.db'}")
     with pytest.raises(StoreUnavailable):
         store.get(ConversationKey("t", "c"), HANDLE)
+
+
+@pytest.mark.parametrize(
+    "backend", [p for p in BACKENDS if p.values[0] in ("sqlite", "postgres")], indirect=True
+)
+def test_a_sql_batch_is_one_insert(backend: Backend, conv_key: ConversationKey) -> None:
+    from sqlalchemy import event
+
+    store = backend.offloads()
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement.split()[0].upper())
+
+    engine = store._engine  # type: ignore[attr-defined]  # the test counts the store's own statements
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        handles = [f"{n:016x}" for n in range(20)]
+        assert put_many(store, conv_key, [(h, originals(h)) for h in handles]) == [True] * 20
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert statements.count("INSERT") == 1, statements
+    assert store.get(conv_key, handles[-1]) == originals(handles[-1])
