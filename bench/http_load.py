@@ -49,7 +49,7 @@ from ctxcore.client.calls import calls  # noqa: E402
 from ctxcore.config import Settings, hash_token  # noqa: E402
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
-from tests.chaos.helpers import free_port  # noqa: E402
+from tests.chaos.helpers import free_port, worker_command  # noqa: E402
 from workers.app import queue_names  # noqa: E402
 from workers.embedded import ensure_redis  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
@@ -293,22 +293,9 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
     log = workdir / "processes.log"
     api = start([sys.executable, "-m", "workers.cli", "serve"], config, log)
     worker = start(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.app",
-            "worker",
-            "-Q",
-            queues,
-            "-P",
-            "prefork",
-            "-c",
-            str(args.concurrency),
-            "--loglevel",
-            "WARNING",
-        ],
+        worker_command(
+            queues, "http-load@%h", pool="prefork", concurrency=args.concurrency, loglevel="WARNING"
+        ),
         config,
         log,
     )

@@ -220,6 +220,17 @@ def block_responder(request: dict[str, Any]) -> str:
 # --- processes ----------------------------------------------------------------------------
 
 
+def worker_command(
+    queues: str, name: str, *, pool: str, concurrency: int | None = None, loglevel: str = "INFO"
+) -> list[str]:
+    """``celery worker`` on ``workers.app`` consuming ``queues``, without gossip and mingle
+    (the tests' workers need not see each other)."""
+    command = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", queues, "-P", pool]
+    if concurrency is not None:
+        command += ["-c", str(concurrency)]
+    return [*command, "-n", name, "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
@@ -343,26 +354,15 @@ class WorkerProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== start {self.starts} at {time.time():.3f}\n".encode())
         log.flush()
+        queues = self.queues or deployment_queues(self.env.get("CTXCORE_REDIS__KEY_PREFIX", "ctxcore"))
         self.proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.app",
-                "worker",
-                "-Q",
-                self.queues or deployment_queues(self.env.get("CTXCORE_REDIS__KEY_PREFIX", "ctxcore")),
-                "-P",
-                self.pool,
-                "-c",
-                str(self.concurrency),
-                "-n",
-                f"{self.name}{self.starts}@127.0.0.1",
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
+                *worker_command(
+                    queues,
+                    f"{self.name}{self.starts}@127.0.0.1",
+                    pool=self.pool,
+                    concurrency=self.concurrency,
+                ),
                 "--without-heartbeat",
             ],
             cwd=REPO,

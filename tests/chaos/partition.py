@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from tests.chaos.helpers import (
     deployment_queues,
     free_port,
     state_problems,
+    worker_command,
     worker_env,
 )
 from workers.app import celery_config, queue_names
@@ -189,24 +189,7 @@ class Outcome:
 def _start_worker(
     name: str, env: dict[str, str], queues: str, log: Path, netns: str | None = None
 ) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.app",
-        "worker",
-        "-Q",
-        queues,
-        "-P",
-        "solo",
-        "-n",
-        f"{name}@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "--loglevel",
-        "INFO",
-    ]
+    command = worker_command(queues, f"{name}@%h", pool="solo")
     if netns is not None:
         command = ["ip", "netns", "exec", netns, *command]
     with log.open("ab") as out:
