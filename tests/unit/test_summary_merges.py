@@ -85,8 +85,7 @@ def second_half() -> list[AnyMessage]:
 def test_first_and_newest_failures_and_written_files_survive_a_tight_merge(model: ExtractiveModel) -> None:
     one = summary(model, first_half(), 500)
     two = summary(model, second_half(), 500)
-    for text in (one, two):
-        assert "files written:" in text or text is two
+    assert "files written:" in one  # the second half writes no file
     merged = summary(model, [block(one, 1), block(two, 2)], 300)
     assert "ValueError: day is out of range for month" in merged
     assert "AssertionError: 28 != 29" in merged
