@@ -210,11 +210,15 @@ class RecallIndex:
     def passages(
         self, words: Sequence[str], within: Sequence[IndexedText], limit: int = 32
     ) -> list[IndexedText]:
-        """The best passages for ``words`` inside the log-id ranges of ``within``."""
+        """The best passages for ``words`` overlapping the log-id ranges of ``within``.
+
+        Overlapping, not inside: passages and chunks are cut independently (different sizes,
+        chunks overlap), so the passage holding a chunk's best message may reach past it.
+        """
         if not words or not within:
             return []
-        ranges = " OR ".join("(p.first_id >= ? AND p.last_id <= ?)" for _ in within)
-        bounds = [value for chunk in within for value in (chunk.first_id, chunk.last_id)]
+        ranges = " OR ".join("(p.first_id <= ? AND p.last_id >= ?)" for _ in within)
+        bounds = [value for chunk in within for value in (chunk.last_id, chunk.first_id)]
         with self._lock:
             ranked = self._db.execute(
                 "SELECT p.rowid, bm25(passages_fts) AS s "
