@@ -23,7 +23,8 @@ from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelErr
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.targets import build_targets, eligible_raw, message_tokens
+from ctxcore.pipeline.sizing import message_tokens
+from ctxcore.pipeline.targets import build_targets, eligible_raw
 from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
 from ctxcore.recall.index import RecallIndex
 from ctxcore.recall.marking import is_verbatim, mark_archived

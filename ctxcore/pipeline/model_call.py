@@ -68,8 +68,18 @@ def _task_prompt(
             serialize_messages(target.source_messages()),
             "",
         ]
+    if cfg.protected_preview_chars:
+        protected = [_preview(m, cfg.protected_preview_chars, cfg) for m in protected]
     lines += ["[Protected Recent Context]", serialize_messages(protected), "", ROUND_LEVEL_OUTPUT_CONTRACT]
     return "\n".join(lines)
+
+
+def _preview(message: AnyMessage, chars: int, cfg: PipelineConfig) -> AnyMessage:
+    """``message`` with its text cut to ``chars`` characters (head and tail), tool calls kept."""
+    text = message_text(message)
+    if len(text) <= chars:
+        return message
+    return message.model_copy(update={"content": head_tail(text, chars, 0.5, cfg.truncated_marker)})
 
 
 def _fit_call_budget(system: str, prompt: str, cfg: PipelineConfig, counter: TokenCounter) -> str | None:

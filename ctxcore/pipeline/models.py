@@ -60,6 +60,10 @@ class PipelineConfig(BaseModel):
     # verbatim tail's, which is what the agent acts on (the pass targets still bound each
     # summary from below).
     summary_share: float = Field(default=0.4, gt=0, le=1)
+    # The protected recent messages are shown to the summariser for understanding only (it
+    # never summarises them): each as its first and last characters, this many in all, so a
+    # large tool output is not paid for in every call (0: whole).
+    protected_preview_chars: int = Field(default=800, ge=0)
     compression_marker: str = ROUND_LEVEL_MEMORY_BLOCK
     truncated_marker: str = TRUNCATED
     # Secrets (API keys, tokens, passwords, private keys) are cut from the prompt sent to

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageKind
-from ctxcore.pipeline.targets import build_targets, message_tokens, served_tokens, summary_cap
+from ctxcore.pipeline.sizing import message_tokens, served_tokens, summary_cap
+from ctxcore.pipeline.targets import build_targets, l1_falls_short
 from ctxcore.pipeline.view import View
 from ctxcore.tokens import TokenCounter
 
@@ -56,14 +57,16 @@ def plan_next_stage(
 
 
 def _stage_order(view: View, config: PipelineConfig, counter: TokenCounter) -> tuple[StageKind, ...]:
-    """``STAGE_ORDER``, but merges first while the blocks are over their share of the target:
-    folding old summaries together then makes the room, rather than summarising the newest
-    steps of the tail."""
+    """``STAGE_ORDER``, but merges first while the blocks are over their share of the target
+    (folding old summaries together then makes the room, rather than summarising the newest
+    steps of the tail) or when L0->L1 alone would fall short of the target (the merge then
+    takes in the steps L0->L1 would summarise: one model call instead of two)."""
     cap = summary_cap(view, config)
-    if (
-        cap is None
-        or len(view.blocks) < 2
-        or sum(message_tokens(counter, b.messages) for b in view.blocks) <= cap
-    ):
+    over_cap = (
+        cap is not None
+        and len(view.blocks) >= 2
+        and sum(message_tokens(counter, b.messages) for b in view.blocks) > cap
+    )
+    if not over_cap and not l1_falls_short(view, config, counter):
         return STAGE_ORDER
     return ("recursive_merge", *(k for k in STAGE_ORDER if k != "recursive_merge"))

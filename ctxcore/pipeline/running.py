@@ -10,7 +10,8 @@ from ctxcore.errors import ModelError
 from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline.model_call import _llm_blocks
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageResult
-from ctxcore.pipeline.targets import Target, message_tokens, targets_for_stage
+from ctxcore.pipeline.sizing import message_tokens
+from ctxcore.pipeline.targets import Target, targets_for_stage
 from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.pipeline.view import BLOCK_META, View, block_message
 from ctxcore.state.models import SummaryBlock

@@ -12,23 +12,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage
+from ctxcore.messages import AnyMessage, AssistantMessage
+from ctxcore.pipeline.merge_groups import merge_groups
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
-from ctxcore.pipeline.view import View, block_message
+from ctxcore.pipeline.sizing import (
+    header_tokens,
+    item_tokens,
+    message_tokens,
+    room_for,
+    section_tokens,
+    served_of,
+    served_tokens,
+)
+from ctxcore.pipeline.view import View
 from ctxcore.state.models import SummaryBlock
-from ctxcore.summarize.prompts import BLOCK_SECTIONS
-from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, newest_step_start, steps
 
-__all__ = ["Target", "build_targets", "eligible_raw", "message_tokens", "served_tokens", "summary_cap"]
+__all__ = ["Target", "build_targets", "eligible_raw", "l1_falls_short", "targets_for_stage"]
 
 Item = SummaryBlock | AnyMessage
-
-
-def message_tokens(counter: TokenCounter, messages: Sequence[AnyMessage]) -> int:
-    """Tokens of ``messages`` (0 for none)."""
-    return counter.count_messages(list(messages)) if messages else 0
 
 
 def _mid(message: AnyMessage) -> str:
@@ -98,47 +101,27 @@ MIN_SUMMARY_SHARE = 0.25
 
 
 def _oldest_needed(
-    raw: Sequence[AnyMessage], need: int, floor: int, counter: TokenCounter
+    raw: Sequence[AnyMessage],
+    need: int,
+    floor: int,
+    barriers: frozenset[str],
+    config: PipelineConfig,
+    counter: TokenCounter,
 ) -> list[AnyMessage]:
     """The oldest whole steps of ``raw`` to summarise so the view saves ``need`` tokens while
     the summary keeps ``floor`` tokens and ``MIN_SUMMARY_SHARE`` of them at the least; all of
-    ``raw`` when even that is not enough.
+    ``raw`` when even that is not enough. Anchors among them (``barriers``) stay verbatim, so
+    they save nothing.
 
     Compaction summarises only what it must: everything newer stays verbatim in the tail.
     """
-    source = 0
     for step in steps(raw):
-        source += message_tokens(counter, raw[step.start : step.end])
+        # Counted as one list and as served, as the view is (per-step sums add a reply
+        # priming each; a capped result saves only what the window served of it).
+        source = served_of([m for m in raw[: step.end] if _mid(m) not in barriers], config, counter)
         if source - need >= max(floor, source * MIN_SUMMARY_SHARE):
             return list(raw[: step.end])
     return list(raw)
-
-
-def served_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
-    """What the view costs as a window serves it: tail tool results over
-    ``config.result_cap_tokens`` count at the cap (the served window caps them)."""
-    total = view.tokens(counter)
-    cap = config.result_cap_tokens
-    if cap is None:
-        return total
-    for message in view.tail:
-        if isinstance(message, ToolMessage):
-            excess = message_tokens(counter, [message]) - cap
-            if excess > 0:
-                total -= excess
-    return total
-
-
-def summary_cap(view: View, config: PipelineConfig) -> int | None:
-    """The most tokens the view's summary blocks together may take, or None for no cap.
-
-    Only an agent's run is capped (a tool result in its tail): what it acts on next is its
-    newest steps, verbatim. In a dialogue the newest turns are no more useful than what was
-    said long ago, so summaries there may fill the target.
-    """
-    if config.summary_share >= 1 or not any(isinstance(m, ToolMessage) for m in view.tail):
-        return None
-    return int(config.target_tokens * config.summary_share)
 
 
 def _segments(items: Sequence[Item], barriers: frozenset[str]) -> list[list[Item]]:
@@ -202,46 +185,6 @@ def _make(
     return Target(target_id, scope, blocks, raw, level, source, target, stood_for)
 
 
-def _merge_runs(
-    blocks: Sequence[SummaryBlock], barriers_between: set[tuple[str, str]]
-) -> list[list[SummaryBlock]]:
-    """Spec 4.5 recursive-merge grouping: promote lonely levels, then runs at the lowest level."""
-    if len(blocks) < 2:
-        return []
-    level = {b.block_id: max(b.level, 1) for b in blocks}
-    while True:
-        levels = sorted(set(level.values()))
-        promoted = False
-        for lower, higher in itertools.pairwise(levels):
-            members = [bid for bid, lv in level.items() if lv == lower]
-            if len(members) == 1:
-                level[members[0]] = higher
-                promoted = True
-                break
-        if not promoted:
-            break
-    counts: dict[int, int] = {}
-    for lv in level.values():
-        counts[lv] = counts.get(lv, 0) + 1
-    candidates = sorted(lv for lv, n in counts.items() if n >= 2)
-    if not candidates:
-        return []
-    chosen = candidates[0]
-    runs: list[list[SummaryBlock]] = []
-    previous: SummaryBlock | None = None
-    for block in blocks:
-        contiguous = previous is not None and (previous.block_id, block.block_id) not in barriers_between
-        if level[block.block_id] != chosen:
-            previous = None
-            continue
-        if contiguous and runs and runs[-1][-1] is previous:
-            runs[-1].append(block)
-        else:
-            runs.append([block])
-        previous = block
-    return [run for run in runs if len(run) >= 2]
-
-
 def build_targets(kind: StageKind, view: View, config: PipelineConfig, counter: TokenCounter) -> list[Target]:
     """The targets ``kind`` would summarise on ``view`` (empty when it has nothing to do)."""
     # Planning a stage and running it ask for the targets of the same view: built once.
@@ -258,29 +201,23 @@ def _build_targets(
     # Only the current anchors split targets: a former intent anchor pinned earlier is an
     # ordinary message now, and later merges may fold it into a block.
     barriers = view.anchor_id_set()
-    window = served_tokens(view, config, counter)
-    header = _header_tokens(counter, config)
+    header = header_tokens(counter, config)
     # Every summary carries the section headings (and "(none)" under empty ones): a fixed
     # cost per block like its header, added to each target on top of its share of the room.
-    fixed = counter.count_text(skeleton(BLOCK_SECTIONS))
-
+    fixed = section_tokens(counter)
     all_blocks = sum(message_tokens(counter, b.messages) for b in view.blocks)
-    cap = summary_cap(view, config)
 
     def budget(pass_target: int, source_tokens: int, n_blocks: int, replaced_blocks: int = 0) -> int:
-        # Summaries may use the room left under the target, so a pass lands near the target
-        # instead of far below it (less detail lost), but in an agent's run all blocks
-        # together stay within their cap so the tail keeps the rest; the pass target is the
-        # floor. Each new block's header is paid out of the room.
-        room = config.target_tokens - (window - source_tokens)
-        if cap is not None:
-            room = min(room, cap - (all_blocks - replaced_blocks))
-        return max(pass_target, room - header * n_blocks)
+        # The pass target is the floor.
+        return max(pass_target, room_for(view, config, counter, source_tokens, n_blocks, replaced_blocks))
 
+    window = served_tokens(view, config, counter)
     if kind == "l0_to_l1":
         raw = eligible_raw(view, config.keep_recent_messages, newest_step=config.summarise_all_pending)
         if not config.summarise_all_pending:
-            raw = _oldest_needed(raw, window - config.target_tokens, first_pass + header, counter)
+            raw = _oldest_needed(
+                raw, window - config.target_tokens, first_pass + header, barriers, config, counter
+            )
         chunks: list[list[AnyMessage]] = []
         for segment in _segments(raw, barriers):
             chunks.extend(
@@ -289,47 +226,27 @@ def _build_targets(
                 )
             )
         sizes = [message_tokens(counter, c) for c in chunks]
-        total = sum(sizes) or 1
+        served = [served_of(c, config, counter) for c in chunks]
+        total = sum(served) or 1
         room = budget(first_pass, total, len(chunks))
         return [
             _make(
-                f"block_{n}", _scope(chunk), chunk, 1, room * size / total + fixed, counter, raw_tokens=size
+                f"block_{n}", _scope(chunk), chunk, 1, room * part / total + fixed, counter, raw_tokens=size
             )
-            for n, (chunk, size) in enumerate(zip(chunks, sizes, strict=True), 1)
+            for n, (chunk, size, part) in enumerate(zip(chunks, sizes, served, strict=True), 1)
         ]
 
     if kind == "recursive_merge":
-        between: set[tuple[str, str]] = set()
-        gaps: dict[tuple[str, str], list[AnyMessage]] = {}
-        last_block: SummaryBlock | None = None
-        separated = False
-        gap: list[AnyMessage] = []
-        for item in view.prefix():
-            if isinstance(item, SummaryBlock):
-                if last_block is not None:
-                    if separated:
-                        between.add((last_block.block_id, item.block_id))
-                    elif gap:
-                        gaps[(last_block.block_id, item.block_id)] = gap
-                last_block, separated, gap = item, False, []
-            elif _mid(item) in barriers:
-                separated = True
-            else:
-                gap.append(item)
-        runs = _merge_runs(list(view.blocks), between)
-        run_items: list[list[Item]] = []
-        for run in runs:
-            items_of_run: list[Item] = [run[0]]
-            for previous, block in itertools.pairwise(run):
-                items_of_run.extend(gaps.get((previous.block_id, block.block_id), []))
-                items_of_run.append(block)
-            run_items.append(items_of_run)
-        run_sizes = [_item_tokens(counter, group) for group in run_items]
-        merged = sum(message_tokens(counter, b.messages) for run in runs for b in run)
-        room = budget(first_pass, sum(run_sizes), len(runs), merged)
+        fold = _fold_raw(view, config, counter, barriers)
+        groups = merge_groups(view, barriers, fold)
+        run_sizes = [item_tokens(counter, group, config) for group in groups]
+        merged = sum(
+            message_tokens(counter, i.messages) for g in groups for i in g if isinstance(i, SummaryBlock)
+        )
+        room = budget(first_pass, sum(run_sizes), len(groups), merged)
         targets = []
-        for n, (run, group, size) in enumerate(zip(runs, run_items, run_sizes, strict=True), 1):
-            lv = max(max(b.level, 1) for b in run)
+        for n, (group, size) in enumerate(zip(groups, run_sizes, strict=True), 1):
+            lv = max(max(i.level, 1) for i in group if isinstance(i, SummaryBlock))
             share = room * size / (sum(run_sizes) or 1) + fixed
             targets.append(_make(f"merge_{lv}_{n}", "recursive_merge", group, lv + 1, share, counter))
         return [t for t in targets if t.target_tokens < t.source_tokens]
@@ -340,11 +257,11 @@ def _build_targets(
         # Even the most aggressive pass leaves the newest step verbatim: the model acts on it.
         items: list[Item] = [*view.prefix(), *eligible_raw(view, keep, newest_step=False)]
         segments = _segments(items, barriers)
-        total = sum(_item_tokens(counter, seg) for seg in segments) or 1
+        total = sum(item_tokens(counter, seg, config) for seg in segments) or 1
         room = budget(pass_target, total, len(segments), all_blocks)
         targets = []
         for n, seg in enumerate(segments, 1):
-            seg_tokens = _item_tokens(counter, seg)
+            seg_tokens = item_tokens(counter, seg, config)
             share = room * seg_tokens / total + fixed
             if len(seg) == 1 and isinstance(seg[0], SummaryBlock) and seg_tokens <= share:
                 continue
@@ -358,25 +275,52 @@ def _build_targets(
     raise ValueError(f"no targets for stage kind {kind!r}")
 
 
-def _header_tokens(counter: TokenCounter, config: PipelineConfig) -> int:
-    """Tokens a block message costs beyond its summary's lines (its sections' headings included)."""
-    probe = block_message(
-        skeleton(BLOCK_SECTIONS),
-        block_id="L1-000000000000-000000000000",
-        first_id="000000000000",
-        last_id="000000000000",
-        level=1,
-        scope="completed_react",
-        marker=config.compression_marker,
+def l1_falls_short(view: View, config: PipelineConfig, counter: TokenCounter) -> bool:
+    """True when the view has blocks and L0->L1 alone cannot reach the target: its room is
+    below the first pass's floor, so the blocks would have to be merged right after it."""
+    if not view.blocks:
+        return False
+    targets = build_targets("l0_to_l1", view, config, counter)
+    if not targets:
+        return False
+    source = sum(served_of(t.raw, config, counter) for t in targets)
+    return room_for(view, config, counter, source, len(targets)) < config.pass_targets()[0]
+
+
+def _fold_raw(
+    view: View, config: PipelineConfig, counter: TokenCounter, barriers: frozenset[str]
+) -> list[AnyMessage]:
+    """The raw steps a merge takes in (``merge_groups``) when L0->L1 falls short: the oldest
+    whole steps L0->L1 could summarise, from the start of the tail, only until the merged
+    view would be within the target (all of them when even that is not enough)."""
+    if not l1_falls_short(view, config, counter):
+        return []
+    candidates = list(
+        itertools.takewhile(
+            lambda m: _mid(m) not in barriers,
+            eligible_raw(view, config.keep_recent_messages, newest_step=config.summarise_all_pending),
+        )
     )
-    return message_tokens(counter, [probe])
-
-
-def _item_tokens(counter: TokenCounter, items: Sequence[Item]) -> int:
-    total = 0
-    for item in items:
-        total += message_tokens(counter, item.messages if isinstance(item, SummaryBlock) else [item])
-    return total
+    groups = merge_groups(view, barriers)
+    replaced = {b.block_id: b for g in groups for b in g if isinstance(b, SummaryBlock)}
+    replaced.setdefault(view.blocks[-1].block_id, view.blocks[-1])
+    block_tokens = sum(message_tokens(counter, b.messages) for b in replaced.values())
+    gap_tokens = sum(
+        item_tokens(counter, [i for i in g if not isinstance(i, SummaryBlock)], config) for g in groups
+    )
+    n_groups = max(len(groups), 1)
+    window = served_tokens(view, config, counter)
+    overhead = (header_tokens(counter, config) + section_tokens(counter)) * n_groups
+    floor = config.pass_targets()[0]
+    # Aim 1% below the target: a merged summary's real size differs from this estimate by a
+    # few tokens, and a view that many tokens over would cost a second merge call.
+    aim = config.target_tokens - config.target_tokens // 100
+    for step in steps(candidates):
+        source = block_tokens + gap_tokens + served_of(candidates[: step.end], config, counter)
+        merged = max(floor, room_for(view, config, counter, source, n_groups, block_tokens))
+        if window - source + merged + overhead <= aim:
+            return candidates[: step.end]
+    return candidates
 
 
 def targets_for_stage(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, message_text
 from ctxcore.pipeline.models import PipelineConfig
-from ctxcore.pipeline.targets import message_tokens, served_tokens
+from ctxcore.pipeline.sizing import message_tokens, served_tokens
 from ctxcore.pipeline.view import View, block_message
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.prompts import BLOCK_SECTIONS

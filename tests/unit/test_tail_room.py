@@ -9,7 +9,8 @@ import pytest
 
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.pipeline import PipelineConfig, View, plan_next_stage
-from ctxcore.pipeline.targets import build_targets, summary_cap
+from ctxcore.pipeline.sizing import summary_cap
+from ctxcore.pipeline.targets import build_targets
 from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.pipeline.view import block_message
 from ctxcore.state.models import SummaryBlock

@@ -1,0 +1,126 @@
+"""What views, messages and new summaries cost: the counts targets and planning size by.
+
+Counts are of one list, as a request is counted (per-item sums would add a reply priming
+each), and as a window serves them: tool results over the configured cap count at the cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ctxcore.messages import AnyMessage, ToolMessage
+from ctxcore.pipeline.models import PipelineConfig
+from ctxcore.pipeline.view import View, block_message
+from ctxcore.state.models import SummaryBlock
+from ctxcore.summarize.prompts import BLOCK_SECTIONS
+from ctxcore.summarize.sections import skeleton
+from ctxcore.tokens import TokenCounter
+
+__all__ = [
+    "header_tokens",
+    "item_tokens",
+    "message_tokens",
+    "room_for",
+    "section_tokens",
+    "served_of",
+    "served_tokens",
+    "summary_cap",
+]
+
+Item = SummaryBlock | AnyMessage
+
+
+def message_tokens(counter: TokenCounter, messages: Sequence[AnyMessage]) -> int:
+    """Tokens of ``messages`` (0 for none)."""
+    return counter.count_messages(list(messages)) if messages else 0
+
+
+def served_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
+    """What the view costs as a window serves it: tail tool results over
+    ``config.result_cap_tokens`` count at the cap (the served window caps them)."""
+    return view.tokens(counter) - _cap_excess(view.tail, config, counter)
+
+
+def served_of(messages: Sequence[AnyMessage], config: PipelineConfig, counter: TokenCounter) -> int:
+    """What ``messages`` cost in a served window (one list; results counted at the cap)."""
+    return message_tokens(counter, messages) - _cap_excess(messages, config, counter)
+
+
+def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter: TokenCounter) -> int:
+    """The tokens of tool results over ``config.result_cap_tokens`` that a window never serves."""
+    cap = config.result_cap_tokens
+    total = 0
+    if cap is None:
+        return total
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            excess = message_tokens(counter, [message]) - cap
+            if excess > 0:
+                total += excess
+    return total
+
+
+def summary_cap(view: View, config: PipelineConfig) -> int | None:
+    """The most tokens the view's summary blocks together may take, or None for no cap.
+
+    Only an agent's run is capped (a tool result in its tail): what it acts on next is its
+    newest steps, verbatim. In a dialogue the newest turns are no more useful than what was
+    said long ago, so summaries there may fill the target.
+    """
+    if config.summary_share >= 1 or not any(isinstance(m, ToolMessage) for m in view.tail):
+        return None
+    return int(config.target_tokens * config.summary_share)
+
+
+def room_for(
+    view: View,
+    config: PipelineConfig,
+    counter: TokenCounter,
+    source_tokens: int,
+    n_blocks: int,
+    replaced_blocks: int = 0,
+) -> int:
+    """The tokens new summaries of ``source_tokens`` may take together.
+
+    Summaries may use the room left under the target, so a pass lands near the target
+    instead of far below it (less detail lost), but in an agent's run all blocks together
+    stay within their cap so the tail keeps the rest. Each new block's header and section
+    headings are paid out of the room (targets add the headings back: they are part of what
+    a summary writes). It may be below a pass's floor (or negative): the pass then cannot
+    reach the target alone.
+    """
+    room = config.target_tokens - (served_tokens(view, config, counter) - source_tokens)
+    cap = summary_cap(view, config)
+    if cap is not None:
+        all_blocks = sum(message_tokens(counter, b.messages) for b in view.blocks)
+        room = min(room, cap - (all_blocks - replaced_blocks))
+    return room - (header_tokens(counter, config) + section_tokens(counter)) * n_blocks
+
+
+def header_tokens(counter: TokenCounter, config: PipelineConfig) -> int:
+    """Tokens a block message costs beyond its summary's lines (its sections' headings included)."""
+    probe = block_message(
+        skeleton(BLOCK_SECTIONS),
+        block_id="L1-000000000000-000000000000",
+        first_id="000000000000",
+        last_id="000000000000",
+        level=1,
+        scope="completed_react",
+        marker=config.compression_marker,
+    )
+    return message_tokens(counter, [probe])
+
+
+def item_tokens(counter: TokenCounter, items: Sequence[Item], config: PipelineConfig) -> int:
+    """What the items' messages cost in a served window, counted as one list: a request's
+    reply priming is paid once, not once per item (per-item sums overstated a merge's source,
+    and so its room, by a few tokens per message), and results count at the cap."""
+    messages: list[AnyMessage] = []
+    for item in items:
+        messages.extend(item.messages if isinstance(item, SummaryBlock) else [item])
+    return served_of(messages, config, counter)
+
+
+def section_tokens(counter: TokenCounter) -> int:
+    """What a summary's section headings cost (with "(none)" under each)."""
+    return counter.count_text(skeleton(BLOCK_SECTIONS))
