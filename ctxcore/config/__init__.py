@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from ctxcore.config.base import hash_token
 from ctxcore.config.compaction import EngineSettings, ModelSettings, RecallSettings
-from ctxcore.config.service import HttpSettings, ProxySettings, ServiceSettings, TenantSettings
+from ctxcore.config.service import (
+    HttpSettings,
+    LoggingSettings,
+    ProxySettings,
+    ServiceSettings,
+    TenantSettings,
+)
 from ctxcore.config.settings import Settings, environment_variables
 from ctxcore.config.stores import DatabaseSettings, RedisSettings
 from ctxcore.config.worker import WorkerSettings
@@ -28,6 +34,7 @@ __all__ = [
     "DatabaseSettings",
     "EngineSettings",
     "HttpSettings",
+    "LoggingSettings",
     "ModelSettings",
     "ProxySettings",
     "RecallSettings",

@@ -15,7 +15,13 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from ctxcore.config.compaction import EngineSettings, ModelSettings, RecallSettings
-from ctxcore.config.service import HttpSettings, ProxySettings, ServiceSettings, TenantSettings
+from ctxcore.config.service import (
+    HttpSettings,
+    LoggingSettings,
+    ProxySettings,
+    ServiceSettings,
+    TenantSettings,
+)
 from ctxcore.config.sources import ALIASES, ENV_PREFIX, EnvironSource, SetBy, TomlFileSource, section_of
 from ctxcore.config.stores import DatabaseSettings, RedisSettings
 from ctxcore.config.worker import WorkerSettings
@@ -53,6 +59,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     recall: RecallSettings = Field(default_factory=RecallSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod
     def settings_customise_sources(
