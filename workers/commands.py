@@ -111,8 +111,10 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     # argparse's ``choices`` keeps ``--node`` to a ``NodeKind`` (absent: the default, "all").
     node = cast("NodeKind", getattr(args, "node", "all"))
     if node == "all" and uses_amqp(settings):
+        from workers.logs import apply_log_format
         from workers.nodes import run_nodes
 
+        apply_log_format(settings, [logging.getLogger()])  # the supervisor's own lines
         return run_nodes(args)
     configure(settings)
     queues = ",".join(node_queues(settings, node))
