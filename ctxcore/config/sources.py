@@ -145,7 +145,10 @@ def _id_keyed_section(field: FieldInfo) -> type[BaseModel] | None:
 
 
 def section_of(annotation: Any) -> type[BaseModel] | None:
-    """The settings section an annotation holds (``X`` or ``X | None``), else None."""
+    """The settings section an annotation holds (``X`` or ``X | None``), else None (a
+    ``dict[str, X]`` is a map of sections, not one)."""
+    if get_origin(annotation) is dict:
+        return None
     for candidate in (annotation, *get_args(annotation)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
             return candidate

@@ -167,3 +167,15 @@ def test_the_environ_given_is_read_not_the_process_environment(monkeypatch: pyte
     assert Settings.from_env({}).service.default_budget == 128_000
     assert Settings.from_env().service.default_budget == 5500
     assert Settings().service.default_budget == 128_000
+
+
+def test_a_tenants_map_set_by_a_variable_replaces_the_files_too(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctxcore.toml"
+    cfg.write_text(
+        "[tenants.Acme]\ndefault_budget = 9000\n[tenants.Acme.proxy.context_window_tokens]\nold = 1000\n"
+    )
+    s = Settings.from_env(
+        {"CTXCORE_TENANTS__Acme__PROXY__CONTEXT_WINDOW_TOKENS": '{"new": 2000}'}, config_file=str(cfg)
+    )
+    proxy = s.proxy_for_tenant("Acme")
+    assert proxy.context_window_tokens == {"new": 2000} and s.tenant("Acme").default_budget == 9000
