@@ -1,14 +1,11 @@
-"""The HTTP API's error responses: ``ApiError``, the documented error codes and
-``ERROR_STATUSES``, the one table that answers each ``CtxcoreError`` subclass with one status
-and a ``{"error": <code>, "detail": ...}`` body (the proxy answers in OpenAI's shape,
-``workers/proxy_errors.py``, falling back on this table's statuses)."""
+"""The HTTP API's error responses: the documented error codes, ``not_found`` and the
+handlers that answer every error with a ``{"error": <code>, "detail": ...}`` body, each
+``CtxcoreError`` from the one table ``ERROR_STATUSES`` (``workers.http_statuses``; the
+proxy's own errors keep their OpenAI body, ``workers.proxy_errors``)."""
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -20,30 +17,9 @@ from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ctxcore.client.models import ErrorBody
-from ctxcore.errors import ApiError as ClientApiError
-from ctxcore.errors import (
-    AuthenticationError,
-    BudgetExceeded,
-    ConfigError,
-    ConflictError,
-    CtxcoreError,
-    CursorNotFoundError,
-    InvalidKeyError,
-    InvalidMessageError,
-    InvalidWindowError,
-    ModelError,
-    NotFoundError,
-    QuotaExceeded,
-    RateLimited,
-    RecallDisabled,
-    StoreError,
-    StoreUnavailable,
-    TruncateRefused,
-    UnsupportedItemError,
-)
-from ctxcore.summarize.errors import ModelCallError
-from workers.circuit import CircuitOpenError
-from workers.failures import StageFailedError
+from ctxcore.errors import CtxcoreError, InvalidMessageError
+from workers.http_statuses import ERROR_STATUSES, STORE_DOWN, ApiError, ErrorStatus, error_status
+from workers.proxy_errors import ProxyError
 
 __all__ = [
     "ERROR_STATUSES",
@@ -76,33 +52,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
 
 
-class ApiError(Exception):
-    """An error response: status, code, detail, extra body fields and headers."""
-
-    def __init__(
-        self,
-        status: int,
-        error: str,
-        detail: str,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.error = error
-        self.detail = detail
-        self.headers = headers
-        self.extra = extra
-
-    def response(self) -> JSONResponse:
-        """The JSON response for this error."""
-        return JSONResponse(
-            {"error": self.error, "detail": self.detail, **self.extra},
-            status_code=self.status,
-            headers=self.headers,
-        )
-
-
 def not_found(what: str = "conversation") -> ApiError:
     # The same body for unknown, invalid and foreign ids: nothing is revealed.
     return ApiError(404, "not_found", f"{what} not found")
@@ -110,123 +59,6 @@ def not_found(what: str = "conversation") -> ApiError:
 
 def invalid_message_error(exc: InvalidMessageError, location: str) -> ApiError:
     return ApiError(422, "invalid_message", exc.detail, index=exc.index, field=exc.field, location=location)
-
-
-def _no_fields(_: Any) -> dict[str, Any]:
-    return {}
-
-
-@dataclass(frozen=True)
-class ErrorStatus:
-    """How one error class is answered: status, body code, the body's detail and extra
-    fields, headers, and whether the server logs it (failures of the server's side)."""
-
-    status: int
-    code: str
-    detail: Callable[[Any], str] = str
-    fields: Callable[[Any], dict[str, Any]] = _no_fields
-    headers: Callable[[Any], dict[str, str] | None] = field(default=lambda _: None)
-    logged: bool = False
-
-
-def _masked(text: str) -> Callable[[Any], str]:
-    # Driver messages and internal addresses stay in the server's log, out of the response.
-    return lambda _: text
-
-
-def _retry_after(seconds: float | None) -> dict[str, str]:
-    return {"Retry-After": str(max(math.ceil(seconds or 1), 1))}
-
-
-_STORE_DOWN = ErrorStatus(
-    503,
-    "store_unavailable",
-    _masked("a store is unavailable; retry later"),
-    headers=lambda _: _retry_after(1),
-    logged=True,
-)
-_MODEL_FAILED = ErrorStatus(
-    502,
-    "model_error",
-    lambda x: f"the summarisation model failed ({x.kind}); see the server log",
-    logged=True,
-)
-_INVALID_MESSAGE = ErrorStatus(
-    422,
-    "invalid_message",
-    lambda x: x.detail,
-    lambda x: {"index": x.index, "field": x.field, "location": "messages"},
-)
-_UPSTREAM = ErrorStatus(502, "upstream_error", _masked("a call to another ctxcore API failed"), logged=True)
-
-# Every CtxcoreError subclass, by what the caller can do about it (a test fails on one
-# missing). The HTTP client maps the statuses back to the same classes (client/errors.py).
-ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
-    # The request is wrong: fix it.
-    CtxcoreError: ErrorStatus(400, "ctxcore_error"),
-    InvalidMessageError: _INVALID_MESSAGE,
-    UnsupportedItemError: _INVALID_MESSAGE,
-    BudgetExceeded: ErrorStatus(
-        422,
-        "budget_exceeded",
-        fields=lambda x: {
-            "budget": x.budget,
-            "system_tokens": x.system_tokens,
-            "tools_tokens": x.tools_tokens,
-            "anchor_tokens": x.anchor_tokens,
-        },
-    ),
-    ConfigError: ErrorStatus(422, "invalid_config"),
-    # An invalid id answers like an unknown or foreign one: nothing is revealed.
-    InvalidKeyError: ErrorStatus(404, "not_found", _masked("conversation not found")),
-    NotFoundError: ErrorStatus(404, "not_found"),
-    AuthenticationError: ErrorStatus(
-        401, "unauthorized", headers=lambda _: {"WWW-Authenticate": 'Bearer realm="ctxcore"'}
-    ),
-    QuotaExceeded: ErrorStatus(403, "conversation_limit"),
-    RateLimited: ErrorStatus(429, "rate_limited", headers=lambda x: _retry_after(x.retry_after)),
-    # The conversation's state says no: re-read, retry against it or roll back.
-    ConflictError: ErrorStatus(409, "conflict"),
-    TruncateRefused: ErrorStatus(
-        409,
-        "truncate_refused",
-        fields=lambda x: {"reason": x.reason, "last_id": x.last_id},
-        headers=lambda x: {"ETag": f'"{x.last_id}"'} if x.last_id else None,
-    ),
-    RecallDisabled: ErrorStatus(409, "recall_disabled", fields=lambda x: {"setting": x.setting}),
-    InvalidWindowError: ErrorStatus(
-        409,
-        "invalid_window",
-        fields=lambda x: {
-            "state_version": x.state_version,
-            "violations": [{"index": v.index, "rule": v.rule, "detail": v.detail} for v in x.violations],
-        },
-        logged=True,
-    ),
-    # The saved state names log ids the log lacks: roll the conversation back.
-    CursorNotFoundError: ErrorStatus(409, "invalid_state", logged=True),
-    # The server's side failed: retry later (503) or report it (502).
-    StoreUnavailable: _STORE_DOWN,
-    StoreError: ErrorStatus(502, "store_error", _masked("a store failed; see the server log"), logged=True),
-    ModelError: _MODEL_FAILED,
-    ModelCallError: _MODEL_FAILED,
-    StageFailedError: _MODEL_FAILED,
-    CircuitOpenError: ErrorStatus(
-        503,
-        "circuit_open",
-        _masked("the summarisation endpoint's circuit is open; retry later"),
-        headers=lambda x: _retry_after(x.retry_after),
-    ),
-    ClientApiError: _UPSTREAM,
-}
-
-
-def error_status(exc: CtxcoreError) -> ErrorStatus:
-    """The table's entry for ``exc``: its class's, else its nearest listed base's."""
-    for kind in type(exc).__mro__:
-        if kind in ERROR_STATUSES:
-            return ERROR_STATUSES[kind]
-    return ERROR_STATUSES[CtxcoreError]
 
 
 def _ctxcore_response(request: Request, exc: CtxcoreError) -> JSONResponse:
@@ -241,9 +73,6 @@ def _ctxcore_response(request: Request, exc: CtxcoreError) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    # Imported here: the proxy's errors module imports this one.
-    from workers.proxy_errors import ProxyError
-
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         if not isinstance(exc, ApiError | ProxyError):
             raise TypeError(f"api_error got {exc!r}")
@@ -257,9 +86,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("store unavailable during %s %s: %s", request.method, request.url.path, exc)
         return JSONResponse(
-            {"error": _STORE_DOWN.code, "detail": _STORE_DOWN.detail(exc)},
-            status_code=_STORE_DOWN.status,
-            headers=_STORE_DOWN.headers(exc),
+            {"error": STORE_DOWN.code, "detail": STORE_DOWN.detail(exc)},
+            status_code=STORE_DOWN.status,
+            headers=STORE_DOWN.headers(exc),
         )
 
     async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
