@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -73,6 +73,10 @@ def _no_fields(_: Any) -> dict[str, Any]:
     return {}
 
 
+def _no_headers(_: Any) -> dict[str, str] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class ErrorStatus:
     """How one error class is answered: status, body code, the body's detail and extra
@@ -82,7 +86,7 @@ class ErrorStatus:
     code: str
     detail: Callable[[Any], str] = str
     fields: Callable[[Any], dict[str, Any]] = _no_fields
-    headers: Callable[[Any], dict[str, str] | None] = field(default=lambda _: None)
+    headers: Callable[[Any], dict[str, str] | None] = _no_headers
     logged: bool = False
 
 
