@@ -25,8 +25,7 @@ class ErrorKind(StrEnum):
     SERVER_UNSTABLE = "server_unstable"
     API_REQUEST_ERROR = "api_request_error"
     UNKNOWN = "unknown"
-    # A compaction stage.
-    NO_MODEL = "no_model"
+    # A compaction stage (a stage without a model client is the caller's ConfigError).
     INVALID_SUMMARY = "invalid_summary"
     SUMMARIZER_EMPTY = "summarizer_empty"
     CIRCUIT_OPEN = "circuit_open"

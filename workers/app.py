@@ -23,15 +23,17 @@ bootstep timer.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init
+from celery.signals import after_setup_logger, after_setup_task_logger, celeryd_init, worker_process_init
 
 from ctxcore.config import Settings
 from workers.broker import QueueNames, amqp_queues, broker_url, queue_names, result_backend_url, uses_amqp
+from workers.logs import JsonFormatter, TaskJsonFormatter, apply_log_format
 
 if TYPE_CHECKING:
     from workers.runtime import Runtime
@@ -167,3 +169,17 @@ def _settings_from_env(**_: Any) -> None:
 def _fresh_connections(**_: Any) -> None:
     # A forked child must not share the parent's Redis sockets.
     _state.runtime = None
+
+
+@after_setup_logger.connect
+def _json_logs(logger: logging.Logger, **_: Any) -> None:
+    # Celery installed its handlers on the root logger: ``logging.format`` picks their format
+    # (the settings are applied by now: ``ctxcore worker``, else ``celeryd_init``).
+    if _state.settings is not None:
+        apply_log_format(_state.settings, [logger], JsonFormatter)
+
+
+@after_setup_task_logger.connect
+def _json_task_logs(logger: logging.Logger, **_: Any) -> None:
+    if _state.settings is not None:
+        apply_log_format(_state.settings, [logger], TaskJsonFormatter)

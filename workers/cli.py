@@ -172,8 +172,8 @@ def port(text: str) -> int:
 def environment_epilog() -> str:
     """The ``CTXCORE_*`` variables with their defaults, from the ``Settings`` model."""
     lines = [
-        "environment variables (override the --config file; values are parsed as JSON when they",
-        "parse; in TOML the same keys are [section] key = value):",
+        "environment variables (override the --config file; lists, maps and whole sections are",
+        "JSON, null is none; in TOML the same keys are [section] key = value):",
     ]
     names = environment_variables()
     width = max(len(name) for name, _ in names)

@@ -111,8 +111,10 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     # argparse's ``choices`` keeps ``--node`` to a ``NodeKind`` (absent: the default, "all").
     node = cast("NodeKind", getattr(args, "node", "all"))
     if node == "all" and uses_amqp(settings):
+        from workers.logs import apply_log_format
         from workers.nodes import run_nodes
 
+        apply_log_format(settings, [logging.getLogger()])  # the supervisor's own lines
         return run_nodes(args)
     configure(settings)
     queues = ",".join(node_queues(settings, node))
@@ -142,6 +144,7 @@ def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
     from workers.http import serve
+    from workers.logs import apply_log_format
     from workers.runtime import check_startup
 
     settings = settings_for(args)
@@ -151,6 +154,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
     if not settings.http.tokens:
         logging.basicConfig(format="%(levelname)s: %(message)s")
+        apply_log_format(settings, [logging.getLogger()])
         log.warning(
             "http.tokens is empty: every call will be answered 401. "
             "Create a token with `ctxcore token create TENANT`."

@@ -80,9 +80,10 @@ from workers.http_ops import operations_router, window_metrics
 from workers.http_recall import recall_router
 from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
+from workers.logs import apply_log_format, uvicorn_log_config
 from workers.proxy import proxy_router
 from workers.proxy_index import HashIndex
-from workers.runtime import Runtime
+from workers.runtime import Runtime, check_startup
 from workers.service import CompactionQueue
 
 __all__ = ["app_from_env", "create_app", "serve"]
@@ -385,9 +386,8 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
 
 def app_from_env() -> FastAPI:
     """The app configured from ``CTXCORE_*`` (for ``uvicorn workers.http:app_from_env --factory``)."""
-    from workers.runtime import check_startup
-
     settings = Settings.from_env()
+    apply_log_format(settings)  # uvicorn configured its logging before calling the factory
     check_startup(settings)
     return create_app(Runtime(settings))
 
@@ -396,6 +396,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
     """Run the API with uvicorn on ``http.host:http.port`` (the CLI's ``ctxcore serve``)."""
     import uvicorn
 
+    app, log_config = create_app(Runtime(settings)), uvicorn_log_config(settings)
     uvicorn.run(
-        create_app(Runtime(settings)), host=settings.http.host, port=settings.http.port, log_level=log_level
+        app, host=settings.http.host, port=settings.http.port, log_level=log_level, log_config=log_config
     )

@@ -1,9 +1,10 @@
 """OpenAI-style error bodies for everything the proxy answers itself:
 ``{"error": {"message", "type", "param", "code"}}``.
 
-The proxy route never lets an exception reach the app's ctxcore-shaped handlers:
-``openai_error`` turns each expected one into the response an OpenAI client understands
-(``BudgetExceeded`` is a 400 ``context_length_exceeded`` here, a 422 on the ctxcore API).
+The proxy route never lets a ctxcore error reach the app's ctxcore-shaped handlers:
+``openai_error`` turns each into the response an OpenAI client understands
+(``BudgetExceeded`` is a 400 ``context_length_exceeded`` here, a 422 on the ctxcore API; the
+errors it has no rule for get the ctxcore API's status and code, ``ERROR_STATUSES``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ctxcore.errors import (
     InvalidWindowError,
     StoreUnavailable,
 )
-from workers.http_errors import ApiError
+from workers.http_statuses import ApiError, error_status
 
 __all__ = ["OpenAIErrorResponse", "ProxyError", "openai_error", "proxy_responses"]
 
@@ -136,4 +137,10 @@ def openai_error(exc: Exception, offset: int = 0) -> JSONResponse | None:
         return ProxyError(
             503, "a store is unavailable; retry later", "store_unavailable", headers={"Retry-After": "1"}
         ).response()
+    if isinstance(exc, CtxcoreError):
+        # Any other error of the core: the ctxcore API's status and code, in OpenAI's body.
+        entry = error_status(exc)
+        if entry.logged:
+            log.warning("proxy: %s %s: %s", entry.status, entry.code, exc)
+        return ProxyError(entry.status, entry.detail(exc), entry.code, headers=entry.headers(exc)).response()
     return None

@@ -11,8 +11,10 @@ from ctxcore.errors import (
     ApiError,
     AuthenticationError,
     BudgetExceeded,
+    ConfigError,
     ConflictError,
     CtxcoreError,
+    CursorNotFoundError,
     InvalidMessageError,
     InvalidWindowError,
     NotFoundError,
@@ -69,6 +71,8 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
                 for v in body.get("violations") or []
             ]
             return InvalidWindowError(violations, int(body.get("state_version") or 0))
+        if code == "invalid_state":
+            return CursorNotFoundError(detail)
         return ConflictError(detail, last_id=last_id)
     if status == 413:
         return InvalidMessageError(-1, "body", detail)
@@ -80,6 +84,8 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
                 int(body.get("tools_tokens") or 0),
                 int(body.get("anchor_tokens") or 0),
             )
+        if code == "invalid_config":
+            return ConfigError(detail)
         index = body.get("index")
         field = body.get("field") or ("request" if code == "invalid_request" else "message")
         return InvalidMessageError(index if isinstance(index, int) else -1, str(field), detail)

@@ -1,9 +1,9 @@
-"""The service sections: ``service`` (windows and triggers), ``http``, ``proxy`` and the
-per-tenant overrides."""
+"""The service sections: ``service`` (windows and triggers), ``http``, ``proxy``, ``logging``
+and the per-tenant overrides."""
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -11,7 +11,7 @@ from ctxcore.config.base import _STRICT
 from ctxcore.config.compaction import ModelSettings, RecallSettings
 from ctxcore.state.keys import validate_id
 
-__all__ = ["HttpSettings", "ProxySettings", "ServiceSettings", "TenantSettings"]
+__all__ = ["HttpSettings", "LoggingSettings", "ProxySettings", "ServiceSettings", "TenantSettings"]
 
 
 class ServiceSettings(BaseModel):
@@ -72,6 +72,14 @@ class ProxySettings(BaseModel):
     upstream_timeout: float = Field(default=600.0, gt=0)
     context_window_tokens: dict[str, int] = Field(default_factory=dict)
     default_reserve_tokens: int = Field(default=4096, ge=0)
+
+
+class LoggingSettings(BaseModel):
+    """How the service and the workers write their logs: ``text`` keeps each tool's own
+    format (uvicorn's, Celery's), ``json`` writes one JSON object a line (for a collector)."""
+
+    model_config = _STRICT
+    format: Literal["text", "json"] = "text"
 
 
 class TenantSettings(BaseModel):

@@ -1,20 +1,28 @@
-"""``Settings``, the whole tree, its loaders (``load``, ``from_file``, ``from_env``) and the
-list of the variables ``from_env`` reads."""
+"""``Settings``, the whole tree on pydantic-settings, its loaders (``load``, ``from_file``,
+``from_env``) and the list of the variables ``from_env`` reads."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
-from ctxcore.config.base import _STRICT
 from ctxcore.config.compaction import EngineSettings, ModelSettings, RecallSettings
-from ctxcore.config.loading import _ALIASES, ENV_PREFIX, _read_toml, _set
-from ctxcore.config.service import HttpSettings, ProxySettings, ServiceSettings, TenantSettings
+from ctxcore.config.service import (
+    HttpSettings,
+    LoggingSettings,
+    ProxySettings,
+    ServiceSettings,
+    TenantSettings,
+)
+from ctxcore.config.sources import ALIASES, ENV_PREFIX, EnvironSource, SetBy, TomlFileSource, section_of
 from ctxcore.config.stores import DatabaseSettings, RedisSettings
 from ctxcore.config.worker import WorkerSettings
 from ctxcore.errors import ConfigError
@@ -22,11 +30,25 @@ from ctxcore.state.keys import validate_id
 
 __all__ = ["Settings", "environment_variables"]
 
+# What ``from_env``/``from_file`` asked the sources to read; unset, a constructed
+# ``Settings`` reads its arguments alone (never the environment, never a file).
+_ORIGIN: ContextVar[tuple[Mapping[str, str], Path | None] | None] = ContextVar(
+    "ctxcore_settings_origin", default=None
+)
 
-class Settings(BaseModel):
+
+class Settings(BaseSettings):
     """The whole configuration tree."""
 
-    model_config = _STRICT
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        env_parse_none_str="null",
+        # As every other section: defaults are trusted, not validated at each construction.
+        validate_default=False,
+    )
     redis: RedisSettings = Field(default_factory=RedisSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
@@ -37,6 +59,25 @@ class Settings(BaseModel):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     recall: RecallSettings = Field(default_factory=RecallSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        origin = _ORIGIN.get()
+        if origin is None:
+            return (init_settings,)
+        environ, path = origin
+        sources: list[PydanticBaseSettingsSource] = [init_settings, EnvironSource(settings_cls, environ)]
+        if path is not None:
+            sources.append(TomlFileSource(settings_cls, path))  # lowest: variables override it
+        return tuple(sources)
 
     @field_validator("tenants")
     @classmethod
@@ -68,36 +109,49 @@ class Settings(BaseModel):
     @classmethod
     def load(cls, data: Mapping[str, Any]) -> Settings:
         """Validate a mapping; errors become ``ConfigError`` naming every bad field."""
-        try:
+        with _config_errors():
             return cls.model_validate(dict(data))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"invalid settings: {problems}") from exc
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Settings:
         """Settings from a TOML file alone."""
-        return cls.load(_read_toml(Path(path)))
+        return cls._from_sources({}, Path(path))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
-        """Settings from the TOML file (if any) overlaid with ``CTXCORE_*`` variables."""
+        """Settings from the TOML file (``config_file``, else ``CTXCORE_CONFIG_FILE``, else
+        none) overlaid with the ``CTXCORE_*`` variables of ``environ`` (default ``os.environ``)."""
         env = os.environ if environ is None else environ
         path = config_file or env.get("CTXCORE_CONFIG_FILE")
-        data: dict[str, Any] = _read_toml(Path(path)) if path else {}
-        for name, value in sorted(env.items()):
-            if name in _ALIASES:
-                _set(data, _ALIASES[name], value)
-            elif name.startswith(ENV_PREFIX) and "__" in name:
-                parts = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split("__"))
-                if parts[0] == "tenants" and len(parts) >= 2:
-                    # Tenant ids keep their case.
-                    raw = name[len(ENV_PREFIX) :].split("__")
-                    parts = ("tenants", raw[1], *(p.lower() for p in raw[2:]))
-                _set(data, parts, value)
-        return cls.load(data)
+        return cls._from_sources(env, Path(path) if path else None)
+
+    @classmethod
+    def _from_sources(cls, environ: Mapping[str, str], path: Path | None) -> Settings:
+        token = _ORIGIN.set((environ, path))
+        try:
+            with _config_errors():
+                return cls()
+        finally:
+            _ORIGIN.reset(token)
+
+
+@contextmanager
+def _config_errors() -> Iterator[None]:
+    """Validation and source errors as one ``ConfigError`` naming every bad field."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise ConfigError(f"invalid settings: {'; '.join(_problem(err) for err in exc.errors())}") from exc
+    except SettingsError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from exc
+
+
+def _problem(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        origin = f" (from {err['input']})" if isinstance(err.get("input"), SetBy) else ""
+        return f"{where}: unknown setting{origin}; `ctxcore --help` lists them all"
+    return f"{where}: {err['msg']}"
 
 
 def environment_variables() -> list[tuple[str, str]]:
@@ -108,7 +162,7 @@ def environment_variables() -> list[tuple[str, str]]:
     ``--help`` cannot drift from it."""
     out: list[tuple[str, str]] = []
     _leaves(Settings, ENV_PREFIX.rstrip("_"), out)
-    for alias, path in _ALIASES.items():
+    for alias, path in ALIASES.items():
         out.append((alias, f"alias of {ENV_PREFIX}{'__'.join(path).upper()}"))
     out.append(("CTXCORE_CONFIG_FILE", "TOML settings file read before the variables (default: none)"))
     return out
@@ -118,18 +172,10 @@ def _leaves(model: type[BaseModel], name: str, out: list[tuple[str, str]]) -> No
     for field_name, info in model.model_fields.items():
         path = f"{name}{'_' if name == ENV_PREFIX.rstrip('_') else '__'}{field_name.upper()}"
         args: tuple[Any, ...] = getattr(info.annotation, "__args__", ())
-        if getattr(info.annotation, "__origin__", None) is dict and len(args) == 2 and _model_of(args[1]):
-            _leaves(_model_of(args[1]) or model, f"{path}__<ID>", out)
-        elif section := _model_of(info.annotation):
+        if getattr(info.annotation, "__origin__", None) is dict and len(args) == 2 and section_of(args[1]):
+            _leaves(section_of(args[1]) or model, f"{path}__<ID>", out)
+        elif section := section_of(info.annotation):
             _leaves(section, path, out)
         else:
             default = info.get_default(call_default_factory=True)
             out.append((path, default if isinstance(default, str) else json.dumps(default)))
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The settings section an annotation holds (``X`` or ``X | None``), else None."""
-    for candidate in (annotation, *getattr(annotation, "__args__", ())):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ctxcore.errors import ModelError
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.models import PipelineConfig, StageResult
+from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, StageResult
 from ctxcore.pipeline.planning import plan_next_stage
 from ctxcore.pipeline.running import run_stage
 from ctxcore.pipeline.view import View
@@ -41,10 +41,11 @@ def compress_until_target(
     A stage whose model call fails, that does not make the view smaller or whose result
     breaks the chat protocol (a custom summariser's orphan tool result, say: skipped, with
     an ``InvalidWindowError`` in ``errors``) is marked exhausted and the next kind is tried,
-    ending with the deterministic hard truncate.
+    ending with the deterministic hard truncate. Without ``model_client`` only the stages
+    that need none run: ``l0_to_l1`` through ``summarizer`` (if given) and the hard truncate.
     """
     run = PipelineRun(view=view)
-    exhausted: set[str] = set()
+    exhausted: set[str] = set() if model_client is not None else _model_stages(summarizer)
     for _ in range(max_stages):
         stage = plan_next_stage(run.view, config, counter, exhausted=exhausted)
         if stage is None:
@@ -67,3 +68,9 @@ def compress_until_target(
             continue
         run.view = adopted
     return run
+
+
+def _model_stages(summarizer: Summarizer | None) -> set[str]:
+    """The stage kinds that call the model client (``run_stage`` refuses them without one)."""
+    free = {"hard_truncate", "l0_to_l1"} if summarizer is not None else {"hard_truncate"}
+    return {kind for kind in STAGE_ORDER if kind not in free}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ctxcore.errors import ModelError
+from ctxcore.errors import ConfigError, ModelError
 from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline.model_call import _llm_blocks
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageResult
@@ -67,7 +67,11 @@ def run_stage(
             summaries[target.target_id] = _as_block_messages(produced, target, cfg, model_name)
     else:
         if model_client is None:
-            raise ModelError("no_model", f"stage {stage.kind} needs a model client")
+            # The caller's mistake, not a failed call: no retry or backoff can mend it.
+            raise ConfigError(
+                f"stage {stage.kind} needs a model client: pass one (ExtractiveModel(counter) runs "
+                "offline), or plan only l0_to_l1 (with a summarizer) and hard_truncate"
+            )
         aggressive = stage.kind.startswith("aggressive")
         texts, raw_text, usage_in, usage_out = _llm_blocks(
             stage, targets, view, cfg, model_client, counter, aggressive

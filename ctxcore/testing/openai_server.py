@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ctxcore.errors import ConfigError, CtxcoreError
 from ctxcore.testing.openai_replies import (
     FAULT_KINDS,
     Reply,
@@ -207,7 +208,7 @@ class OpenAIServer:
     def port(self) -> int:
         """The bound port."""
         if self._server is None:
-            raise RuntimeError("the server is not running; call start() or use it in a with block")
+            raise CtxcoreError("the server is not running; call start() or use it in a with block")
         return int(self._server.server_address[1])
 
     @property
@@ -257,7 +258,7 @@ class OpenAIServer:
         ``stream_cut`` (streamed) sends two events, then closes without ending the stream.
         """
         if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault {kind!r}; expected one of {sorted(FAULT_KINDS)}")
+            raise ConfigError(f"unknown fault {kind!r}; expected one of {sorted(FAULT_KINDS)}")
         self._push(fault_reply(kind, delay, retry_after, message, block_ids, self.timeout_delay))
 
     def _push(self, reply: Reply) -> None:

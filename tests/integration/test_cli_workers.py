@@ -95,6 +95,32 @@ def test_on_rabbitmq_a_plain_worker_runs_both_nodes(
     assert code == 0 and started == ["all"] and "worker" not in recorded
 
 
+@pytest.mark.usefixtures("no_startup_check")
+def test_the_node_supervisor_writes_json_lines_with_logging_format_json(
+    recorded: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    import workers.nodes
+    from workers.logs import JsonFormatter
+
+    monkeypatch.setattr(workers.nodes, "run_nodes", lambda args: 0)
+    root = logging.getLogger()
+    before = list(root.handlers)
+    formatters = {h: h.formatter for h in before}
+    try:
+        code, _ = run_cli("worker", env={**AMQP_ENV, "CTXCORE_LOGGING__FORMAT": "json"})
+        assert (
+            code == 0 and root.handlers and all(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+        )
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in before:
+                root.removeHandler(handler)
+        for handler, formatter in formatters.items():
+            handler.setFormatter(formatter)
+
+
 def test_flower_watches_the_configured_broker_and_passes_its_own_options(recorded: dict[str, Any]) -> None:
     code, _ = run_cli("flower", "--", "--port=5566", "--address=127.0.0.1", env=ENV)
     assert code == 0

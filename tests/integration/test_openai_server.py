@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ctxcore.errors import ConfigError, CtxcoreError
 from ctxcore.messages import SystemMessage, UserMessage
 from ctxcore.summarize import CompressionExecutor, ModelCallError, OpenAIChatModel, Usage
 from ctxcore.testing import FAULT_KINDS, OpenAIServer
@@ -157,8 +158,10 @@ def test_delay_applies_to_every_reply() -> None:
 
 
 def test_unknown_fault_and_unknown_route(fresh: OpenAIServer) -> None:
-    with pytest.raises(ValueError, match="unknown fault"):
+    with pytest.raises(ConfigError, match="unknown fault 'gremlins'; expected one of"):
         fresh.push_fault("gremlins")
+    with pytest.raises(CtxcoreError, match=r"not running; call start\(\)"):
+        _ = OpenAIServer().port
     with urllib.request.urlopen(f"{fresh.base_url}/models", timeout=2) as resp:
         assert json.load(resp)["data"][0]["id"] == fresh.model
     request = urllib.request.Request(f"{fresh.base_url}/embeddings", data=b"{}", method="POST")
