@@ -15,7 +15,8 @@ budget (one job per conversation runs at a time):
   ``worker.failure_backoff_seconds`` doubled per consecutive failed job, capped at
   ``worker.failure_backoff_max_seconds``, and reset by a success.
 
-A job that ends without a failed stage clears ``last_error``.
+A job that ends without a failed stage clears ``last_error``. With a retention every write
+gives the hash the conversation's expiry (``ctxcore.state.redis_retention``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from kombu.exceptions import OperationalError
 
 from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.redis_retention import ALIGN_LUA, RedisRetention
+from ctxcore.state.retention import Retention
 from ctxcore.status import CompactionDetail, LastError
 from workers.scheduler import Status, parse_status
 
@@ -147,15 +150,23 @@ class FailureStore:
         *,
         backoff_seconds: float = 30.0,
         backoff_max_seconds: float = 600.0,
+        retention: Retention | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.backoff_seconds = backoff_seconds
         self.backoff_max_seconds = backoff_max_seconds
+        self._retention = RedisRetention(client, prefix, retention)
 
     def key(self, key: ConversationKey) -> str:
         """The conversation's hash."""
         return f"{self.prefix}:{key.hash_tag}:compaction"
+
+    def _aligned(self, pipe: Any, key: ConversationKey) -> None:
+        """Queue the hash's expiry (the conversation's) behind a write, with a retention."""
+        ttl = self._retention.ttl_ms(key)
+        if ttl:
+            pipe.eval(ALIGN_LUA, 2, self.key(key), self._retention.name(key, "log:seq"), ttl)
 
     def _call(self, what: str, key: ConversationKey, fn: Any) -> Any:
         try:
@@ -185,11 +196,14 @@ class FailureStore:
             message = message[:_MAX_MESSAGE_CHARS] + "..."
         error = LastError(kind, message, stage, datetime.now(UTC))
         value = json.dumps(error.as_dict(), ensure_ascii=False)
-        self._call(
-            "recording a failure",
-            key,
-            lambda: self.client.hset(self.key(key), mapping={"last_error": value, "run_failed": "1"}),
-        )
+
+        def write() -> None:
+            pipe = self.client.pipeline()
+            pipe.hset(self.key(key), mapping={"last_error": value, "run_failed": "1"})
+            self._aligned(pipe, key)
+            pipe.execute()
+
+        self._call("recording a failure", key, write)
         return error
 
     def run_failed(self, key: ConversationKey) -> bool:
@@ -215,6 +229,7 @@ class FailureStore:
                 pipe = self.client.pipeline()
                 pipe.hset(name, "retry_at", retry_at)
                 pipe.hdel(name, "run_failed")
+                self._aligned(pipe, key)
                 pipe.execute()
 
             self._call("starting the backoff", key, close_failed)
@@ -225,6 +240,7 @@ class FailureStore:
             pipe = self.client.pipeline()
             pipe.hdel(name, "last_error", "failures", "retry_at", "run_failed")
             pipe.hset(name, "last_success_at", now)
+            self._aligned(pipe, key)
             pipe.execute()
 
         self._call("recording a success", key, close_succeeded)
