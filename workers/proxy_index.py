@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from ctxcore.state import ConversationKey, MessageLog
-from ctxcore.state.redis_retention import ALIGN_LUA, EXPIRY_LUA, RedisRetention
+from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
 from workers.proxy_match import entry_hash
 
@@ -89,13 +89,14 @@ class HashIndex:
         entries = [
             IndexEntry(m.context_message_id or "", entry_hash(m), m.message_id or "") for m in messages
         ]
+        if self._retention.ttl_ms(key):
+            # One script: the list gets the conversation's expiry with its entries.
+            self._retention.replace_list(key, name, [e.encode() for e in entries])
+            return entries
         with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(name)
             if entries:
                 pipe.rpush(name, *(e.encode() for e in entries))
-                ttl = self._retention.ttl_ms(key)
-                if ttl:
-                    pipe.eval(ALIGN_LUA, 2, name, self._retention.name(key, "log:seq"), ttl)
             pipe.execute()
         return entries
 

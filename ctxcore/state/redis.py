@@ -59,7 +59,6 @@ from ctxcore.state.redis_common import RedisBackend as _RedisBackend
 from ctxcore.state.redis_common import field, text, translated
 from ctxcore.state.redis_offload import RedisOffloadStore
 from ctxcore.state.redis_retention import (
-    ALIGN_LUA,
     RETAINED_SUFFIXES,
     RedisRetention,
     tenant_activity_key,
@@ -198,12 +197,8 @@ class RedisStateStore(_RedisBackend):
             if ttl == 0:
                 self._client.set(name, budget_tokens)
                 return
-            # The SET drops any TTL: the budget gets the conversation's expiry in the same
-            # transaction (one slot).
-            pipe = self._client.pipeline(transaction=True)
-            pipe.set(name, budget_tokens)
-            pipe.eval(ALIGN_LUA, 2, name, self._key(key, "log:seq"), ttl)
-            pipe.execute()
+            # A plain SET drops any TTL: the budget gets the conversation's expiry instead.
+            self._retention.set(key, name, budget_tokens)
 
 
 class RedisMessageLog(_RedisBackend, CountedRedisLog):

@@ -17,7 +17,7 @@ and the workers' sweep (``workers.retention``) unlists what expired.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import redis
 from redis.cluster import RedisCluster
@@ -27,11 +27,13 @@ from ctxcore.state.redis_common import translated
 from ctxcore.state.retention import Retention
 
 __all__ = [
-    "ALIGN_LUA",
     "EXPIRY_LUA",
+    "HASH_OPS_LUA",
     "OFFLOAD_SUFFIX",
     "REFRESH_LUA",
+    "REPLACE_LIST_LUA",
     "RETAINED_SUFFIXES",
+    "SET_LUA",
     "UNLIST_LUA",
     "RedisRetention",
     "tenant_activity_key",
@@ -81,16 +83,58 @@ end
 return 1
 """
 
-# KEYS: keys just written, then the log counter. ARGV: the full retention in ms. Gives the
-# keys the conversation's expiry (for writes outside a script of their own).
-ALIGN_LUA = (
+# Writes outside a script of their own, each with the conversation's expiry in the same
+# script (atomic, and one call on a cluster, where a pipeline cannot run EVAL).
+# HASH_OPS: KEYS hash, log counter. ARGV: retention ms, then ops: 'H' field value (HSET),
+# 'D' field (HDEL), 'I' field n (HINCRBY, whose result is returned).
+HASH_OPS_LUA = (
     EXPIRY_LUA
     + """
-local e = expiry_of(KEYS[#KEYS], tonumber(ARGV[1]))
-for i = 1, #KEYS - 1 do
-  redis.call('PEXPIRE', KEYS[i], e)
+local e = expiry_of(KEYS[2], tonumber(ARGV[1]))
+local out = 0
+local i = 2
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 'D' then
+    redis.call('HDEL', KEYS[1], ARGV[i + 1])
+    i = i + 2
+  elseif op == 'I' then
+    out = redis.call('HINCRBY', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  else
+    redis.call('HSET', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  end
 end
-return e
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], e)
+end
+return out
+"""
+)
+
+# KEYS: key, log counter. ARGV: value, retention ms.
+SET_LUA = (
+    EXPIRY_LUA
+    + """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', expiry_of(KEYS[2], tonumber(ARGV[2])))
+return 1
+"""
+)
+
+# KEYS: list, log counter. ARGV: retention ms, then the list's new items (it is replaced).
+REPLACE_LIST_LUA = (
+    EXPIRY_LUA
+    + """
+local e = expiry_of(KEYS[2], tonumber(ARGV[1]))
+redis.call('DEL', KEYS[1])
+for i = 2, #ARGV do
+  redis.call('RPUSH', KEYS[1], ARGV[i])
+end
+if #ARGV > 1 then
+  redis.call('PEXPIRE', KEYS[1], e)
+end
+return 1
 """
 )
 
@@ -138,6 +182,9 @@ class RedisRetention:
         self.prefix = prefix
         self.retention = retention or Retention()
         self._clock = clock
+        self._hash_ops = client.register_script(HASH_OPS_LUA)
+        self._set = client.register_script(SET_LUA)
+        self._replace_list = client.register_script(REPLACE_LIST_LUA)
 
     def ttl_ms(self, key: ConversationKey) -> int:
         """The conversation's full TTL in ms (0: none)."""
@@ -189,6 +236,35 @@ class RedisRetention:
             left = int(self.client.pttl(self.name(key, RETAINED_SUFFIXES[0])))
         if left != -2 and self.refresh_due(key, left):
             self.refresh(key)
+
+    def hash_write(
+        self,
+        key: ConversationKey,
+        name: str,
+        *,
+        put: Mapping[str, str | int] | None = None,
+        remove: Sequence[str] = (),
+        incr: tuple[str, int] | None = None,
+    ) -> int:
+        """Removes, then puts, then an increment on hash ``name`` of the conversation, which
+        gets the conversation's expiry: one script (requires a retention). The increment's
+        result, else 0."""
+        args: list[str | int] = [self.ttl_ms(key)]
+        for f in remove:
+            args += ["D", f]
+        for f, v in (put or {}).items():
+            args += ["H", f, v]
+        if incr is not None:
+            args += ["I", *incr]
+        return int(self._hash_ops(keys=[name, self.name(key, RETAINED_SUFFIXES[0])], args=args))
+
+    def set(self, key: ConversationKey, name: str, value: str | int) -> None:
+        """SET ``name`` with the conversation's expiry (requires a retention)."""
+        self._set(keys=[name, self.name(key, RETAINED_SUFFIXES[0])], args=[value, self.ttl_ms(key)])
+
+    def replace_list(self, key: ConversationKey, name: str, items: Sequence[str]) -> None:
+        """Replace list ``name`` by ``items``, with the conversation's expiry (requires a retention)."""
+        self._replace_list(keys=[name, self.name(key, RETAINED_SUFFIXES[0])], args=[self.ttl_ms(key), *items])
 
     def now(self) -> float:
         """The clock appends and refreshes score activity with."""

@@ -19,7 +19,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import text, translated
-from ctxcore.state.redis_retention import ALIGN_LUA, RedisRetention
+from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
 __all__ = ["CountedRedisLog", "decode_rows"]
@@ -90,7 +90,4 @@ class CountedRedisLog:
                 return
             # A new hash gets the conversation's expiry: counts outliving the log would be
             # read for a later conversation of the same id.
-            pipe = self._client.pipeline(transaction=True)
-            pipe.hset(name, mapping=mapping)
-            pipe.eval(ALIGN_LUA, 2, name, self._key(key, "log:seq"), ttl)
-            pipe.execute()
+            self._retention.hash_write(key, name, put=mapping)

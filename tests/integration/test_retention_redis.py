@@ -24,6 +24,7 @@ from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, R
 from ctxcore.state.redis_retention import RedisRetention, tenant_activity_key, tenant_index_key
 from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
+from ctxcore.tokens import EstimateCounter
 from tests.chaos.helpers import agent_round
 from workers.keyspace import delete_prefixed_keys
 from workers.proxy_index import HashIndex
@@ -35,10 +36,10 @@ pytestmark = pytest.mark.redis
 BUDGET = 2000
 
 
-def _settings(url: str, prefix: str, **service: Any) -> Settings:
+def _settings(url: str, prefix: str, nodes: list[str] | None = None, **service: Any) -> Settings:
     return Settings.load(
         {
-            "redis": {"url": url, "key_prefix": prefix},
+            "redis": {"url": url, "key_prefix": prefix, "cluster_nodes": nodes or []},
             "service": service,
             "recall": {"enabled": True},
             "tenants": {"short": {"retention_days": 1}},
@@ -46,10 +47,13 @@ def _settings(url: str, prefix: str, **service: Any) -> Settings:
     )
 
 
-@pytest.fixture()
-def runtime(redis_url: str) -> Iterator[Runtime]:
+@pytest.fixture(params=["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])
+def runtime(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Runtime]:
+    """A runtime with a 30-day retention on Redis, then on a Redis Cluster (the listing and
+    activity set in another slot than the conversation: separate calls there)."""
+    nodes = request.getfixturevalue("redis_cluster_nodes") if request.param == "redis_cluster" else None
     prefix = f"ret{uuid.uuid4().hex[:10]}"
-    rt = Runtime(_settings(redis_url, prefix, retention_days=30))
+    rt = Runtime(_settings(redis_url, prefix, nodes, retention_days=30))
     yield rt
     delete_prefixed_keys(rt.redis, prefix)
     rt.redis.close()
@@ -87,6 +91,9 @@ def test_every_key_of_a_conversation_expires(runtime: Runtime) -> None:
     service.get_window(key, BUDGET)
     service.get_window(key, BUDGET, model="gpt-4o")  # counts under another encoding
     _assert_all_expire(client, key, "windows over the compacted state")
+    client.delete(f"{rt.settings.redis.key_prefix}:{key.hash_tag}:budget")
+    rt.state_store.set_budget(key, 1234)  # the windows off the one-script read
+    _assert_all_expire(client, key, "a budget set by set_budget")
     assert rt.offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="x")])
     client.delete(f"{rt.settings.redis.key_prefix}:{key.hash_tag}:offload")
     assert isinstance(rt.offloads, RedisOffloadStore)
@@ -227,3 +234,21 @@ def test_windows_refresh_expiry_rarely(stores: tuple[redis.Redis, str, Retention
     # Windows alone keep it alive past the first append's expiry.
     assert service.get_window(key, 1000).messages
     assert log.last_id(key) is not None
+
+
+def test_windows_off_the_script_refresh_too(stores: tuple[redis.Redis, str, Retention]) -> None:
+    # A custom counter reads the stores one by one: set_budget keeps the TTL and the window
+    # refreshes the conversation when due (one PTTL more).
+    client, prefix, _ = stores
+    retention = Retention(seconds=2.0)
+    settings = Settings.load({"redis": {"key_prefix": prefix}})
+    log, state = RedisMessageLog(client, prefix, retention), RedisStateStore(client, prefix, retention)
+    from workers.service import ContextService
+
+    service = ContextService(settings, state, log, None, InlineQueue(), counter=EstimateCounter())
+    key = ConversationKey("t", "e")
+    service.append(key, [UserMessage(content="hello there")])
+    time.sleep(1.2)
+    service.get_window(key, 1000)
+    assert int(client.pttl(f"{prefix}:{key.hash_tag}:log")) > 1500
+    assert 1500 < int(client.pttl(f"{prefix}:{key.hash_tag}:budget")) <= 2000
