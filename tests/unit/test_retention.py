@@ -70,3 +70,41 @@ def test_retention_rejects_non_positive_seconds() -> None:
         Retention(seconds=0)
     with pytest.raises(ConfigError, match="acme"):
         Retention(tenants={"acme": -1.0})
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, object]] = []
+
+    def call_repeatedly(self, interval: float, fn: object, priority: int = 0) -> object:
+        self.calls.append((interval, fn))
+        return _Ref()
+
+
+class _Ref:
+    def cancel(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("days", [None, 30])
+def test_the_reconciler_step_runs_the_sweep_only_with_a_retention(days: int | None) -> None:
+    from workers import app as app_module
+    from workers.reconciler import Reconciler, reconcile_once, sweep_once
+    from workers.retention import SWEEP_EVERY_SECONDS
+
+    previous = app_module._state.settings
+    app_module.configure(Settings.load({"service": {"retention_days": days}}))
+    try:
+        parent = type("Parent", (), {"timer": _Timer()})()
+        step = Reconciler(parent)
+        step.start(parent)
+        expected = [reconcile_once] + ([sweep_once] if days else [])
+        assert [fn for _, fn in parent.timer.calls] == expected
+        if days:
+            assert parent.timer.calls[1][0] == SWEEP_EVERY_SECONDS
+        step.stop(parent)
+    finally:
+        if previous is not None:
+            app_module.configure(previous)
+        else:
+            app_module._state.settings = app_module._state.runtime = None
