@@ -64,13 +64,8 @@ from ctxcore.state.redis_retention import (
     tenant_activity_key,
     tenant_index_key,
 )
-from ctxcore.state.redis_scripts import (
-    APPEND_LUA,
-    READ_TAIL_LUA,
-    SAVE_ARCHIVE_LUA,
-    SAVE_LUA,
-    TRUNCATE_LUA,
-)
+from ctxcore.state.redis_save_scripts import SAVE_ARCHIVE_LUA, SAVE_LUA
+from ctxcore.state.redis_scripts import APPEND_LUA, READ_TAIL_LUA, TRUNCATE_LUA
 from ctxcore.state.redis_tail import CountedRedisLog
 from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
@@ -284,7 +279,8 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
             args += [str(int(counts.counts[i])), "1" if counts.real[i] else ""] if counts else ["", ""]
         keys = list(self._keys(key))
         if ttl:
-            # The script refreshes the whole conversation: its other keys ride along.
+            # The script refreshes the whole conversation: its other keys ride along (the
+            # log's six keys are RETAINED_SUFFIXES' first six, in that order).
             keys += self._retention.refreshed_keys(key, skip=RETAINED_SUFFIXES[: len(keys)])
         with translated(f"append to {key}"):
             if isinstance(self._client, RedisCluster):

