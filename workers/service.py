@@ -257,8 +257,7 @@ class ContextService:
             got = reader.read(key, budget_tokens, base.encoding_name)
             if require_existing and got.state is None and got.last_id is None:
                 raise NotFoundError(f"conversation {key} not found")
-            if got.refresh_due:
-                # At most hourly per conversation (the read returned its remaining TTL).
+            if got.refresh_due:  # at most hourly per conversation: the read returned its TTL
                 reader.refresh(key)
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
             record = parse_record(got.compaction) if self.failures is not None else None
@@ -268,7 +267,8 @@ class ContextService:
                 raise NotFoundError(f"conversation {key} not found")
             state = loaded or CompressionState()
             self.state_store.set_budget(key, budget_tokens)
-            self._touch(key)
+            if isinstance(self.log, RedisMessageLog):  # expiry refreshed when due; SQL stamps it
+                self.log.retention.touch(key)
             pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
             record = self.failures.get(key) if self.failures is not None else None
         tail = read_window_tail(
@@ -284,12 +284,6 @@ class ContextService:
             read=tail_read,
         )
         return state, pinned, tail, record
-
-    def _touch(self, key: ConversationKey) -> None:
-        """A window's activity off the one-script read: a Redis log with a retention refreshes
-        the conversation's expiry when due (SQL stores stamp ``last_active_at`` themselves)."""
-        if isinstance(self.log, RedisMessageLog):
-            self.log.retention.touch(key)
 
     def recall(
         self, key: ConversationKey, query: str, max_tokens: int = DEFAULT_RECALL_TOKENS
