@@ -141,6 +141,12 @@ def main() -> None:
         "--tails", type=int, nargs="*", default=list(TAILS), help="tails (default 50 500 5000)"
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/10")
+    parser.add_argument(
+        "--retention-days",
+        type=int,
+        default=None,
+        help="service.retention_days (default none): appends and windows then keep key TTLs",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA / "tau_bench.jsonl")
     parser.add_argument(
         "--profile", type=int, metavar="N", help="cProfile the miss path of the first tail; print the top N"
@@ -151,14 +157,19 @@ def main() -> None:
     server = ensure_redis(args.redis_url)
     url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/10"
     prefix = f"ctxcore-bench-{uuid.uuid4().hex[:8]}"
-    runtime = Runtime(Settings.load({"redis": {"url": url, "key_prefix": prefix}}))
+    runtime = Runtime(
+        Settings.load(
+            {"redis": {"url": url, "key_prefix": prefix}, "service": {"retention_days": args.retention_days}}
+        )
+    )
     service = build_service(runtime, SchedulerQueue(runtime))
     client = runtime.redis
     tools = tau_tools()
     print(
         f"ContextService.get_window as agents call it: Redis {'embedded ' if server.started else ''}{url}, "
         f"{LOG_MESSAGES:,} log messages, budget {BUDGET:,}, {len(tools)} tool definitions, scheduler-backed "
-        f"status; {args.rounds} rounds x {args.steps} steps per tail; python {platform.python_version()}, "
+        f"status; retention {args.retention_days or 'none'} days; "
+        f"{args.rounds} rounds x {args.steps} steps per tail; python {platform.python_version()}, "
         f"{os.cpu_count()} cores\n"
     )
     measured: list[Tail] = []

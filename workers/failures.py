@@ -15,7 +15,8 @@ budget (one job per conversation runs at a time):
   ``worker.failure_backoff_seconds`` doubled per consecutive failed job, capped at
   ``worker.failure_backoff_max_seconds``, and reset by a success.
 
-A job that ends without a failed stage clears ``last_error``.
+A job that ends without a failed stage clears ``last_error``. With a retention every write
+gives the hash the conversation's expiry (``ctxcore.state.redis_retention``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from kombu.exceptions import OperationalError
 
 from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.redis_retention import RedisRetention
+from ctxcore.state.retention import Retention
 from ctxcore.status import CompactionDetail, LastError
 from workers.scheduler import Status, parse_status
 
@@ -147,15 +150,42 @@ class FailureStore:
         *,
         backoff_seconds: float = 30.0,
         backoff_max_seconds: float = 600.0,
+        retention: Retention | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.backoff_seconds = backoff_seconds
         self.backoff_max_seconds = backoff_max_seconds
+        self._retention = RedisRetention(client, prefix, retention)
 
     def key(self, key: ConversationKey) -> str:
         """The conversation's hash."""
         return f"{self.prefix}:{key.hash_tag}:compaction"
+
+    def _write(
+        self,
+        key: ConversationKey,
+        put: dict[str, str] | None = None,
+        remove: tuple[str, ...] = (),
+        incr: str | None = None,
+    ) -> int:
+        """Removes, puts, then an increment of the hash (its result, else 0). With a
+        retention one script that also gives the hash the conversation's expiry."""
+        name = self.key(key)
+        if self._retention.ttl_ms(key):
+            return self._retention.hash_write(
+                key, name, put=put, remove=remove, incr=(incr, 1) if incr else None
+            )
+        if incr is not None:
+            return int(self.client.hincrby(name, incr, 1))
+        pipe = self.client.pipeline()
+        if remove:
+            pipe.hdel(name, *remove)
+        if put:
+            mapping: dict[Any, Any] = dict(put)
+            pipe.hset(name, mapping=mapping)
+        pipe.execute()
+        return 0
 
     def _call(self, what: str, key: ConversationKey, fn: Any) -> Any:
         try:
@@ -185,10 +215,9 @@ class FailureStore:
             message = message[:_MAX_MESSAGE_CHARS] + "..."
         error = LastError(kind, message, stage, datetime.now(UTC))
         value = json.dumps(error.as_dict(), ensure_ascii=False)
+
         self._call(
-            "recording a failure",
-            key,
-            lambda: self.client.hset(self.key(key), mapping={"last_error": value, "run_failed": "1"}),
+            "recording a failure", key, lambda: self._write(key, put={"last_error": value, "run_failed": "1"})
         )
         return error
 
@@ -203,31 +232,26 @@ class FailureStore:
     def job_finished(self, key: ConversationKey, failed: bool) -> float | None:
         """Close the job's record: a failed job extends the backoff (returns its seconds), a
         successful one clears ``last_error`` and the backoff and stamps ``last_success_at``."""
-        name = self.key(key)
         if failed:
-            count = int(
-                self._call("counting failed jobs", key, lambda: self.client.hincrby(name, "failures", 1))
-            )
+            count = int(self._call("counting failed jobs", key, lambda: self._write(key, incr="failures")))
             pause = min(self.backoff_seconds * float(2 ** min(count - 1, 32)), self.backoff_max_seconds)
             retry_at = repr(time.time() + pause)
-
-            def close_failed() -> None:
-                pipe = self.client.pipeline()
-                pipe.hset(name, "retry_at", retry_at)
-                pipe.hdel(name, "run_failed")
-                pipe.execute()
-
-            self._call("starting the backoff", key, close_failed)
+            self._call(
+                "starting the backoff",
+                key,
+                lambda: self._write(key, put={"retry_at": retry_at}, remove=("run_failed",)),
+            )
             return pause
         now = datetime.now(UTC).isoformat()
-
-        def close_succeeded() -> None:
-            pipe = self.client.pipeline()
-            pipe.hdel(name, "last_error", "failures", "retry_at", "run_failed")
-            pipe.hset(name, "last_success_at", now)
-            pipe.execute()
-
-        self._call("recording a success", key, close_succeeded)
+        self._call(
+            "recording a success",
+            key,
+            lambda: self._write(
+                key,
+                put={"last_success_at": now},
+                remove=("last_error", "failures", "retry_at", "run_failed"),
+            ),
+        )
         return None
 
     def delete(self, key: ConversationKey) -> None:

@@ -163,7 +163,7 @@ def proxy_router(api: ApiState) -> APIRouter:
         service = api.service
         found = flows.get(id(service))
         if found is None:
-            index = HashIndex(api.runtime.redis, api.settings.redis.key_prefix)
+            index = HashIndex(api.runtime.redis, api.settings.redis.key_prefix, api.runtime.retention)
             found = flows.setdefault(id(service), ProxyFlow(service, index))
         return found
 

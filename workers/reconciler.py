@@ -15,6 +15,9 @@ empty later. On RabbitMQ each pass also logs the dead letters not reported befor
 (``workers.dead_letters``). The step registers itself on the app when this module is
 imported: it is in the app's ``include``, which a worker imports before it builds its
 bootsteps, so the app never imports this module (nor, through it, the tasks).
+
+With a retention (``service.retention_days`` or a tenant's) the step also runs the retention
+sweep (``workers.retention``) every ``SWEEP_EVERY_SECONDS``, one worker per interval.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from workers.app import app, runtime, settings
 from workers.broker import declare_queues, queue_names, uses_amqp
 from workers.broker_queues import broker_channel, queue_ready
 from workers.dead_letters import report_dead_letters
-from workers.runtime import Runtime
+from workers.retention import SWEEP_EVERY_SECONDS, sweep_if_due
+from workers.runtime import Runtime, retention_of
 from workers.tasks import send_drain_tokens
 
 __all__ = ["Reconciler", "reconcile_once"]
@@ -81,6 +85,11 @@ def reconcile_once() -> int:
     return sent
 
 
+def sweep_once() -> None:
+    """The retention sweep's timer callback (``sweep_if_due`` logs what it does)."""
+    sweep_if_due(runtime())
+
+
 def _declare_queues(current: Settings) -> None:
     """Declare the queues at start-up: RabbitMQ drops a message dead-lettered to a missing
     queue, and a node binds every queue of the app to the delayed-delivery exchange."""
@@ -103,6 +112,7 @@ class Reconciler(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.tref: Any = None
+        self.sweep_ref: Any = None
 
     def start(self, parent: Any) -> None:
         """Start the timer (the interval comes from the app's settings)."""
@@ -110,12 +120,15 @@ class Reconciler(bootsteps.StartStopStep):
         _declare_queues(current)
         interval = current.worker.requeue_after_seconds / 2
         self.tref = parent.timer.call_repeatedly(interval, reconcile_once, priority=10)
+        if retention_of(current).enabled:
+            self.sweep_ref = parent.timer.call_repeatedly(SWEEP_EVERY_SECONDS, sweep_once, priority=10)
 
     def stop(self, parent: Any) -> None:
         """Cancel the timer."""
-        if self.tref is not None:
-            self.tref.cancel()
-            self.tref = None
+        for ref in (self.tref, self.sweep_ref):
+            if ref is not None:
+                ref.cancel()
+        self.tref = self.sweep_ref = None
 
 
 app.steps["worker"].add(Reconciler)

@@ -19,6 +19,8 @@ from ctxcore.coordinator import Coordinator
 from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
+from ctxcore.state.redis_retention import RedisRetention
+from ctxcore.state.retention import Retention
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.openai_chat import OpenAIChatModel
@@ -35,9 +37,19 @@ from workers.service import CompactionQueue, ContextService
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-__all__ = ["Runtime", "check_startup", "redis_client"]
+__all__ = ["Runtime", "check_startup", "redis_client", "retention_of"]
 
 log = logging.getLogger(__name__)
+
+
+def retention_of(settings: Settings) -> Retention:
+    """``service.retention_days`` and the tenants' overrides, in the stores' terms (seconds),
+    with the offloads' own TTL (``service.offload_ttl_seconds``)."""
+    return Retention.from_days(
+        settings.service.retention_days,
+        {tenant: t.retention_days for tenant, t in settings.tenants.items()},
+        offload_ttl_seconds=settings.service.offload_ttl_seconds,
+    )
 
 
 @dataclass
@@ -53,6 +65,11 @@ class Runtime:
         """The process's client for ctxcore's keys: one ``RedisCluster`` when
         ``redis.cluster_nodes`` is set, else a plain Redis on ``redis.url``."""
         return settings_client(self.settings.redis)
+
+    @cached_property
+    def retention(self) -> Retention:
+        """How long idle conversations are kept (``retention_of``)."""
+        return retention_of(self.settings)
 
     @cached_property
     def _sql_engine(self) -> Engine:
@@ -74,7 +91,7 @@ class Runtime:
             return store
         from ctxcore.state.redis import RedisStateStore
 
-        return RedisStateStore(self.redis, prefix=self.settings.redis.key_prefix)
+        return RedisStateStore(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
 
     @cached_property
     def log(self) -> MessageLog:
@@ -87,7 +104,7 @@ class Runtime:
             return log
         from ctxcore.state.redis import RedisMessageLog
 
-        return RedisMessageLog(self.redis, prefix=self.settings.redis.key_prefix)
+        return RedisMessageLog(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
 
     @cached_property
     def offloads(self) -> OffloadStore:
@@ -104,6 +121,7 @@ class Runtime:
             self.redis,
             prefix=self.settings.redis.key_prefix,
             ttl_seconds=self.settings.service.offload_ttl_seconds,
+            retention=self.retention,
         )
 
     @cached_property
@@ -186,6 +204,7 @@ class Runtime:
             rings=worker.scheduler_rings,
             ring_tokens=worker.ring_tokens,
             mirror=self.failures.key,
+            retention=RedisRetention(self.redis, self.settings.redis.key_prefix, self.retention),
         )
 
     @cached_property
@@ -197,6 +216,7 @@ class Runtime:
             prefix=self.settings.redis.key_prefix,
             backoff_seconds=worker.failure_backoff_seconds,
             backoff_max_seconds=worker.failure_backoff_max_seconds,
+            retention=self.retention,
         )
 
     @cached_property

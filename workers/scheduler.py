@@ -51,6 +51,7 @@ from redis.crc import key_slot
 from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import UNAVAILABLE
+from ctxcore.state.redis_retention import RedisRetention
 from workers import scheduler_scripts as lua
 
 __all__ = ["FairScheduler", "Job", "Requested", "Status", "parse_status", "ring_tags"]
@@ -122,11 +123,14 @@ class FairScheduler:
         rings: int = 16,
         ring_tokens: int = 2,
         mirror: Callable[[ConversationKey], str] | None = None,
+        retention: RedisRetention | None = None,
     ) -> None:
         if rings < 1 or ring_tokens < 1:
             raise ConfigError(f"scheduler rings and ring_tokens must be >= 1, got {rings}, {ring_tokens}")
         self.client = client
         self._mirror_key = mirror
+        # The mirror's expiry (the conversation's), with a retention.
+        self._retention = retention or RedisRetention(client, prefix)
         self.rings = rings
         self.ring_tokens = ring_tokens
         self.tags = ring_tags(prefix, rings)
@@ -304,7 +308,8 @@ class FairScheduler:
         seq = int(got[-1])
         if self._mirror_key is not None and seq > 0:
             status = got[-2].decode() if isinstance(got[-2], bytes) else str(got[-2])
-            self._call(self._mirror, [self._mirror_key(key)], [status, seq])
+            keys = [self._mirror_key(key), self._retention.name(key, "log:seq")]
+            self._call(self._mirror, keys, [status, seq, self._retention.ttl_ms(key)])
         return got[0]
 
     def depth(self) -> int:

@@ -14,6 +14,8 @@ the ring's new ``seq`` last (``seq`` 0: nothing changed), for ``MIRROR``.
 
 from __future__ import annotations
 
+from ctxcore.state.redis_retention import EXPIRY_LUA
+
 __all__ = ["ENQUEUE", "FINISH", "FORGET", "MIRROR", "POP", "RENEW", "ROTATE", "STUCK"]
 
 # Queue the job unless it is queued or running (absorbed: 0; a running job is marked dirty).
@@ -141,15 +143,23 @@ return {1, '', redis.call('INCR', KEYS[5])}
 
 # The status mirrored into the conversation's compaction hash (KEYS[1], the conversation's
 # slot: the fast path reads it with the failure record in one call). ARGV: status ('' for
-# idle), the ring's seq; an older seq than the stored one (a late writer) changes nothing,
-# and idle on a missing hash (a deleted conversation) creates none.
-MIRROR = """
+# idle), the ring's seq, the retention in ms (0: none; else the hash gets the conversation's
+# expiry, that of its log counter, KEYS[2]); an older seq than the stored one (a late writer)
+# changes nothing, and idle on a missing hash (a deleted conversation) creates none.
+MIRROR = (
+    EXPIRY_LUA
+    + """
 if ARGV[1] == '' and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if tonumber(ARGV[2]) <= tonumber(redis.call('HGET', KEYS[1], 'sched_seq') or '0') then return 0 end
 if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'sched') else redis.call('HSET', KEYS[1], 'sched', ARGV[1]) end
 redis.call('HSET', KEYS[1], 'sched_seq', ARGV[2])
+local ttl = tonumber(ARGV[3] or '0')
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], expiry_of(KEYS[2], ttl))
+end
 return 1
 """
+)
 
 # The reconciler, per ring: a ring with jobs whose tokens were neither sent nor consumed for
 # ARGV[2] seconds lost them. Re-stamps the ring and returns 1: send one token (`out` restarts

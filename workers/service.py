@@ -26,6 +26,7 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
+from ctxcore.state.redis import RedisMessageLog
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
@@ -256,6 +257,8 @@ class ContextService:
             got = reader.read(key, budget_tokens, base.encoding_name)
             if require_existing and got.state is None and got.last_id is None:
                 raise NotFoundError(f"conversation {key} not found")
+            if got.refresh_due:  # at most hourly per conversation: the read returned its TTL
+                reader.refresh(key)
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
             record = parse_record(got.compaction) if self.failures is not None else None
         else:
@@ -264,6 +267,8 @@ class ContextService:
                 raise NotFoundError(f"conversation {key} not found")
             state = loaded or CompressionState()
             self.state_store.set_budget(key, budget_tokens)
+            if isinstance(self.log, RedisMessageLog):  # expiry refreshed when due; SQL stamps it
+                self.log.retention.touch(key)
             pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
             record = self.failures.get(key) if self.failures is not None else None
         tail = read_window_tail(

@@ -28,6 +28,9 @@ class ServiceSettings(BaseModel):
     max_messages_per_append: int = Field(default=1000, gt=0)
     max_message_chars: int = Field(default=2_000_000, gt=0)
     offload_ttl_seconds: int | None = Field(default=None, gt=0)
+    # Days without an append or a window after which a conversation expires, all of it
+    # (None: never). Tenants may override it.
+    retention_days: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _ratios(self) -> Self:

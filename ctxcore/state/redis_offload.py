@@ -12,37 +12,74 @@ from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import RedisBackend, translated
-from ctxcore.state.redis_scripts import PUT_LUA
+from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
+from ctxcore.state.retention import Retention
 
-__all__ = ["PUT_MANY_LUA", "RedisOffloadStore"]
+__all__ = ["OFFLOAD_TTL_LUA", "PUT_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
 
-# PUT_LUA for many handles of one conversation. KEYS: the offload hash. ARGV: ttl ms (0:
-# none), then (handle, data) pairs. Returns 1/0 per pair; the TTL is renewed once, when
-# anything was written (as PUT_LUA renews it on each successful put).
-PUT_MANY_LUA = """
+# How an offload write sets the hash's TTL. own: the offloads' own TTL in ms, ret: the
+# retention in ms (0: none for either). A shorter own TTL is kept (refreshes skip the hash);
+# otherwise the hash gets the conversation's expiry (the log counter's, KEYS[2]).
+OFFLOAD_TTL_LUA = (
+    EXPIRY_LUA
+    + """
+local function offload_ttl(own, ret)
+  if own > 0 and (ret == 0 or own < ret) then
+    redis.call('PEXPIRE', KEYS[1], own)
+  elseif ret > 0 then
+    redis.call('PEXPIRE', KEYS[1], expiry_of(KEYS[2], ret))
+  end
+end
+"""
+)
+
+# KEYS: offload hash, log counter. ARGV: handle, messages JSON, own ttl ms, retention ms.
+PUT_LUA = (
+    OFFLOAD_TTL_LUA
+    + """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return 0
+end
+offload_ttl(tonumber(ARGV[3]), tonumber(ARGV[4]))
+return 1
+"""
+)
+
+# PUT_LUA for many handles of one conversation. KEYS: the offload hash, the log counter.
+# ARGV: own ttl ms, retention ms (0: none), then (handle, data) pairs. Returns 1/0 per pair;
+# the TTL is set once, when anything was written (as PUT_LUA sets it on each successful put).
+PUT_MANY_LUA = (
+    OFFLOAD_TTL_LUA
+    + """
 local out, any = {}, false
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local stored = redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
   out[#out + 1] = stored
   if stored == 1 then any = true end
 end
-local ttl = tonumber(ARGV[1])
-if any and ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
+if any then
+  offload_ttl(tonumber(ARGV[1]), tonumber(ARGV[2]))
 end
 return out
 """
+)
 
 
 class RedisOffloadStore(RedisBackend):
     """Offloaded originals in one Redis hash per conversation (HSETNX: first write wins).
 
     With ``ttl_seconds`` the conversation's offloads expire together, ``ttl_seconds`` after
-    the latest successful put, so each lives at least that long.
+    the latest successful put, so each lives at least that long. With ``retention`` they
+    expire with the conversation instead, unless ``ttl_seconds`` is the shorter (then pass
+    it as the retention's ``offload_ttl_seconds`` too, so refreshes leave them alone).
     """
 
     def __init__(
-        self, client: redis.Redis, prefix: str = "ctxcore", ttl_seconds: float | None = None
+        self,
+        client: redis.Redis,
+        prefix: str = "ctxcore",
+        ttl_seconds: float | None = None,
+        retention: Retention | None = None,
     ) -> None:
         super().__init__(client, prefix)
         if ttl_seconds is not None and ttl_seconds <= 0:
@@ -50,21 +87,38 @@ class RedisOffloadStore(RedisBackend):
         self.ttl_seconds = ttl_seconds
         self._put = client.register_script(PUT_LUA)
         self._put_many = client.register_script(PUT_MANY_LUA)
+        self._retention = RedisRetention(client, prefix, retention)
 
     @classmethod
     def from_url(
-        cls, url: str, prefix: str = "ctxcore", ttl_seconds: float | None = None, **client_kwargs: Any
+        cls,
+        url: str,
+        prefix: str = "ctxcore",
+        ttl_seconds: float | None = None,
+        retention: Retention | None = None,
+        **client_kwargs: Any,
     ) -> RedisOffloadStore:
         """A store on a new client for ``url``; extra kwargs go to ``redis.Redis.from_url``."""
-        return cls(redis.Redis.from_url(url, **client_kwargs), prefix=prefix, ttl_seconds=ttl_seconds)
+        return cls(
+            redis.Redis.from_url(url, **client_kwargs),
+            prefix=prefix,
+            ttl_seconds=ttl_seconds,
+            retention=retention,
+        )
+
+    def _ttl_args(self, key: ConversationKey) -> list[int]:
+        """The scripts' (own ttl ms, retention ms)."""
+        return [round(self.ttl_seconds * 1000) if self.ttl_seconds else 0, self._retention.ttl_ms(key)]
+
+    def _put_keys(self, key: ConversationKey) -> list[str]:
+        return [self._key(key, "offload"), self._key(key, "log:seq")]
 
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
         """Store ``messages`` under ``handle`` unless the handle exists."""
         validate_handle(handle)
-        ttl_ms = round(self.ttl_seconds * 1000) if self.ttl_seconds else 0
         data = messages_to_json(messages)
         with translated(f"offload to {key}"):
-            stored = self._put(keys=[self._key(key, "offload")], args=[handle, data, ttl_ms])
+            stored = self._put(keys=self._put_keys(key), args=[handle, data, *self._ttl_args(key)])
         return bool(stored)
 
     def put_many_if_absent(
@@ -74,11 +128,11 @@ class RedisOffloadStore(RedisBackend):
         one hash (one slot on a cluster), so a window's offloads cost one round trip."""
         if not items:
             return []
-        args: list[str | bytes | int] = [round(self.ttl_seconds * 1000) if self.ttl_seconds else 0]
+        args: list[str | bytes | int] = [*self._ttl_args(key)]
         for handle, messages in items:
             args += [validate_handle(handle), messages_to_json(messages)]
         with translated(f"offload to {key}"):
-            stored = self._put_many(keys=[self._key(key, "offload")], args=args)
+            stored = self._put_many(keys=self._put_keys(key), args=args)
         return [bool(s) for s in stored]
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:

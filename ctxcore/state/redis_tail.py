@@ -19,6 +19,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import text, translated
+from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
 __all__ = ["CountedRedisLog", "decode_rows"]
@@ -37,6 +38,7 @@ class CountedRedisLog:
     # Provided by RedisMessageLog (the class these methods are mixed into, first in its MRO).
     _client: redis.Redis
     _read_tail: Any
+    _retention: RedisRetention
     _key: Callable[[ConversationKey, str], str]
     _append_with: Callable[
         [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
@@ -81,5 +83,11 @@ class CountedRedisLog:
         if not counts:
             return
         mapping: dict[Any, Any] = {f"{encoding}:{parse_log_id(i)}": int(c) for i, c in counts.items()}
+        name, ttl = self._key(key, "log:other"), self._retention.ttl_ms(key)
         with translated(f"store counts of {key}"):
-            self._client.hset(self._key(key, "log:other"), mapping=mapping)
+            if ttl == 0:
+                self._client.hset(name, mapping=mapping)
+                return
+            # A new hash gets the conversation's expiry: counts outliving the log would be
+            # read for a later conversation of the same id.
+            self._retention.hash_write(key, name, put=mapping)

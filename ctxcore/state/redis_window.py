@@ -3,7 +3,9 @@
 The state, the pinned entries, the newest-first tail page(s), the compaction hash (failure
 record and the scheduler's mirrored status) and the log's end, with the budget written only
 when it changed: all keys in the conversation's slot, so on Redis Cluster the script is one
-call to one node.
+call to one node. With a retention the script also returns the log counter's ``PTTL``, and
+``refresh_due`` says when the caller should ``refresh`` the conversation's expiry (at most
+hourly: windows rarely write for it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ctxcore.state.base import check_budget, format_log_id
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import text, translated
+from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.redis_scripts import WINDOW_LUA
 from ctxcore.state.redis_tail import decode_rows
 from ctxcore.state.tail import TAIL_PAGE, TailRead
@@ -35,15 +38,24 @@ class WindowRead:
     # The compaction hash's fields (``workers.failures``): last error, backoff, mirrored status.
     compaction: dict[str, str] = field(default_factory=dict)
     last_id: str | None = None
+    # True when the conversation's expiry is more than an hour below its full retention.
+    refresh_due: bool = False
 
 
 class RedisWindowReader:
     """Runs ``WINDOW_LUA`` for the stores of one prefix (``RedisStateStore``/``RedisMessageLog``)."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "ctxcore") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = "ctxcore", retention: RedisRetention | None = None
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self._script = client.register_script(WINDOW_LUA)
+        self.retention = retention or RedisRetention(client, prefix)
+
+    def refresh(self, key: ConversationKey) -> None:
+        """Give the conversation its full retention again (when ``refresh_due``)."""
+        self.retention.refresh(key)
 
     def _keys(self, key: ConversationKey) -> list[str]:
         suffixes = (
@@ -63,9 +75,10 @@ class RedisWindowReader:
     def read(self, key: ConversationKey, budget_tokens: int, encoding: str) -> WindowRead:
         """The window's reads; the budget recorded when it differs from the stored one."""
         check_budget(budget_tokens)
+        ttl = self.retention.ttl_ms(key)
         with translated(f"window read of {key}"):
-            state, pinned, tail, compaction, last = self._script(
-                keys=self._keys(key), args=[budget_tokens, TAIL_PAGE, encoding]
+            state, pinned, tail, compaction, last, left = self._script(
+                keys=self._keys(key), args=[budget_tokens, TAIL_PAGE, encoding, ttl]
             )
         first, omitted_last, omitted, entries, anchors = tail
         messages, counts = decode_rows(entries)
@@ -85,4 +98,7 @@ class RedisWindowReader:
             ),
             compaction={text(fields[i]): text(fields[i + 1]) for i in range(0, len(fields), 2)},
             last_id=format_log_id(last_seq) if last_seq > 0 else None,
+            refresh_due=bool(ttl)
+            and (state is not None or last_seq > 0)
+            and self.retention.refresh_due(key, int(left)),
         )

@@ -7,21 +7,25 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    Column,
     ColumnElement,
     Connection,
     Engine,
     Table,
     and_,
+    case,
     create_engine,
     event,
     func,
     insert,
+    or_,
     select,
     text,
 )
@@ -34,6 +38,7 @@ from sqlalchemy.pool import QueuePool
 
 from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
 from ctxcore.state.sql_schema import _BLOB_TYPE, _ID_TYPE, _MIGRATIONS, _Tables
 from ctxcore.state.sqlite_wal import enable_wal
 
@@ -127,7 +132,12 @@ class _SqlBackend:
     """Engine, tables and transactions shared by the SQL backends."""
 
     def __init__(
-        self, url: str | URL | None = None, table_prefix: str = "ctxcore_", *, engine: Engine | None = None
+        self,
+        url: str | URL | None = None,
+        table_prefix: str = "ctxcore_",
+        *,
+        engine: Engine | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if (url is None) == (engine is None):
             raise ConfigError(f"{type(self).__name__}: pass exactly one of url and engine")
@@ -145,6 +155,8 @@ class _SqlBackend:
         )
         self.table_prefix = table_prefix
         self._t = _Tables.for_prefix(table_prefix)
+        # Epoch seconds for ``last_active_at`` (a test passes a fake clock).
+        self._clock = clock
 
     @property
     def engine(self) -> Engine:
@@ -170,6 +182,13 @@ class _SqlBackend:
 
     def _where(self, table: Table, key: ConversationKey) -> ColumnElement[bool]:
         return and_(table.c.tenant_id == key.tenant_id, table.c.conversation_id == key.conversation_id)
+
+    @staticmethod
+    def _stamp(column: Column[Any], now: float) -> ColumnElement[Any]:
+        """``last_active_at`` after activity at ``now``: moved only when it is missing or
+        ``ACTIVITY_RESOLUTION_SECONDS`` behind, so busy rows keep their indexed value."""
+        stale = or_(column.is_(None), column < now - ACTIVITY_RESOLUTION_SECONDS)
+        return case((stale, now), else_=column)
 
     def _insert(self, conn: Connection, table: Table) -> Any:
         """A dialect INSERT, which has ``on_conflict_do_nothing`` / ``on_conflict_do_update``."""

@@ -70,11 +70,12 @@ class SqlMessageLog(_SqlBackend, CountedSqlLog):
         ]
         counter, log = self._t.log_counter, self._t.log
         ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
+        now = self._clock()
         with self._write(f"append to {key}") as conn:
             # Create the counter row if needed and lock it: appends to one conversation queue here.
             conn.execute(
                 self._insert(conn, counter)
-                .values(**ids, last_seq=0)
+                .values(**ids, last_seq=0, last_active_at=now)
                 .on_conflict_do_nothing(index_elements=[counter.c.tenant_id, counter.c.conversation_id])
             )
             last, run_encoding, run_from, run_total = conn.execute(
@@ -131,7 +132,14 @@ class SqlMessageLog(_SqlBackend, CountedSqlLog):
                 conn.execute(
                     update(counter)
                     .where(self._where(counter, key))
-                    .values(last_seq=last, run_encoding=run_encoding, run_from=run_from, run_total=run_total)
+                    .values(
+                        last_seq=last,
+                        run_encoding=run_encoding,
+                        run_from=run_from,
+                        run_total=run_total,
+                        # The retention sweep's clock: an append is activity.
+                        last_active_at=self._stamp(counter.c.last_active_at, now),
+                    )
                 )
         return log_ids
 

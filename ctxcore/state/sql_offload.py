@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import ColumnElement, Engine, delete, or_, select
 from sqlalchemy.engine import URL
@@ -31,8 +31,9 @@ class SqlOffloadStore(_SqlBackend):
         *,
         engine: Engine | None = None,
         ttl_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(url, table_prefix, engine=engine)
+        super().__init__(url, table_prefix, engine=engine, clock=clock)
         if ttl_seconds is not None and ttl_seconds <= 0:
             raise ConfigError(f"SqlOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds

@@ -77,6 +77,17 @@ _MIGRATIONS: tuple[_Migration, ...] = (
             "PRIMARY KEY (tenant_id, conversation_id, encoding, seq))",
         ),
     ),
+    _Migration(
+        "retention: when each conversation was last appended to (counter) or windowed (budget)",
+        (
+            # Epoch seconds; NULL on rows from before this step until the sweep stamps them
+            # (their retention then counts from the upgrade).
+            'ALTER TABLE "{p}log_counter" ADD COLUMN last_active_at DOUBLE PRECISION',
+            'ALTER TABLE "{p}budget" ADD COLUMN last_active_at DOUBLE PRECISION',
+            'CREATE INDEX "{p}log_counter_active" ON "{p}log_counter" (last_active_at)',
+            'CREATE INDEX "{p}budget_active" ON "{p}budget" (last_active_at)',
+        ),
+    ),
 )
 
 # Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
@@ -105,6 +116,20 @@ class _Tables:
     archive_chunk: Table
     archive_index: Table
 
+    def conversation_tables(self) -> tuple[Table, ...]:
+        """Every table with rows of a conversation (what deleting one removes)."""
+        return (
+            self.state,
+            self.state_history,
+            self.budget,
+            self.log_counter,
+            self.log,
+            self.log_count,
+            self.offload,
+            self.archive_chunk,
+            self.archive_index,
+        )
+
     @classmethod
     def for_prefix(cls, p: str) -> _Tables:
         md = MetaData()
@@ -124,7 +149,13 @@ class _Tables:
                 Column("version", BigInteger, primary_key=True),
                 Column("data", Text),
             ),
-            budget=Table(f"{p}budget", md, *_id_columns(), Column("budget_tokens", BigInteger)),
+            budget=Table(
+                f"{p}budget",
+                md,
+                *_id_columns(),
+                Column("budget_tokens", BigInteger),
+                Column("last_active_at", Float),
+            ),
             log_counter=Table(
                 f"{p}log_counter",
                 md,
@@ -133,6 +164,7 @@ class _Tables:
                 Column("run_encoding", String(64)),
                 Column("run_from", BigInteger),
                 Column("run_total", BigInteger),
+                Column("last_active_at", Float),
             ),
             log=Table(
                 f"{p}log",

@@ -151,17 +151,26 @@ class SqlStateStore(_SqlBackend):
         return int(value) if value is not None else None
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
-        """Record a budget (an upsert beside the state, no version bump)."""
+        """Record a budget (an upsert beside the state, no version bump) and the window's
+        activity (``last_active_at``, for the retention sweep)."""
         check_budget(budget_tokens)
-        budget = self._t.budget
+        budget, now = self._t.budget, self._clock()
         with self._write(f"set_budget {key}") as conn:
             conn.execute(
                 self._insert(conn, budget)
                 .values(
-                    tenant_id=key.tenant_id, conversation_id=key.conversation_id, budget_tokens=budget_tokens
+                    tenant_id=key.tenant_id,
+                    conversation_id=key.conversation_id,
+                    budget_tokens=budget_tokens,
+                    last_active_at=now,
                 )
                 .on_conflict_do_update(
                     index_elements=[budget.c.tenant_id, budget.c.conversation_id],
-                    set_={"budget_tokens": budget_tokens},
+                    # Each window records its budget here: the retention sweep's clock too,
+                    # in the statement a window runs anyway.
+                    set_={
+                        "budget_tokens": budget_tokens,
+                        "last_active_at": self._stamp(budget.c.last_active_at, now),
+                    },
                 )
             )

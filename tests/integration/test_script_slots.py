@@ -19,7 +19,9 @@ from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
 from workers import scheduler_scripts
 from workers.circuit import CircuitBreaker
@@ -31,8 +33,9 @@ from workers.scheduler import FairScheduler
 pytestmark = pytest.mark.redis
 
 
+@pytest.mark.parametrize("retention", [None, Retention(seconds=60.0)], ids=["plain", "retention"])
 def test_every_script_call_stays_in_one_slot(
-    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, retention: Retention | None
 ) -> None:
     calls: list[tuple[str, list[str]]] = []
     original = Script.__call__
@@ -49,22 +52,29 @@ def test_every_script_call_stays_in_one_slot(
     p = redis_prefix
 
     state, log, offloads = (
-        RedisStateStore(client, p),
-        RedisMessageLog(client, p),
-        RedisOffloadStore(client, p),
+        RedisStateStore(client, p, retention),
+        RedisMessageLog(client, p, retention),
+        RedisOffloadStore(client, p, retention=retention),
     )
     log.append(key, [UserMessage(content="a"), UserMessage(content="b")])
     log.append_counted(key, [UserMessage(content="c")], AppendCounts("o200k_base", [5], [True]))
     log.read_tail(key, None, budget_tokens=100, encoding="o200k_base")
-    RedisWindowReader(client, p).read(key, 100, "o200k_base")
+    RedisWindowReader(client, p, RedisRetention(client, p, retention)).read(key, 100, "o200k_base")
     log.truncate_after(key, "000000000001")
     assert state.save(key, CompressionState(), 0)
     chunk = ArchiveChunk("000000000001", "000000000001", "a", 1)
     assert state.save(key, CompressionState(), 1, archive=ArchiveWrite((chunk,), b"index", 2))
     offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="x")])
 
-    failures = FailureStore(client, p)
-    sched = FairScheduler(client, p, lease_seconds=60, requeue_after_seconds=0.0, mirror=failures.key)
+    failures = FailureStore(client, p, retention=retention)
+    sched = FairScheduler(
+        client,
+        p,
+        lease_seconds=60,
+        requeue_after_seconds=0.0,
+        mirror=failures.key,
+        retention=RedisRetention(client, p, retention),
+    )
     for tenant in ("t1", "t2", "t3"):
         sched.request(ConversationKey(tenant, "c1"))
     job = sched.next_job(sched.ring_of("t1"))
