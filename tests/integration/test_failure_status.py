@@ -22,6 +22,7 @@ from ctxcore.config import Settings, hash_token
 from ctxcore.state import ConversationKey
 from workers.failures import FailureStore, StageFailedError, classify_failure, public_endpoint
 from workers.keyspace import delete_prefixed_keys
+from workers.redis_clients import is_cluster
 from workers.runtime import Runtime
 from workers.scheduler import FairScheduler
 
@@ -160,10 +161,27 @@ def test_the_api_shows_failing_and_holds_requests_back_until_the_backoff_passes(
         configure(Settings())
 
 
+@pytest.fixture(params=["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])
+def ring_runtime(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Runtime]:
+    """A runtime on the plain Redis, then one whose ctxcore keys are on the session's Redis
+    Cluster (its keys there deleted afterwards)."""
+    if request.param == "redis":
+        rt = Runtime(settings)
+    else:
+        nodes = request.getfixturevalue("redis_cluster_nodes")
+        on_cluster = settings.redis.model_copy(update={"cluster_nodes": tuple(nodes)})
+        rt = Runtime(settings.model_copy(update={"redis": on_cluster}))
+        assert is_cluster(rt.redis)
+    yield rt
+    if request.param != "redis":
+        delete_prefixed_keys(rt.redis, settings.redis.key_prefix)
+    rt.redis.close()
+
+
 def test_a_stuck_ring_is_taken_by_one_reconciler_and_a_request_resends_a_stale_token(
-    settings: Settings,
+    ring_runtime: Runtime,
 ) -> None:
-    rt = Runtime(settings)
+    rt = ring_runtime
     sched: FairScheduler = rt.scheduler
     ring = sched.ring_of(KEY.tenant_id)
     assert sched.request(KEY).token == ring  # new job: send a token of its ring
