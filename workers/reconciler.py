@@ -8,10 +8,12 @@ finds the rings with jobs whose tokens were neither sent nor consumed for
 ``requeue_after_seconds``, re-stamps them and returns one token for each, so N
 workers revive a ring once per interval.
 
-Tokens are interchangeable, so tokens still waiting in the jobs queue already stand for
-stuck jobs (a backlog that outlasts ``requeue_after_seconds`` is not a loss): only the
-difference is sent, which keeps a long backlog from piling up tokens that find the ring
-empty later. On RabbitMQ each pass also logs the dead letters not reported before
+Tokens still waiting in the jobs queue may stand for stuck rings (a backlog that outlasts
+``requeue_after_seconds`` is not a loss): only the difference is sent, which keeps a long
+backlog from piling up tokens. But a token starts a job of its own ring while that ring has
+jobs, so the tokens out for rings whose tokens flow never reach a stuck ring: they are taken
+off the waiting count first. (Subtracting every waiting token starved a ring whose token
+died with a killed worker for as long as a busy ring kept its tokens in the queue.) On RabbitMQ each pass also logs the dead letters not reported before
 (``workers.dead_letters``). The step registers itself on the app when this module is
 imported: it is in the app's ``include``, which a worker imports before it builds its
 bootsteps, so the app never imports this module (nor, through it, the tasks).
@@ -59,10 +61,10 @@ def reconcile_once() -> int:
     wait = rt.settings.worker.requeue_after_seconds
     _report_dead_letters(rt)
     try:
-        stuck = rt.scheduler.stuck_rings()
+        stuck, flowing = rt.scheduler.reconcile_scan()
         if not stuck:
             return 0
-        missing = sum(stuck.values()) - _waiting_tokens(rt.settings)
+        missing = sum(stuck.values()) - max(0, _waiting_tokens(rt.settings) - flowing)
     except (StoreUnavailable, OperationalError, OSError) as exc:
         log.warning("reconciler: Redis or the broker unavailable (%s); trying again in %.0f s", exc, wait / 2)
         return 0

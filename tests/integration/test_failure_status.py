@@ -206,6 +206,40 @@ def test_a_stuck_ring_is_taken_by_one_reconciler_and_a_request_resends_a_stale_t
     assert sched.stuck_rings() == {} and sched.status(KEY) == "idle"
 
 
+def test_a_ring_whose_token_died_is_revived_while_a_busy_rings_tokens_wait_in_the_queue(
+    ring_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed holding ring B's only token; ring A's two tokens sit in the jobs queue
+    (a busy tenant, workers saturated). A's tokens start A's jobs, never B's: the reconciler
+    must still send B one, and only one."""
+    from workers import reconciler
+    from workers.app import configure
+
+    sched: FairScheduler = ring_runtime.scheduler
+    busy = next(f"busy-{i}" for i in range(100) if sched.ring_of(f"busy-{i}") != sched.ring_of("quiet"))
+    ring_a, ring_b = sched.ring_of(busy), sched.ring_of("quiet")
+    for n in range(3):
+        sched.request(ConversationKey(busy, f"c{n}"))  # two tokens out for ring A, capped
+    assert sched.request(ConversationKey("quiet", "c0")).token == ring_b  # that token is lost
+    time.sleep(0.55)  # past requeue_after_seconds
+    job = sched.next_job(ring_a)  # ring A's tokens flow: one consumed and re-sent
+    assert job is not None and job.resend and job.key.tenant_id == busy
+    sent: list[tuple[int, int | None]] = []
+    monkeypatch.setattr(reconciler, "_waiting_tokens", lambda _settings: 2)  # A's two, queued
+    monkeypatch.setattr(
+        reconciler, "send_drain_tokens", lambda count=1, ring=None: sent.append((count, ring)) or count
+    )
+    configure(ring_runtime.settings)
+    try:
+        assert reconciler.reconcile_once() == 1
+        assert sent == [(1, ring_b)]
+        assert reconciler.reconcile_once() == 0  # revived once per interval
+    finally:
+        configure(Settings())
+    job = sched.next_job(ring_b)  # the token sent starts the quiet tenant's job
+    assert job is not None and job.key == ConversationKey("quiet", "c0")
+
+
 def test_celery_config_isolates_deployments(settings: Settings) -> None:
     from workers.app import app, celery_config, configure, queue_names
 
