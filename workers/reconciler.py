@@ -11,8 +11,8 @@ workers revive a ring once per interval.
 Tokens still waiting in the jobs queue may stand for stuck rings (a backlog that outlasts
 ``requeue_after_seconds`` is not a loss): only the difference is sent, which keeps a long
 backlog from piling up tokens. But a token starts a job of its own ring while that ring has
-jobs, so the tokens out for rings whose tokens flow never reach a stuck ring: they are taken
-off the waiting count first. (Subtracting every waiting token starved a ring whose token
+jobs (an empty ring's scans onward and may find a busy ring first), so the tokens out for
+the rings that are not stuck are taken off the waiting count first. (Subtracting every waiting token starved a ring whose token
 died with a killed worker for as long as a busy ring kept its tokens in the queue.) On RabbitMQ each pass also logs the dead letters not reported before
 (``workers.dead_letters``). The step registers itself on the app when this module is
 imported: it is in the app's ``include``, which a worker imports before it builds its
@@ -61,10 +61,10 @@ def reconcile_once() -> int:
     wait = rt.settings.worker.requeue_after_seconds
     _report_dead_letters(rt)
     try:
-        stuck, flowing = rt.scheduler.reconcile_scan()
+        stuck, others_out = rt.scheduler.reconcile_scan()
         if not stuck:
             return 0
-        missing = sum(stuck.values()) - max(0, _waiting_tokens(rt.settings) - flowing)
+        missing = sum(stuck.values()) - max(0, _waiting_tokens(rt.settings) - others_out)
     except (StoreUnavailable, OperationalError, OSError) as exc:
         log.warning("reconciler: Redis or the broker unavailable (%s); trying again in %.0f s", exc, wait / 2)
         return 0

@@ -31,8 +31,8 @@ its last token was sent or consumed; ``stuck_rings`` (the reconciler in every wo
 the rings with jobs whose stamp is older than ``requeue_after_seconds``, re-stamps them and
 returns one token for each, atomically per ring, so N workers revive a ring once per
 interval; a request for a queued job of such a ring sends a token at once. The reconciler
-also learns how many tokens the rings whose tokens flow have out (``reconcile_scan``): tokens
-waiting in the jobs queue stand for the stuck rings only beyond those.
+also learns how many tokens the other rings have out (``reconcile_scan``): tokens waiting in
+the jobs queue stand for the stuck rings only beyond those.
 
 The ring count is stored at first start (``{<prefix>:sched:meta}``): a different
 ``scheduler_rings`` later would re-map tenants and strand their queued jobs, so it is refused.
@@ -274,11 +274,12 @@ class FairScheduler:
         return self.reconcile_scan()[0]
 
     def reconcile_scan(self) -> tuple[dict[int, int], int]:
-        """``stuck_rings`` (reviving them), and the tokens outstanding of the rings with jobs
-        whose tokens flow: those may be waiting in the jobs queue too, and they serve their own
-        rings, never a stuck one (a token starts a job of its ring while the ring has jobs)."""
+        """``stuck_rings`` (reviving them), and the tokens outstanding of every other ring:
+        those may be waiting in the jobs queue too, and they start their own rings' jobs (a
+        token starts a job of its ring while the ring has jobs; an empty ring's scans onward,
+        and may find a busy ring first), not a stuck ring's."""
         stuck: dict[int, int] = {}
-        flowing = 0
+        others_out = 0
         now = repr(time.time())
         for ring in range(self.rings):
             revived, outstanding = self._call(
@@ -286,8 +287,8 @@ class FairScheduler:
             )
             if int(revived):
                 stuck[ring] = int(revived)
-            flowing += int(outstanding)
-        return stuck, flowing
+            others_out += int(outstanding)
+        return stuck, others_out
 
     def status(self, key: ConversationKey) -> Status:
         """``idle``, ``queued`` or ``running`` (a dirty run counts as running), from the
