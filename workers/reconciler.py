@@ -37,7 +37,7 @@ from workers.dead_letters import report_dead_letters
 from workers.runtime import Runtime
 from workers.tasks import send_drain_tokens
 
-__all__ = ["Reconciler", "reconcile_once"]
+__all__ = ["Reconciler", "reconcile", "reconcile_once"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,11 @@ def _report_dead_letters(rt: Runtime) -> None:
 
 def reconcile_once() -> int:
     """Send drain tokens for queued jobs that waited too long without one; returns how many."""
-    rt = runtime()
+    return reconcile(runtime())
+
+
+def reconcile(rt: Runtime) -> int:
+    """``reconcile_once`` over ``rt`` (the worker's timer passes the process's runtime)."""
     wait = rt.settings.worker.requeue_after_seconds
     _report_dead_letters(rt)
     try:
