@@ -94,9 +94,13 @@ class ScratchCluster:
                 proc.wait(timeout=5)
 
 
-def start_cluster(workdir: Path, masters: int = 3, durable: bool = False) -> ScratchCluster:
+def start_cluster(
+    workdir: Path, masters: int = 3, durable: bool = False, node_timeout_ms: int | None = None
+) -> ScratchCluster:
     """Start and join ``masters`` cluster-enabled servers under ``workdir`` (``durable``:
-    ``appendonly yes`` with ``appendfsync always``, so an acknowledged write survives a kill)."""
+    ``appendonly yes`` with ``appendfsync always``, so an acknowledged write survives a kill;
+    ``node_timeout_ms``: ``cluster-node-timeout``, after which the others mark a silent master
+    failed and, without a replica to promote, answer CLUSTERDOWN; Redis's default is 15 s)."""
     server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if server is None or cli is None:
         raise ClusterUnavailable("redis-server or redis-cli is not installed")
@@ -110,6 +114,8 @@ def start_cluster(workdir: Path, masters: int = 3, durable: bool = False) -> Scr
             args += ["--cluster-config-file", str(node_dir / "nodes.conf"), "--dir", str(node_dir)]
             args += ["--bind", "127.0.0.1", "--save", ""]
             args += ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
+            if node_timeout_ms is not None:
+                args += ["--cluster-node-timeout", str(node_timeout_ms)]
             cluster.commands.append(args)
             proc = subprocess.Popen(
                 args,

@@ -2,13 +2,14 @@
 
 import logging
 
-import redis
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ctxcore.client.models import HealthResponse
+from ctxcore.errors import StoreUnavailable
 from workers.http_errors import error_responses
 from workers.metrics import Metrics
+from workers.redis_clients import check_ready
 from workers.runtime import Runtime
 
 __all__ = ["operations_router", "window_metrics"]
@@ -23,14 +24,17 @@ def operations_router(runtime: Runtime) -> APIRouter:
     @router.get(
         "/healthz",
         response_model=HealthResponse,
-        responses={503: {"model": HealthResponse, "description": "Redis does not answer"}},
+        responses={
+            503: {"model": HealthResponse, "description": "Redis does not answer, or its cluster is down"}
+        },
         tags=["operations"],
     )
     def healthz() -> JSONResponse:
-        """Liveness and readiness: 200 when Redis answers PING, else 503."""
+        """Liveness and readiness: 200 when Redis answers PING (a cluster: ``CLUSTER INFO``
+        says ``cluster_state:ok``), else 503."""
         try:
-            runtime.redis.ping()
-        except redis.RedisError as exc:
+            check_ready(runtime.redis)
+        except StoreUnavailable as exc:
             log.warning("health check failed: %s", exc)
             return JSONResponse({"status": "unavailable"}, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse({"status": "ok"})

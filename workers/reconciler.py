@@ -8,10 +8,12 @@ finds the rings with jobs whose tokens were neither sent nor consumed for
 ``requeue_after_seconds``, re-stamps them and returns one token for each, so N
 workers revive a ring once per interval.
 
-Tokens are interchangeable, so tokens still waiting in the jobs queue already stand for
-stuck jobs (a backlog that outlasts ``requeue_after_seconds`` is not a loss): only the
-difference is sent, which keeps a long backlog from piling up tokens that find the ring
-empty later. On RabbitMQ each pass also logs the dead letters not reported before
+Tokens still waiting in the jobs queue may stand for stuck rings (a backlog that outlasts
+``requeue_after_seconds`` is not a loss): only the difference is sent, which keeps a long
+backlog from piling up tokens. But a token starts a job of its own ring while that ring has
+jobs (an empty ring's scans onward and may find a busy ring first), so the tokens out for
+the rings that are not stuck are taken off the waiting count first. (Subtracting every waiting token starved a ring whose token
+died with a killed worker for as long as a busy ring kept its tokens in the queue.) On RabbitMQ each pass also logs the dead letters not reported before
 (``workers.dead_letters``). The step registers itself on the app when this module is
 imported: it is in the app's ``include``, which a worker imports before it builds its
 bootsteps, so the app never imports this module (nor, through it, the tasks).
@@ -39,7 +41,7 @@ from workers.retention import SWEEP_EVERY_SECONDS, sweep_if_due
 from workers.runtime import Runtime, retention_of
 from workers.tasks import send_drain_tokens
 
-__all__ = ["Reconciler", "reconcile_once"]
+__all__ = ["Reconciler", "reconcile", "reconcile_once"]
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +61,18 @@ def _report_dead_letters(rt: Runtime) -> None:
 
 def reconcile_once() -> int:
     """Send drain tokens for queued jobs that waited too long without one; returns how many."""
-    rt = runtime()
+    return reconcile(runtime())
+
+
+def reconcile(rt: Runtime) -> int:
+    """``reconcile_once`` over ``rt`` (the worker's timer passes the process's runtime)."""
     wait = rt.settings.worker.requeue_after_seconds
     _report_dead_letters(rt)
     try:
-        stuck = rt.scheduler.stuck_rings()
+        stuck, others_out = rt.scheduler.reconcile_scan()
         if not stuck:
             return 0
-        missing = sum(stuck.values()) - _waiting_tokens(rt.settings)
+        missing = sum(stuck.values()) - max(0, _waiting_tokens(rt.settings) - others_out)
     except (StoreUnavailable, OperationalError, OSError) as exc:
         log.warning("reconciler: Redis or the broker unavailable (%s); trying again in %.0f s", exc, wait / 2)
         return 0

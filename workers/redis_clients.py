@@ -29,6 +29,7 @@ from ctxcore.errors import ConfigError, StoreUnavailable
 __all__ = [
     "SLOTS",
     "check_plain_broker",
+    "check_ready",
     "cluster_client",
     "is_cluster",
     "redis_client",
@@ -102,6 +103,25 @@ def cluster_client(nodes: Sequence[str], socket_timeout: float = 5.0) -> redis.R
 def is_cluster(client: object) -> bool:
     """True for a ``RedisCluster`` client (some calls differ: e.g. cross-slot pipelines)."""
     return isinstance(client, RedisCluster)
+
+
+def check_ready(client: redis.Redis) -> None:
+    """Raise ``StoreUnavailable`` unless ``client`` can serve now (one call either way).
+
+    A plain Redis must answer PING. On a cluster, PING is answered even while the cluster is
+    down (a master lost past ``cluster-node-timeout``, no replica to promote: every keyed
+    command gets CLUSTERDOWN), so the check is ``CLUSTER INFO`` of the client's default node:
+    it must answer and report ``cluster_state:ok``.
+    """
+    try:
+        if not is_cluster(client):
+            client.ping()
+            return
+        state = cast(RedisCluster, client).cluster_info().get("cluster_state")
+    except (redis.RedisError, RedisClusterException) as exc:
+        raise StoreUnavailable(f"Redis unavailable: {exc}") from exc
+    if state != "ok":
+        raise StoreUnavailable(f"Redis Cluster state is {state}, not ok (CLUSTERDOWN)")
 
 
 def check_plain_broker(url: str, socket_timeout: float = 5.0) -> None:

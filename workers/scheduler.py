@@ -30,7 +30,9 @@ Liveness: a token can be lost (a failed send, a consumer that died). Each ring s
 its last token was sent or consumed; ``stuck_rings`` (the reconciler in every worker) finds
 the rings with jobs whose stamp is older than ``requeue_after_seconds``, re-stamps them and
 returns one token for each, atomically per ring, so N workers revive a ring once per
-interval; a request for a queued job of such a ring sends a token at once.
+interval; a request for a queued job of such a ring sends a token at once. The reconciler
+also learns how many tokens the other rings have out (``reconcile_scan``): tokens waiting in
+the jobs queue stand for the stuck rings only beyond those.
 
 The ring count is stored at first start (``{<prefix>:sched:meta}``): a different
 ``scheduler_rings`` later would re-map tenants and strand their queued jobs, so it is refused.
@@ -273,17 +275,24 @@ class FairScheduler:
         """Rings with jobs whose tokens were neither sent nor consumed for over
         ``requeue_after_seconds``, each with the tokens to send now (one); atomic per ring, so
         concurrent reconcilers never both revive one ring in one interval."""
-        out: dict[int, int] = {}
+        return self.reconcile_scan()[0]
+
+    def reconcile_scan(self) -> tuple[dict[int, int], int]:
+        """``stuck_rings`` (reviving them), and the tokens outstanding of every other ring:
+        those may be waiting in the jobs queue too, and they start their own rings' jobs (a
+        token starts a job of its ring while the ring has jobs; an empty ring's scans onward,
+        and may find a busy ring first), not a stuck ring's."""
+        stuck: dict[int, int] = {}
+        others_out = 0
         now = repr(time.time())
         for ring in range(self.rings):
-            count = int(
-                self._call(
-                    self._stuck, self._ring_keys(ring), [now, self.requeue_after_seconds, self.ring_tokens]
-                )
+            revived, outstanding = self._call(
+                self._stuck, self._ring_keys(ring), [now, self.requeue_after_seconds]
             )
-            if count:
-                out[ring] = count
-        return out
+            if int(revived):
+                stuck[ring] = int(revived)
+            others_out += int(outstanding)
+        return stuck, others_out
 
     def status(self, key: ConversationKey) -> Status:
         """``idle``, ``queued`` or ``running`` (a dirty run counts as running), from the

@@ -162,15 +162,17 @@ return 1
 )
 
 # The reconciler, per ring: a ring with jobs whose tokens were neither sent nor consumed for
-# ARGV[2] seconds lost them. Re-stamps the ring and returns 1: send one token (`out` restarts
-# from it; the drain it starts re-sends it while the ring has jobs, and new jobs add up to
-# the ring's allowance); 0 when the ring is idle or its tokens flow.
+# ARGV[2] seconds lost them. Re-stamps the ring and returns {1, 0}: send one token (`out`
+# restarts from it; the drain it starts re-sends it while the ring has jobs, and new jobs add
+# up to the ring's allowance). Any other ring returns {0, its outstanding tokens}: the
+# reconciler tells them from the stuck rings' in the jobs queue.
 # KEYS: ring, out, stamp. ARGV: now, stale seconds.
 STUCK = """
-if redis.call('LLEN', KEYS[1]) == 0 then return 0 end
+local out = tonumber(redis.call('GET', KEYS[2]) or '0')
+if redis.call('LLEN', KEYS[1]) == 0 then return {0, out} end
 local last = tonumber(redis.call('GET', KEYS[3]) or '0')
-if last >= tonumber(ARGV[1]) - tonumber(ARGV[2]) then return 0 end
+if last >= tonumber(ARGV[1]) - tonumber(ARGV[2]) then return {0, out} end
 redis.call('SET', KEYS[3], ARGV[1])
 redis.call('SET', KEYS[2], 1)
-return 1
+return {1, 0}
 """

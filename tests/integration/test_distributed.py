@@ -1,4 +1,9 @@
-"""The distributed service end to end: real Redis, a real Celery worker (no eager mode)."""
+"""The distributed service end to end: real Redis, a real Celery worker (no eager mode).
+
+The scheduler and lock tests run twice, on the plain Redis and on the session's
+three-master Redis Cluster (``sched_redis``); the end-to-end test runs on the cluster from
+tests/integration/test_cluster.py.
+"""
 
 from __future__ import annotations
 
@@ -62,6 +67,19 @@ def worker(settings: Settings) -> Iterator[Runtime]:
         yield runtime()
 
 
+@pytest.fixture(params=["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])
+def sched_redis(request: pytest.FixtureRequest) -> Iterator[tuple[redis.Redis, str]]:
+    """A client and a key prefix of this test's own: the plain Redis, then the Redis Cluster
+    (a ``RedisCluster`` as the runtime builds it). Its keys are deleted afterwards."""
+    if request.param == "redis_cluster":
+        yield request.getfixturevalue("cluster_redis")
+        return
+    settings: Settings = request.getfixturevalue("settings")
+    client = redis.Redis.from_url(settings.redis.url)
+    yield client, settings.redis.key_prefix
+    client.close()
+
+
 def _wait_idle(rt: Runtime, key: ConversationKey, timeout: float = 60) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -119,9 +137,9 @@ def test_end_to_end_swe_run_turn_by_turn(worker: Runtime) -> None:
     assert not final.fallback_applied
 
 
-def test_fifty_concurrent_requests_make_one_job(settings: Settings, redis_url: str) -> None:
-    client = redis.Redis.from_url(settings.redis.url)
-    sched = FairScheduler(client, prefix=settings.redis.key_prefix)
+def test_fifty_concurrent_requests_make_one_job(sched_redis: tuple[redis.Redis, str]) -> None:
+    client, prefix = sched_redis
+    sched = FairScheduler(client, prefix=prefix)
     key = ConversationKey("acme", "busy")
     barrier = threading.Barrier(50)
     created: list[bool] = []
@@ -147,12 +165,12 @@ def test_fifty_concurrent_requests_make_one_job(settings: Settings, redis_url: s
     assert sched.finish(key) == -1  # nothing running: nothing to finish
 
 
-def test_fairness_by_order_not_time(settings: Settings) -> None:
+def test_fairness_by_order_not_time(sched_redis: tuple[redis.Redis, str]) -> None:
     """Drain tokens are consumed in send order (one FIFO, like Celery's jobs queue): the
     quiet tenant's job starts within the first two drains per worker, whichever rings the
     two tenants hash to. (A token of no ring starts anywhere, at random: no order then.)"""
-    client = redis.Redis.from_url(settings.redis.url)
-    sched = FairScheduler(client, prefix=settings.redis.key_prefix)
+    client, prefix = sched_redis
+    sched = FairScheduler(client, prefix=prefix)
     tokens: deque[int] = deque()
     for key in [
         *(ConversationKey("tenant-a", f"c{n}") for n in range(200)),
@@ -174,9 +192,9 @@ def test_fairness_by_order_not_time(settings: Settings) -> None:
     assert sched.depth() == 201 - workers * 2
 
 
-def test_lease_expiry_requeues_after_a_dead_worker(settings: Settings) -> None:
-    client = redis.Redis.from_url(settings.redis.url)
-    sched = FairScheduler(client, prefix=settings.redis.key_prefix, lease_seconds=0.2)
+def test_lease_expiry_requeues_after_a_dead_worker(sched_redis: tuple[redis.Redis, str]) -> None:
+    client, prefix = sched_redis
+    sched = FairScheduler(client, prefix=prefix, lease_seconds=0.2)
     key = ConversationKey("acme", "crashy")
     assert sched.request(key)
     assert sched.next_job() is not None  # taken by a worker that then dies
@@ -186,17 +204,17 @@ def test_lease_expiry_requeues_after_a_dead_worker(settings: Settings) -> None:
     assert sched.request(key)
 
 
-def test_two_stage_runs_of_one_conversation_never_overlap(settings: Settings) -> None:
+def test_two_stage_runs_of_one_conversation_never_overlap(sched_redis: tuple[redis.Redis, str]) -> None:
     from workers.locks import LockBusy, conversation_lock
 
-    client = redis.Redis.from_url(settings.redis.url)
+    client, prefix = sched_redis
     key = ConversationKey("acme", "locked")
     inside = threading.Event()
     release = threading.Event()
     busy: list[bool] = []
 
     def holder() -> None:
-        with conversation_lock(client, settings.redis.key_prefix, key, timeout=0.6):
+        with conversation_lock(client, prefix, key, timeout=0.6):
             inside.set()
             release.wait(2)
 
@@ -205,12 +223,12 @@ def test_two_stage_runs_of_one_conversation_never_overlap(settings: Settings) ->
     inside.wait(2)
     time.sleep(0.5)  # past the original timeout: the keep-alive must have extended it
     try:
-        with conversation_lock(client, settings.redis.key_prefix, key):
+        with conversation_lock(client, prefix, key):
             busy.append(False)
     except LockBusy:
         busy.append(True)
     release.set()
     t.join()
     assert busy == [True]
-    with conversation_lock(client, settings.redis.key_prefix, key):
+    with conversation_lock(client, prefix, key):
         pass

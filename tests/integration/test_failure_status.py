@@ -22,6 +22,7 @@ from ctxcore.config import Settings, hash_token
 from ctxcore.state import ConversationKey
 from workers.failures import FailureStore, StageFailedError, classify_failure, public_endpoint
 from workers.keyspace import delete_prefixed_keys
+from workers.redis_clients import is_cluster
 from workers.runtime import Runtime
 from workers.scheduler import FairScheduler
 
@@ -160,10 +161,27 @@ def test_the_api_shows_failing_and_holds_requests_back_until_the_backoff_passes(
         configure(Settings())
 
 
+@pytest.fixture(params=["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])
+def ring_runtime(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Runtime]:
+    """A runtime on the plain Redis, then one whose ctxcore keys are on the session's Redis
+    Cluster (its keys there deleted afterwards)."""
+    if request.param == "redis":
+        rt = Runtime(settings)
+    else:
+        nodes = request.getfixturevalue("redis_cluster_nodes")
+        on_cluster = settings.redis.model_copy(update={"cluster_nodes": tuple(nodes)})
+        rt = Runtime(settings.model_copy(update={"redis": on_cluster}))
+        assert is_cluster(rt.redis)
+    yield rt
+    if request.param != "redis":
+        delete_prefixed_keys(rt.redis, settings.redis.key_prefix)
+    rt.redis.close()
+
+
 def test_a_stuck_ring_is_taken_by_one_reconciler_and_a_request_resends_a_stale_token(
-    settings: Settings,
+    ring_runtime: Runtime,
 ) -> None:
-    rt = Runtime(settings)
+    rt = ring_runtime
     sched: FairScheduler = rt.scheduler
     ring = sched.ring_of(KEY.tenant_id)
     assert sched.request(KEY).token == ring  # new job: send a token of its ring
@@ -186,6 +204,37 @@ def test_a_stuck_ring_is_taken_by_one_reconciler_and_a_request_resends_a_stale_t
     sched.forget(KEY)
     time.sleep(0.55)
     assert sched.stuck_rings() == {} and sched.status(KEY) == "idle"
+
+
+def test_a_ring_whose_token_died_is_revived_while_a_busy_rings_tokens_wait_in_the_queue(
+    ring_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed holding ring B's only token; ring A's two tokens sit in the jobs queue
+    (a busy tenant, workers saturated). A's tokens start A's jobs, never B's: the reconciler
+    must still send B one, and only one."""
+    from workers import reconciler
+
+    sched: FairScheduler = ring_runtime.scheduler
+    busy = next(f"busy-{i}" for i in range(100) if sched.ring_of(f"busy-{i}") != sched.ring_of("quiet"))
+    ring_a, ring_b = sched.ring_of(busy), sched.ring_of("quiet")
+    for n in range(3):
+        sched.request(ConversationKey(busy, f"c{n}"))  # two tokens out for ring A, capped
+    assert sched.request(ConversationKey("quiet", "c0")).token == ring_b  # that token is lost
+    time.sleep(0.55)  # past requeue_after_seconds
+    job = sched.next_job(ring_a)  # ring A's tokens flow: one consumed and re-sent
+    assert job is not None and job.resend and job.key.tenant_id == busy
+    sent: list[tuple[int, int | None]] = []
+    monkeypatch.setattr(reconciler, "_waiting_tokens", lambda _settings: 2)  # A's two, queued
+    monkeypatch.setattr(
+        reconciler, "send_drain_tokens", lambda count=1, ring=None: sent.append((count, ring)) or count
+    )
+    # Over this test's runtime, not the app's: an in-process worker left by another test
+    # would run its reconciler timer over whatever runtime the app was configured with.
+    assert reconciler.reconcile(ring_runtime) == 1
+    assert sent == [(1, ring_b)]
+    assert reconciler.reconcile(ring_runtime) == 0  # revived once per interval
+    job = sched.next_job(ring_b)  # the token sent starts the quiet tenant's job
+    assert job is not None and job.key == ConversationKey("quiet", "c0")
 
 
 def test_celery_config_isolates_deployments(settings: Settings) -> None:

@@ -1,4 +1,5 @@
-"""The HTTP API (workers/http.py) against a real Redis, with an ``InlineQueue`` instead of Celery."""
+"""The HTTP API (workers/http.py) against a real Redis, with an ``InlineQueue`` instead of Celery
+(the rate limiter also with its buckets on the session's Redis Cluster)."""
 
 from __future__ import annotations
 
@@ -75,9 +76,11 @@ def make_api(redis_url: str) -> Iterator[Callable[..., Api]]:
     try:
         for client, runtime in made:
             client.close()
-            runtime.redis.close()
-            if runtime.settings.redis.url == redis_url:
+            if runtime.settings.redis.cluster_nodes:  # the keys are on the cluster
+                delete_prefixed_keys(runtime.redis, runtime.settings.redis.key_prefix)
+            elif runtime.settings.redis.url == redis_url:
                 delete_prefixed_keys(cleaner, runtime.settings.redis.key_prefix)
+            runtime.redis.close()
     finally:
         cleaner.close()
 
@@ -402,8 +405,13 @@ def test_oversized_bodies_are_413_before_parsing(make_api: Callable[..., Api]) -
     assert ok.status_code == 201
 
 
-def test_rate_limit_is_per_tenant_with_retry_after(make_api: Callable[..., Api]) -> None:
+@pytest.mark.parametrize("store", ["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])
+def test_rate_limit_is_per_tenant_with_retry_after(
+    make_api: Callable[..., Api], store: str, request: pytest.FixtureRequest
+) -> None:
+    on_cluster = {"cluster_nodes": request.getfixturevalue("redis_cluster_nodes")} if store != "redis" else {}
     api = make_api(
+        redis=on_cluster,
         http={"requests_per_second": 0.2, "burst": 3},
         tenants={"tenant-b": {"requests_per_second": 1000}},
     )
