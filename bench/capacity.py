@@ -47,7 +47,7 @@ from capacity_redis import Monitor, RedisServer, memory_by_key  # noqa: E402
 from ctxcore.messages import AssistantMessage, UserMessage  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
 from tests.chaos.helpers import WorkerProcess, broker_idle, worker_env  # noqa: E402
-from workers.metrics import Metrics  # noqa: E402
+from workers.prom_worker import snapshot  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 
 FIELDS = ("cmds", "bytes_in", "bytes_out", "usec", "cpu_s")
@@ -161,8 +161,11 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
     service = build_service(rt, queue)
     probe = redis.Redis.from_url(server.url)
     keys = [ConversationKey(f"tenant-{i % 5}", f"conv-{i:04d}") for i in range(args.conversations)]
-    metrics = Metrics(rt.redis, prefix=prefix, tenants={k.tenant_id for k in keys})
+    # The worker's processes record their stages there (prometheus-client's multiprocess mode).
+    metrics_dir = workdir / "metrics"
+    metrics_dir.mkdir(exist_ok=True)
     env = worker_env(server.url, prefix, **soak.WORKER_LIMITS)
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     worker = WorkerProcess(env, workdir / "worker.log", concurrency=args.concurrency, name="capacity")
     rng = random.Random(7)
 
@@ -224,7 +227,7 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
             if round_no == args.from_round:
                 # Steady state from here: the earlier rounds ran, unmeasured (the soak's warm-up).
                 appends, windows, drains, stage_wall, worker_cpu = Cost(), {}, Cost(), 0.0, 0.0
-                base = metrics.snapshot()
+                base = snapshot(str(metrics_dir))
             if round_no == args.rounds - args.monitor_rounds:
                 spy = Monitor(server.url, prefix, keys, own_ports)
                 spy_start = read(probe)
@@ -270,12 +273,12 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
         if spy is not None:
             span = read(probe)
             shares["commandstats_same_span"] = sum(span.cmds.values()) - sum(spy_start.cmds.values())
-        snap = {k: v - base.get(k, 0.0) for k, v in metrics.snapshot().items()}
-        stages = sum(v for k, v in snap.items() if k.startswith("ctxcore_compactions_total"))
+        snap = {k: v - base.get(k, 0.0) for k, v in snapshot(str(metrics_dir)).items()}
+        stages = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_count"))
         stage_seconds = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_sum"))
         by_kind: dict[str, float] = {}
         for k, v in snap.items():
-            if k.startswith("ctxcore_compactions_total") and v:
+            if k.startswith("ctxcore_stage_seconds_count") and v:
                 kind = k.split('stage="', 1)[1].split('"', 1)[0]
                 by_kind[kind] = by_kind.get(kind, 0) + v
         jobs = sum(1 for k in keys if (s := rt.state_store.load(k)) is not None and s.version >= 1)

@@ -59,7 +59,7 @@ from tests.chaos.helpers import (  # noqa: E402
 )
 from workers.app import celery_config, queue_names  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
-from workers.metrics import Metrics  # noqa: E402
+from workers.prom_worker import snapshot  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 from workers.scheduler import Status  # noqa: E402
 
@@ -187,8 +187,7 @@ def _load_point(rt: Runtime, workers: list[WorkerProcess], keys: list[Conversati
     """Counters at one instant of the load: Redis (server-wide), the workers' CPU, the stages
     run and their seconds, and the appends so far (the tenants' ``ctxcore_*`` series)."""
     commands, bytes_in, bytes_out, redis_cpu = redis_counters(rt.redis)
-    metrics = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants={k.tenant_id for k in keys})
-    snap = metrics.snapshot()
+    snap = snapshot(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     return {
         "t": time.time(),
         "commands": commands,
@@ -196,7 +195,7 @@ def _load_point(rt: Runtime, workers: list[WorkerProcess], keys: list[Conversati
         "bytes_out": bytes_out,
         "redis_cpu": redis_cpu,
         "worker_cpu": sum(worker_cpu_seconds(w) for w in workers),
-        "stages": sum(v for k, v in snap.items() if k.startswith("ctxcore_compactions_total")),
+        "stages": sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_count")),
         "stage_seconds": sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_sum")),
     }
 
@@ -241,6 +240,9 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     rt = Runtime(settings)
     keys = _keys(args.tenants, args.conversations)
     workdir = Path(tempfile.mkdtemp(prefix="ctxcore-soak-"))
+    # The workers (which inherit the environment) record their stages there.
+    (workdir / "metrics").mkdir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(workdir / "metrics")
     server = None
     model_url = None
     if not args.offline:
@@ -323,10 +325,8 @@ def _measure(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
         invalid += problems
         state = rt.state_store.load(key)
         compacted += bool(state and state.version >= 1)
-    # Metrics live per tenant; these tenants are not configured, so name them.
-    tenants = {k.tenant_id for k in keys}
-    metrics = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants=tenants).snapshot()
-    stages = sum(v for k, v in metrics.items() if k.startswith("ctxcore_compactions_total"))
+    metrics = snapshot(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    stages = sum(v for k, v in metrics.items() if k.startswith("ctxcore_stage_seconds_count"))
     window = max(end["t"] - warm["t"], 1e-9)
 
     def rate(name: str) -> float:

@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -147,11 +148,12 @@ def overhead(rt: Any, keys: list[ConversationKey]) -> list[str]:
     return lines
 
 
-def start_workers(n: int, url: str, prefix: str) -> list[subprocess.Popen[bytes]]:
+def start_workers(n: int, url: str, prefix: str, metrics_dir: str) -> list[subprocess.Popen[bytes]]:
     from workers.app import queue_names
 
     queues = ",".join(queue_names(Settings.load({"redis": {"key_prefix": prefix}})).consume_order())
     env = {**os.environ, "CTXCORE_REDIS__URL": url, "CTXCORE_REDIS__KEY_PREFIX": prefix}
+    env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     env.pop("CTXCORE_CONFIG_FILE", None)
     procs = []
     for i in range(n):
@@ -207,7 +209,9 @@ def throughput(
     configure(settings)
     rt = runtime()
     keys = load(rt, "tput", picked)
-    procs = start_workers(workers, settings.redis.url, prefix)
+    # The workers record their stages there (prometheus-client's multiprocess mode).
+    metrics_dir = tempfile.mkdtemp(prefix="ctxcore-throughput-metrics-")
+    procs = start_workers(workers, settings.redis.url, prefix, metrics_dir)
     try:
         deadline = time.monotonic() + 60
         names = {f"bench{i}-{prefix}" for i in range(workers)}
@@ -226,11 +230,10 @@ def throughput(
         deadline = time.monotonic() + 60
         while any(rt.scheduler.status(k) != "idle" for k in warm) and time.monotonic() < deadline:
             time.sleep(0.05)
-        # Metrics live per tenant; these tenants are not configured, so name them.
-        from workers.metrics import Metrics
+        # The workers' stage series, summed over their processes' files.
+        from workers.prom_worker import snapshot
 
-        view = Metrics(rt.redis, prefix=rt.settings.redis.key_prefix, tenants={k.tenant_id for k in keys})
-        before = view.snapshot()
+        before = snapshot(metrics_dir)
         started = time.perf_counter()
         for key in keys:
             request_compaction(key, reason="bench")
@@ -241,9 +244,9 @@ def throughput(
             if pending:
                 time.sleep(0.02)
         elapsed = time.perf_counter() - started
-        after = view.snapshot()
+        after = snapshot(metrics_dir)
         snap = {k: v - before.get(k, 0.0) for k, v in after.items()}
-        stages = sum(v for k, v in snap.items() if k.startswith("ctxcore_compactions_total"))
+        stages = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_count"))
         stage_sum = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_sum"))
         stage_count = sum(v for k, v in snap.items() if k.startswith("ctxcore_stage_seconds_count"))
         within = sum(1 for k in keys if rt.coordinator.plan(k) is None)

@@ -24,12 +24,19 @@ bootstep timer.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, after_setup_task_logger, celeryd_init, worker_process_init
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    celeryd_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 
 from ctxcore.config import Settings
 from workers.broker import QueueNames, amqp_queues, broker_url, queue_names, result_backend_url, uses_amqp
@@ -169,6 +176,14 @@ def _settings_from_env(**_: Any) -> None:
 def _fresh_connections(**_: Any) -> None:
     # A forked child must not share the parent's Redis sockets.
     _state.runtime = None
+
+
+@worker_process_shutdown.connect
+def _metrics_files_dead(pid: int | None = None, **_: Any) -> None:
+    # A pool child exits: prometheus-client's multiprocess mode drops its live-gauge files.
+    from workers.prom_worker import mark_process_dead
+
+    mark_process_dead(pid or os.getpid())
 
 
 @after_setup_logger.connect

@@ -44,7 +44,7 @@ import logging
 import time
 from typing import Annotated
 
-from fastapi import BackgroundTasks, Depends, FastAPI, Header, Path, Query, Response
+from fastapi import Depends, FastAPI, Header, Path, Query, Response
 
 from ctxcore import __version__
 from ctxcore.client.models import (
@@ -76,11 +76,12 @@ from workers.http_errors import (
     not_found,
 )
 from workers.http_log import log_router
-from workers.http_ops import operations_router, window_metrics
+from workers.http_ops import operations_router
 from workers.http_recall import recall_router
 from workers.http_status import detail_out, snapshot_out
 from workers.locks import LockBusy, conversation_lock
 from workers.logs import apply_log_format, uvicorn_log_config
+from workers.prom_api import RequestMetricsMiddleware
 from workers.proxy import proxy_router
 from workers.proxy_index import HashIndex
 from workers.runtime import Runtime, check_startup
@@ -120,6 +121,8 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         "budget, compact in the background. Authenticate with `Authorization: Bearer <token>`.",
     )
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
+    # Outermost (added last): a 413 from the body limit is counted too.
+    app.add_middleware(RequestMetricsMiddleware, metrics=api.metrics)
     install_error_handlers(app)
 
     current_tenant = tenant_dependency(api)
@@ -198,7 +201,6 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         conversation_id: ConversationId,
         body: WindowRequest,
         tenant: Tenant,
-        background: BackgroundTasks,
         format: Annotated[
             WindowFormat,
             Query(
@@ -230,14 +232,8 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
             raise invalid_message_error(exc, "system_messages") from None
         except NotFoundError:
             raise not_found() from None
-        # Metrics are written after the response is sent: not a round trip the client waits for.
-        background.add_task(
-            window_metrics,
-            runtime.metrics,
-            key.tenant_id,
-            time.perf_counter() - started,
-            result.fallback_applied,
-        )
+        # In-process (no store round trip): cheap enough to record before answering.
+        api.metrics.window_served(time.perf_counter() - started, result.fallback_applied)
         return WindowResponse(
             messages=to_openai(result.messages, include_extra=format == "ctxcore"),
             tools=result.tools,
@@ -378,9 +374,9 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     )
     def usage(tenant: Tenant) -> UsageResponse:
         """Summariser calls and tokens spent on the tenant's conversations."""
-        return UsageResponse(tenant=tenant, **runtime.metrics.usage(tenant))
+        return UsageResponse(tenant=tenant, **runtime.usage.of(tenant))
 
-    app.include_router(operations_router(runtime))
+    app.include_router(operations_router(runtime, api.metrics))
     return app
 
 

@@ -12,6 +12,7 @@ from ctxcore.config import hash_token
 from ctxcore.errors import InvalidKeyError
 from ctxcore.state import ConversationKey
 from workers.http_errors import ApiError, not_found
+from workers.prom_api import ApiMetrics
 from workers.ratelimit import RateLimiter
 from workers.runtime import Runtime, build_service
 from workers.service import CompactionQueue, ContextService
@@ -26,6 +27,8 @@ class ApiState:
         self.runtime = runtime
         self.settings = runtime.settings
         self.queue = queue
+        # Prometheus series of this app (its own registry: see workers/prom_api.py).
+        self.metrics = ApiMetrics()
         self._service: ContextService | None = None
         self._limiter: RateLimiter | None = None
         self._lock = Lock()

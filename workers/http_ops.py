@@ -3,22 +3,22 @@
 import logging
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ctxcore.client.models import HealthResponse
 from ctxcore.errors import StoreUnavailable
 from workers.http_errors import error_responses
-from workers.metrics import Metrics
+from workers.prom_api import CONTENT_TYPE, ApiMetrics
 from workers.redis_clients import check_ready
 from workers.runtime import Runtime
 
-__all__ = ["operations_router", "window_metrics"]
+__all__ = ["operations_router"]
 
 log = logging.getLogger(__name__)
 
 
-def operations_router(runtime: Runtime) -> APIRouter:
-    """Health and metrics over ``runtime``."""
+def operations_router(runtime: Runtime, metrics: ApiMetrics) -> APIRouter:
+    """Health over ``runtime``, the API process's ``metrics``."""
     router = APIRouter()
 
     @router.get(
@@ -51,15 +51,12 @@ def operations_router(runtime: Runtime) -> APIRouter:
         },
         tags=["operations"],
     )
-    def metrics() -> PlainTextResponse:
-        """Service metrics (no tenant or conversation labels: cardinality stays bounded)."""
-        extra = {"ctxcore_queue_depth": float(runtime.scheduler.depth())}
-        dead = _dead_letters(runtime)
-        if dead is not None:
-            extra["ctxcore_dead_letter_messages"] = float(dead)
-        return PlainTextResponse(
-            runtime.metrics.render(extra=extra), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+    def metrics_route() -> Response:
+        """This API process's Prometheus metrics (labels from closed sets only: no tenant or
+        conversation). Compaction stages are served by each worker node on
+        ``worker.metrics_port``."""
+        body = metrics.render(runtime.scheduler.depth(), _dead_letters(runtime))
+        return Response(body, media_type=CONTENT_TYPE)
 
     return router
 
@@ -76,9 +73,3 @@ def _dead_letters(runtime: Runtime) -> int | None:
     except (OperationalError, OSError) as exc:
         log.warning("dead-letter depth not read: the broker does not answer (%s)", exc)
         return None
-
-
-def window_metrics(metrics: Metrics, tenant: str, seconds: float, fallback: bool) -> None:
-    """A window's metrics in one pipeline, run after its response is sent."""
-    also = "ctxcore_fallback_windows_total" if fallback else None
-    metrics.observe("ctxcore_fast_path_seconds", seconds, tenant=tenant, also=also)

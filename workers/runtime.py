@@ -1,4 +1,4 @@
-"""Wiring: stores, coordinator, scheduler, service and metrics built from ``Settings``.
+"""Wiring: stores, coordinator, scheduler, service and usage built from ``Settings``.
 
 One ``Runtime`` per process (built after a worker forks): it owns the Redis connection
 pool and, when ``database.url`` is set, the SQL engine.
@@ -29,10 +29,11 @@ from ctxcore.turns import UserDetector
 from workers.broker import check_broker
 from workers.circuit import CircuitBreaker, CircuitBreakerClient
 from workers.failures import FailureStore
-from workers.metrics import Metrics
+from workers.prom_worker import stage_metrics
 from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
 from workers.service import CompactionQueue, ContextService
+from workers.usage import Usage
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -147,7 +148,7 @@ class Runtime:
             self.circuit,
             key.tenant_id,
             cfg.base_url,
-            on_refused=lambda: self.metrics.inc("ctxcore_circuit_open_total", tenant=key.tenant_id),
+            on_refused=lambda: stage_metrics().circuit_open.inc(),
         )
 
     @cached_property
@@ -220,10 +221,9 @@ class Runtime:
         )
 
     @cached_property
-    def metrics(self) -> Metrics:
-        """Shared counters, per tenant; ``/metrics`` sums the configured tenants."""
-        configured = {*self.settings.tenants, *self.settings.http.tokens.values()}
-        return Metrics(self.redis, prefix=self.settings.redis.key_prefix, tenants=configured)
+    def usage(self) -> Usage:
+        """Summariser usage per tenant (``GET /v1/usage``), shared in Redis by every process."""
+        return Usage(self.redis, prefix=self.settings.redis.key_prefix)
 
 
 def check_startup(settings: Settings) -> None:

@@ -49,6 +49,7 @@ from workers.failures import (
     public_endpoint,
 )
 from workers.locks import LockBusy, conversation_lock
+from workers.prom_worker import stage_metrics
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +238,13 @@ def _run_stage(
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
-        rt.metrics.inc("ctxcore_failures_total", tenant=key.tenant_id, kind="store_unavailable")
+        stage_metrics().failures.labels("store_unavailable").inc()
         _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
     elapsed = time.perf_counter() - started
-    rt.metrics.observe("ctxcore_stage_seconds", elapsed, tenant=tenant, stage=stage.kind)
-    rt.metrics.inc("ctxcore_compactions_total", tenant=tenant, stage=stage.kind, outcome=result.outcome)
+    metrics = stage_metrics()
+    metrics.stage_seconds.labels(stage.kind, result.outcome).observe(elapsed)
     if result.model_calls:
-        rt.metrics.add_usage(tenant, result.model_calls, result.input_tokens, result.output_tokens)
+        rt.usage.add(tenant, result.model_calls, result.input_tokens, result.output_tokens)
     summary: dict[str, Any] = {
         "conversation": str(key),
         "stage": stage.kind,
@@ -253,9 +254,7 @@ def _run_stage(
         "tokens_after": result.tokens_after,
     }
     if result.outcome == "compressed":
-        rt.metrics.inc(
-            "ctxcore_tokens_saved_total", max(result.tokens_before - result.tokens_after, 0), tenant=tenant
-        )
+        metrics.tokens_saved.inc(max(result.tokens_before - result.tokens_after, 0))
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":
         # Another worker saved first (a redelivered duplicate, or this worker lost its lock
@@ -268,7 +267,7 @@ def _run_stage(
             result.state.version,
             result.detail or "another writer saved first",
         )
-        rt.metrics.inc("ctxcore_cas_conflicts_total", tenant=tenant)
+        metrics.cas_conflicts.inc()
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
         summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
@@ -278,9 +277,7 @@ def _run_stage(
         # view gives the same invalid summary, so FAILURE at once). on_failure then records
         # it and escalates: for a rejected result only this stage is exhausted.
         kind = result.error_kind or "unknown"
-        rt.metrics.inc(
-            "ctxcore_failures_total", tenant=tenant, kind=kind if kind in _KNOWN_KINDS else "other"
-        )
+        metrics.failures.labels(kind if kind in _KNOWN_KINDS else "other").inc()
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
@@ -305,7 +302,7 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
         endpoint,
     )
     if kind == "internal":
-        rt.metrics.inc("ctxcore_failures_total", tenant=key.tenant_id, kind="internal")
+        stage_metrics().failures.labels("internal").inc()
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:

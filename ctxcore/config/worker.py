@@ -53,6 +53,10 @@ class WorkerSettings(BaseModel):
     # min). An unacknowledged delivery held longer closes its channel, so it must stay above
     # the longest hold: ``hard_time_limit`` plus the longest retry countdown.
     consumer_timeout: float = Field(default=1800.0, gt=0)
+    # Each worker node serves its Prometheus metrics (stage durations, failures; summed over
+    # its pool processes) on this port, all interfaces; 0 serves none. A drain node next to
+    # a stages node (``--node all``) uses the next port.
+    metrics_port: int = Field(default=9808, ge=0, le=65534)
 
     @field_validator("broker_url", "result_backend_url")
     @classmethod

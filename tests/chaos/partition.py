@@ -45,7 +45,7 @@ from tests.chaos.helpers import (
     worker_env,
 )
 from workers.app import celery_config, queue_names
-from workers.metrics import Metrics
+from workers.prom_worker import node_registry
 from workers.runtime import Runtime
 
 # Lock and visibility timeouts short enough for a quick test; stage limits far above the
@@ -280,9 +280,11 @@ def run_partition(workdir: Path, *, cut_seconds: float | None = None) -> Outcome
             for r in range(3):
                 rt.log.append(key, agent_round(rng, f"p-r{r}", steps=3))
             rt.state_store.set_budget(key, BUDGET)
-            # Series live per tenant: read this one's by name (it is not in the settings).
-            metrics = Metrics(rt.redis, prefix=prefix, tenants=[key.tenant_id])
-            conflicts_before = metrics.snapshot().get(CONFLICTS, 0.0)
+            # Both workers record into one multiprocess directory (prometheus-client picks
+            # the mode from the variable at import); a fresh one: no conflict counted before.
+            metrics_dir = workdir / "metrics"
+            metrics_dir.mkdir(exist_ok=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
             worker_a = _start_worker("partition-a", env, queues, a_log, netns=link.name)
             sender = Celery("partition-client")
@@ -337,7 +339,7 @@ def run_partition(workdir: Path, *, cut_seconds: float | None = None) -> Outcome
                 blocks_before_restore=[b.block_id for b in before.blocks],
                 final_blocks=[b.block_id for b in after.blocks],
                 problems=state_problems(after, log_ids),
-                cas_conflicts=metrics.snapshot().get(CONFLICTS, 0.0) - conflicts_before,
+                cas_conflicts=node_registry(str(metrics_dir)).get_sample_value(CONFLICTS) or 0.0,
                 warning=warning,
                 worker_a_log=a_log.read_text(errors="replace")[-4000:],
                 a_saved="'outcome': 'compressed'" in a_log.read_text(errors="replace"),

@@ -27,6 +27,7 @@ from ctxcore.testing import OpenAIServer
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window import check_window
 from tests.chaos.helpers import agent_round, block_responder, conversation_problems
+from workers.prom_worker import stage_metrics
 from workers.runtime import Runtime, build_service
 from workers.service import InlineQueue
 
@@ -187,11 +188,11 @@ def test_worker_counts_failures_by_kind_retries_and_the_circuit_opens(
     for n, (fault, kind) in enumerate(expected_kinds.items()):
         key = ConversationKey("tenant-w", f"fault-{fault}")
         _fill(rt, key, rounds=4, seed=10 + n)
-        before = rt.metrics.snapshot().get(f'ctxcore_failures_total{{kind="{kind}"}}', 0.0)
+        before = stage_metrics().value("ctxcore_failures_total", kind=kind)
         server.push_fault(fault, retry_after=1)
         _compact(rt, key)
-        after = rt.metrics.snapshot().get(f'ctxcore_failures_total{{kind="{kind}"}}', 0.0)
-        assert after == before + 1, (fault, kind, rt.metrics.snapshot())
+        after = stage_metrics().value("ctxcore_failures_total", kind=kind)
+        assert after == before + 1, (fault, kind, after)
         assert rt.coordinator.plan(key) is None, fault  # compacted in the end
         assert conversation_problems(rt.state_store, rt.log, key) == []
         _window_fits(rt, key)
@@ -199,13 +200,12 @@ def test_worker_counts_failures_by_kind_retries_and_the_circuit_opens(
     # pipeline escalates; the conversation still ends within its target.
     key = ConversationKey("tenant-w", "fault-wrong-ids")
     _fill(rt, key, rounds=4, seed=30)
-    skipped = rt.metrics.snapshot().get('ctxcore_compactions_total{outcome="skipped",stage="l0_to_l1"}', 0.0)
+    skipped_l1 = {"stage": "l0_to_l1", "outcome": "skipped"}
+    skipped = stage_metrics().value("ctxcore_stage_seconds_count", **skipped_l1)
     server.push_fault("wrong_block_ids")
     _compact(rt, key)
     assert rt.coordinator.plan(key) is None
-    assert (
-        rt.metrics.snapshot()['ctxcore_compactions_total{outcome="skipped",stage="l0_to_l1"}'] == skipped + 1
-    )
+    assert stage_metrics().value("ctxcore_stage_seconds_count", **skipped_l1) == skipped + 1
     assert conversation_problems(rt.state_store, rt.log, key) == []
 
     # The circuit: three 5xx in a row open it (threshold 3 in this test); the stage's last
@@ -217,8 +217,7 @@ def test_worker_counts_failures_by_kind_retries_and_the_circuit_opens(
     calls = server.request_count
     _compact(rt, key)
     assert server.request_count == calls + 3
-    metrics = rt.metrics.snapshot()
-    assert metrics.get("ctxcore_circuit_open_total", 0) >= 1, metrics
+    assert stage_metrics().value("ctxcore_circuit_open_total") >= 1
     assert rt.circuit.state("tenant-c", server.base_url) == "open"
     assert rt.coordinator.plan(key) is not None  # gave up for now: nothing saved
     _window_fits(rt, key)

@@ -164,7 +164,7 @@ def test_a_message_delivered_delivery_limit_times_is_dead_lettered_shown_and_log
     with TestClient(create_app(Runtime(settings))) as api:
         text = api.get("/metrics").text
     assert "# TYPE ctxcore_dead_letter_messages gauge" in text
-    assert "\nctxcore_dead_letter_messages 1\n" in text
+    assert "\nctxcore_dead_letter_messages 1.0\n" in text
 
 
 def test_a_drain_holds_its_token_while_the_stages_queue_is_full(deployment: tuple[str, str, str]) -> None:

@@ -46,7 +46,13 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     configure(Settings())
 
 
-ENV = {"CTXCORE_REDIS_URL": "redis://127.0.0.1:6399/4", "CTXCORE_REDIS__KEY_PREFIX": "deploy1"}
+# No metrics server: these workers never start (worker_main is recorded), and a server
+# would stay bound in the test process (tests/integration/test_prometheus.py serves one).
+ENV = {
+    "CTXCORE_REDIS_URL": "redis://127.0.0.1:6399/4",
+    "CTXCORE_REDIS__KEY_PREFIX": "deploy1",
+    "CTXCORE_WORKER__METRICS_PORT": "0",
+}
 
 
 def test_worker_consumes_its_deployments_queues_under_the_given_hostname(recorded: dict[str, Any]) -> None:

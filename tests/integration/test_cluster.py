@@ -253,22 +253,16 @@ def test_start_up_refuses_a_cluster_broker_and_a_changed_ring_count(
         check_startup(Settings.load({"redis": on_cluster, "worker": {"scheduler_rings": 4}}))
 
 
-def test_metrics_and_usage_per_tenant_sum_over_the_configured_tenants(
+def test_usage_lives_per_tenant_and_is_read_by_another_process(
     cluster: tuple[redis.Redis, str],
 ) -> None:
-    from workers.metrics import Metrics
+    from workers.usage import Usage
 
     client, prefix = cluster
-    writer = Metrics(client, prefix)
-    writer.inc("ctxcore_compactions_total", tenant="t1", stage="l0_to_l1", outcome="compressed")
-    writer.inc("ctxcore_compactions_total", 2, tenant="t2", stage="l0_to_l1", outcome="compressed")
-    writer.add_usage("t1", 1, 10, 5)
-    assert (
-        writer.tenant_key("t1") == f"{{{prefix}:metrics:t1}}"
-        and writer.usage_key("t1") == f"{{{prefix}:usage:t1}}"
-    )
-    reader = Metrics(client, prefix, tenants=["t1", "t2"])  # another process: the configured tenants
-    series = 'ctxcore_compactions_total{outcome="compressed",stage="l0_to_l1"}'
-    assert reader.snapshot()[series] == 3.0
-    assert f"{series} 3" in reader.render()
-    assert reader.usage("t1") == {"calls": 1, "input_tokens": 10, "output_tokens": 5}
+    writer = Usage(client, prefix)
+    writer.add("t1", 1, 10, 5)
+    writer.add("t2", 2, 20, 10)
+    assert writer.key("t1") == f"{{{prefix}:usage:t1}}"
+    reader = Usage(client, prefix)  # another process
+    assert reader.of("t1") == {"calls": 1, "input_tokens": 10, "output_tokens": 5}
+    assert reader.of("t2") == {"calls": 2, "input_tokens": 20, "output_tokens": 10}

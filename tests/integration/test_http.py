@@ -625,7 +625,7 @@ def test_list_is_paged(api: Api) -> None:
 
 
 def test_usage_is_per_tenant(api: Api) -> None:
-    api.runtime.metrics.add_usage("tenant-a", 3, 1200, 300)
+    api.runtime.usage.add("tenant-a", 3, 1200, 300)
     assert api.client.get("/v1/usage", headers=AUTH_A).json() == {
         "tenant": "tenant-a",
         "calls": 3,
@@ -635,20 +635,44 @@ def test_usage_is_per_tenant(api: Api) -> None:
     assert api.client.get("/v1/usage", headers=AUTH_B).json()["calls"] == 0
 
 
+def _sample(text: str, series: str) -> float:
+    """The value of one exposition line (0 when absent)."""
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    return 0.0
+
+
 def test_metrics_and_healthz(api: Api) -> None:
     api.append("c1", [_user("task"), _assistant("answer")])
+    before = api.client.get("/metrics").text
     assert (
         api.client.post(f"{CONV}/c1/window", json={"budget_tokens": 1000}, headers=AUTH_A).status_code == 200
+    )
+    assert (
+        api.client.post(f"{CONV}/nope/window", json={"budget_tokens": 1000}, headers=AUTH_A).status_code
+        == 404
     )
     r = api.client.get("/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
     assert "version=0.0.4" in r.headers["content-type"]
     text = r.text
-    assert "# TYPE ctxcore_fast_path_seconds summary" in text
-    assert "ctxcore_fast_path_seconds_count 1" in text
-    assert "ctxcore_queue_depth 0" in text
-    assert "tenant-a" not in text and "c1" not in text  # no unbounded labels
+    assert "# TYPE ctxcore_fast_path_seconds histogram" in text
+    assert "# TYPE ctxcore_window_request_seconds histogram" in text
+    fast = 'ctxcore_fast_path_seconds_count{fallback="false"}'
+    assert _sample(text, fast) == _sample(before, fast) + 1
+    assert _sample(text, 'ctxcore_fast_path_seconds_bucket{fallback="false",le="+Inf"}') == 1
+    assert _sample(text, 'ctxcore_window_request_seconds_count{status="200"}') == 1
+    assert _sample(text, 'ctxcore_windows_total{status="200"}') == 1
+    assert _sample(text, 'ctxcore_windows_total{status="404"}') == 1
+    assert _sample(text, 'ctxcore_appends_total{status="201"}') == 1
+    assert _sample(text, 'ctxcore_errors_total{status="404"}') == 1
+    assert _sample(text, "ctxcore_queue_depth") == 0 and "ctxcore_queue_depth 0.0" in text
+    # Stage series are served by the worker nodes, not here.
+    assert "ctxcore_stage_seconds" not in text
+    assert "tenant-a" not in text and "c1" not in text and "nope" not in text  # no unbounded labels
     assert api.client.get("/healthz").status_code == 200
 
 

@@ -1,0 +1,115 @@
+"""The workers' Prometheus series: multiprocess mode, the node's server, bounded labels."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from ctxcore.config import Settings
+from ctxcore.errors import ConfigError
+from ctxcore.messages import AssistantMessage, UserMessage
+from ctxcore.state import ConversationKey
+from tests.chaos.helpers import free_port
+from workers.keyspace import delete_prefixed_keys
+from workers.prom_worker import disable_multiprocess, enable_multiprocess, node_registry, start_node_metrics
+
+
+@pytest.fixture()
+def metrics_dir() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="ctxcore-test-metrics-") as directory:
+        enable_multiprocess(directory)
+        try:
+            yield directory
+        finally:
+            disable_multiprocess()
+
+
+@pytest.mark.redis
+def test_a_stage_run_in_a_real_worker_moves_the_stage_histogram(redis_url: str, metrics_dir: str) -> None:
+    from celery.contrib.testing.worker import start_worker
+
+    from workers.app import app, configure, queue_names, runtime
+    from workers.runtime import build_service
+    from workers.tasks import CeleryQueue
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    settings = Settings.load(
+        {
+            "redis": {"url": redis_url, "key_prefix": prefix},
+            "worker": {"retry_delays": [0.1], "lock_timeout": 10},
+            "engine": {"keep_recent_messages": 2},
+        }
+    )
+    configure(settings)
+    key = ConversationKey("acme", f"conv-{uuid.uuid4().hex[:6]}")
+    try:
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=1,
+            perform_ping_check=False,
+            queues=queue_names(settings).consume_order(),
+            shutdown_timeout=20,
+        ):
+            rt = runtime()
+            service = build_service(rt, CeleryQueue())
+            text = "a long reply about the build and its failing tests " * 40
+            for i in range(12):
+                service.append(key, [UserMessage(content=f"step {i}"), AssistantMessage(content=text)])
+            # The window records the budget and, the conversation over its trigger, queues a job.
+            service.get_window(key, 1500, [])
+            deadline = time.time() + 60
+            while time.time() < deadline and rt.scheduler.status(key) != "idle":
+                time.sleep(0.1)
+            assert rt.scheduler.status(key) == "idle"
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(client, prefix)
+        client.close()
+
+    families = {f.name: f for f in node_registry(metrics_dir).collect()}
+    counts = [s for s in families["ctxcore_stage_seconds"].samples if s.name == "ctxcore_stage_seconds_count"]
+    assert sum(s.value for s in counts) >= 1, counts
+    assert {s.labels["outcome"] for s in counts} <= {"compressed", "skipped", "conflict", "failed"}
+    # Bounded labels only: stage kinds, outcomes, error kinds and buckets; never a tenant
+    # or a conversation.
+    for family in families.values():
+        for sample in family.samples:
+            assert set(sample.labels) <= {"stage", "outcome", "kind", "le"}, sample
+            assert not any(key.conversation_id in v or "acme" in v for v in sample.labels.values()), sample
+
+
+def test_the_node_serves_its_processes_metrics_on_metrics_port() -> None:
+    port = free_port()
+    settings = Settings.load({"worker": {"metrics_port": port}})
+    try:
+        assert start_node_metrics(settings) == port
+        from workers.prom_worker import stage_metrics
+
+        stage_metrics().stage_seconds.labels("l0_to_l1", "compressed").observe(0.2)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        disable_multiprocess()
+    assert "# TYPE ctxcore_stage_seconds histogram" in body
+    assert 'ctxcore_stage_seconds_bucket{le="0.25",outcome="compressed",stage="l0_to_l1"} 1.0' in body
+
+
+def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        settings = Settings.load({"worker": {"metrics_port": port}})
+        with pytest.raises(ConfigError, match=rf"worker.metrics_port {port} is already in use"):
+            start_node_metrics(settings)
+
+
+def test_metrics_port_zero_serves_nothing() -> None:
+    assert start_node_metrics(Settings.load({"worker": {"metrics_port": 0}})) is None
