@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -16,7 +21,7 @@ from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AssistantMessage, UserMessage
 from ctxcore.state import ConversationKey
-from tests.chaos.helpers import free_port
+from tests.chaos.helpers import REPO, free_port
 from workers.keyspace import delete_prefixed_keys
 from workers.prom_worker import disable_multiprocess, enable_multiprocess, node_registry, start_node_metrics
 
@@ -113,3 +118,86 @@ def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:
 
 def test_metrics_port_zero_serves_nothing() -> None:
     assert start_node_metrics(Settings.load({"worker": {"metrics_port": 0}})) is None
+
+
+@pytest.mark.redis
+def test_a_prefork_ctxcore_worker_serves_its_childrens_stages(redis_url: str, tmp_path: Path) -> None:
+    """``ctxcore worker`` as deployed: the stage runs in a forked pool child, the node's
+    server (the parent) sums the child's files."""
+    from workers.app import configure
+    from workers.runtime import Runtime, build_service
+    from workers.tasks import CeleryQueue
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = {
+        **os.environ,
+        "CTXCORE_REDIS_URL": redis_url,
+        "CTXCORE_REDIS__KEY_PREFIX": prefix,
+        "CTXCORE_ENGINE__KEEP_RECENT_MESSAGES": "2",
+        "CTXCORE_WORKER__CONCURRENCY": "2",
+        "CTXCORE_WORKER__METRICS_PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+    }
+    env.pop("CTXCORE_CONFIG_FILE", None)
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--loglevel", "INFO"],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    settings = Settings.load(
+        {"redis": {"url": redis_url, "key_prefix": prefix}, "engine": {"keep_recent_messages": 2}}
+    )
+    configure(settings)
+    rt = Runtime(settings)
+    key = ConversationKey("acme", f"conv-{uuid.uuid4().hex[:6]}")
+    try:
+        service = build_service(rt, CeleryQueue())
+        text = "a long reply about the build and its failing tests " * 40
+        for i in range(12):
+            service.append(key, [UserMessage(content=f"step {i}"), AssistantMessage(content=text)])
+        service.get_window(key, 1500, [])
+        deadline = time.time() + 90
+        while time.time() < deadline and rt.scheduler.status(key) != "idle":
+            time.sleep(0.2)
+        assert rt.scheduler.status(key) == "idle", (tmp_path / "worker.log").read_text()[-3000:]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        delete_prefixed_keys(rt.redis, prefix)
+        configure(Settings())
+    counts = [
+        float(line.rpartition(" ")[2])
+        for line in body.splitlines()
+        if line.startswith("ctxcore_stage_seconds_count{")
+    ]
+    assert sum(counts) >= 1, body
+    # The node's directory: $PROMETHEUS_MULTIPROC_DIR/<node>, written by the pool children only.
+    files = sorted(p.name for p in (tmp_path / "metrics" / "all").glob("*.db"))
+    assert files and all(name.startswith(("histogram_", "counter_")) for name in files), files
+    assert not any(name.endswith(f"_{proc.pid}.db") for name in files), files
+
+
+def test_a_pool_child_exiting_is_marked_dead(metrics_dir: str) -> None:
+    """Celery's ``worker_process_shutdown`` in the child: its live-gauge files go (what
+    ``multiprocess.mark_process_dead`` removes; counters and histograms stay summed)."""
+    from celery.signals import worker_process_shutdown
+
+    import workers.app  # noqa: F401  (connects the handler, as in a worker)
+
+    live = Path(metrics_dir) / "gauge_livesum_4242.db"
+    live.write_bytes(b"")
+    kept = Path(metrics_dir) / "histogram_4242.db"
+    kept.write_bytes(b"")
+    worker_process_shutdown.send(sender=None, pid=4242, exitcode=0)
+    assert not live.exists() and kept.exists()
