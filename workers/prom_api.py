@@ -5,8 +5,8 @@ registry would add them up). An API process is one uvicorn process, so its metri
 in-process values: an observation is a lock and an add, no Redis round trip per window.
 Several API replicas are summed by Prometheus, as any per-instance series.
 
-Labels come from closed sets only: ``status`` (HTTP status codes the routes answer) and
-``fallback`` ("true"/"false"). No tenant, conversation or path label: cardinality stays
+Labels come from closed sets only: ``status`` (HTTP status codes the routes answer),
+``route`` ("window"/"proxy") and ``fallback`` ("true"/"false"). No tenant, conversation or path label: cardinality stays
 bounded whatever clients send. Compaction stages run in the workers and are served by each
 worker node (``workers/prom_worker.py``), not here.
 """
@@ -39,9 +39,10 @@ class ApiMetrics:
         r = self.registry
         self.fast_path_seconds = Histogram(
             "ctxcore_fast_path_seconds",
-            "Wall time of the service's get_window (the fast path) in the window route, by "
-            "whether the synchronous fallback was applied.",
-            ["fallback"],
+            "Wall time of the service's get_window (the fast path), by route (window: POST "
+            ".../window; proxy: POST /v1/chat/completions) and whether the synchronous "
+            "fallback was applied.",
+            ["route", "fallback"],
             buckets=WINDOW_BUCKETS,
             registry=r,
         )
@@ -68,9 +69,9 @@ class ApiMetrics:
         self._scrape = _ScrapeGauges()
         r.register(self._scrape)
 
-    def window_served(self, seconds: float, fallback: bool) -> None:
-        """One get_window of the window route."""
-        self.fast_path_seconds.labels("true" if fallback else "false").observe(seconds)
+    def window_served(self, seconds: float, fallback: bool, route: str = "window") -> None:
+        """One get_window served by ``route`` ("window" or "proxy")."""
+        self.fast_path_seconds.labels(route, "true" if fallback else "false").observe(seconds)
 
     def request_done(self, kind: str | None, status: int, seconds: float) -> None:
         """One HTTP response: ``kind`` is "window", "append" or None (any other route)."""

@@ -220,6 +220,8 @@ def proxy_router(api: ApiState) -> APIRouter:
         if api.runtime.log.last_id(key) is None:
             api.check_conversation_limit(tenant)
         prepared = flow().prepare(key, rest, indices, system, tools, model, budget)
+        if "window" in prepared.timings:  # a replay serves no window
+            api.metrics.window_served(prepared.timings["window"] / 1000, prepared.fallback, route="proxy")
         prepared.timings = {"parse": parse_ms, "parse-cpu": parse_cpu_ms, **prepared.timings}
         return key, proxy, prepared, system_raw
 

@@ -39,6 +39,7 @@ class Prepared:
     window: list[dict[str, Any]] = field(default_factory=list)
     replay: dict[str, Any] | None = None
     appended: int = 0
+    fallback: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -121,6 +122,7 @@ class ProxyFlow:
             last,
             window=to_openai(served),
             appended=len(fresh),
+            fallback=result.fallback_applied,
             # Wall and CPU milliseconds (CPU: this thread's, so a loaded machine's waiting is out).
             timings={
                 "append": (appended - started) * 1000,

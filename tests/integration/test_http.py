@@ -661,9 +661,9 @@ def test_metrics_and_healthz(api: Api) -> None:
     text = r.text
     assert "# TYPE ctxcore_fast_path_seconds histogram" in text
     assert "# TYPE ctxcore_window_request_seconds histogram" in text
-    fast = 'ctxcore_fast_path_seconds_count{fallback="false"}'
+    fast = 'ctxcore_fast_path_seconds_count{fallback="false",route="window"}'
     assert _sample(text, fast) == _sample(before, fast) + 1
-    assert _sample(text, 'ctxcore_fast_path_seconds_bucket{fallback="false",le="+Inf"}') == 1
+    assert _sample(text, 'ctxcore_fast_path_seconds_bucket{fallback="false",le="+Inf",route="window"}') == 1
     assert _sample(text, 'ctxcore_window_request_seconds_count{status="200"}') == 1
     assert _sample(text, 'ctxcore_windows_total{status="200"}') == 1
     assert _sample(text, 'ctxcore_windows_total{status="404"}') == 1

@@ -79,8 +79,18 @@ def logged(live: LiveApi, conv: str) -> list[Any]:
     return live.runtime.log.read_after(ConversationKey("acme", conv), None)
 
 
+def _proxy_windows(live: LiveApi) -> float:
+    """Windows the proxy served, from the API's ``/metrics``."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{live.url}/metrics", timeout=5).read().decode()
+    series = 'ctxcore_fast_path_seconds_count{fallback="false",route="proxy"} '
+    return sum(float(line.removeprefix(series)) for line in text.splitlines() if line.startswith(series))
+
+
 def test_two_turns_replace_messages_log_once_and_replay(live: LiveApi, fresh: OpenAIServer) -> None:
     conv = conv_id()
+    windows = _proxy_windows(live)
     client = sdk(live, conv)
     fresh.push_reply("Let me look.", [CALL])
     first = [SYSTEM, {"role": "user", "content": "List the files."}]
@@ -130,6 +140,8 @@ def test_two_turns_replace_messages_log_once_and_replay(live: LiveApi, fresh: Op
     client.chat.completions.create(model=MODEL, messages=third)  # type: ignore[arg-type]
     log = logged(live, conv)
     assert len(log) == 6 and log[4].text == "Thanks" and log[5].text == "You are welcome."
+    # Three windows served on the fast path (the replays served none).
+    assert _proxy_windows(live) == windows + 3
 
 
 def test_a_diverging_history_is_a_400_naming_the_index(live: LiveApi, fresh: OpenAIServer) -> None:
