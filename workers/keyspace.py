@@ -1,7 +1,7 @@
 """The Redis keys of one ``redis.key_prefix``, found by SCAN and deleted exactly.
 
 Every key ctxcore writes starts with ``<prefix>:`` (state, log, locks) or ``{<prefix>:``
-(scheduler, rate limits, circuit breakers and metrics hash tags), and Celery's and kombu's
+(scheduler, rate limits, circuit breakers and usage hash tags), and Celery's and kombu's
 keys (queues, bindings, ``unacked``, task results) get ``<prefix>:`` from the
 ``global_keyprefix`` in ``workers.app.celery_config``. So a SCAN on these two patterns finds
 one deployment's keys, and nothing of another prefix (``demo1a`` never matches ``demo1ab:``).

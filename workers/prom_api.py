@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -66,23 +67,33 @@ class ApiMetrics:
             ["status"],
             registry=r,
         )
+        self._children: dict[tuple[str, ...], Any] = {}
         self._scrape = _ScrapeGauges()
         r.register(self._scrape)
 
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        # ``labels()`` takes a lock and builds a key each call (half an observation's cost):
+        # the few children (closed label sets) are looked up once.
+        key = (str(id(metric)), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, metric.labels(*labels))
+        return child
+
     def window_served(self, seconds: float, fallback: bool, route: str = "window") -> None:
         """One get_window served by ``route`` ("window" or "proxy")."""
-        self.fast_path_seconds.labels(route, "true" if fallback else "false").observe(seconds)
+        self._child(self.fast_path_seconds, route, "true" if fallback else "false").observe(seconds)
 
     def request_done(self, kind: str | None, status: int, seconds: float) -> None:
         """One HTTP response: ``kind`` is "window", "append" or None (any other route)."""
         code = str(status)
         if kind == "window":
-            self.windows.labels(code).inc()
-            self.window_request_seconds.labels(code).observe(seconds)
+            self._child(self.windows, code).inc()
+            self._child(self.window_request_seconds, code).observe(seconds)
         elif kind == "append":
-            self.appends.labels(code).inc()
+            self._child(self.appends, code).inc()
         if status >= 400:
-            self.errors.labels(code).inc()
+            self._child(self.errors, code).inc()
 
     def render(self, queue_depth: int, dead_letters: int | None) -> bytes:
         """The exposition, with the gauges read at this scrape (the dead-letter depth is

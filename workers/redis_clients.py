@@ -1,7 +1,7 @@
 """The process's Redis clients: a plain Redis, or one ``RedisCluster`` for ``redis.cluster_nodes``.
 
 With ``redis.cluster_nodes`` set, every ctxcore key (state, log, offloads, archives, locks,
-compaction status, scheduler, rate limiter, circuit breaker, metrics and usage) lives on the
+compaction status, scheduler, rate limiter, circuit breaker and usage) lives on the
 cluster, and ``redis.url`` names only Celery's broker and result backend. That one must be a
 plain Redis: kombu's Redis transport has no cluster mode, so start-up refuses a ``redis.url``
 whose server reports ``cluster_enabled:1``.
