@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -263,6 +264,7 @@ def throughput(
         }
     finally:
         stop_workers(procs)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def cleanup(url: str, prefixes: list[str]) -> None:
