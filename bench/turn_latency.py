@@ -352,7 +352,7 @@ def run_background(
                 counter,
                 args.budget,
             )
-            result.summariser_calls = int(rt.metrics.usage(key.tenant_id).get("calls", 0))
+            result.summariser_calls = int(rt.usage.of(key.tenant_id).get("calls", 0))
             deadline = time.monotonic() + 120
             while rt.scheduler.status(key) != "idle" and time.monotonic() < deadline:
                 time.sleep(0.1)
