@@ -38,6 +38,20 @@ or a compaction holding the conversation's lock during DELETE);
 naming its index and field; ``BudgetExceeded`` with its three sizes; malformed request);
 429 (per-tenant token bucket, with ``Retry-After``); 503 (store outage, ``Retry-After: 1``).
 Every error body is JSON ``{"error": <code>, "detail": ...}`` plus code-specific fields.
+
+Layout (arrows: imports). This module only wires; each router translates HTTP to calls of
+``ContextService`` (``workers.service``: appends with ``If-Match``, windows, recall) or of
+the runtime's stores, and errors to responses through the one table:
+
+    http (create_app) -> http_auth (bearer token, rate limit) -> http_api (ApiState, params)
+                      -> http_log (messages: append, read, truncate) -> service, truncate
+                      -> http_window (window) -> service
+                      -> http_state (compact, state, offloads) -> http_status (models)
+                      -> http_conversations (list, delete, usage) -> service_delete
+                      -> http_recall, proxy, http_ops (healthz, metrics)
+                      -> http_errors (handlers) -> http_statuses (ERROR_STATUSES)
+
+Request and response models are ``ctxcore.client.models`` (the client parses them too).
 """
 
 from fastapi import FastAPI
