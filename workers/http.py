@@ -28,13 +28,11 @@ token's sha256 in ``http.tokens``):
 
 Status codes: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``); 403 (tenant's
 ``max_conversations`` reached by an append that would create one more); 404 for an
-unknown conversation, **an invalid conversation id** and another tenant's conversation
-alike (the body is byte-identical, so a caller learns nothing about ids it does not own;
-an invalid id cannot name an existing conversation, so 404 is also simply true); 409
-(``If-Match`` mismatch, with the log's ``last_id`` and ``ETag``; ``invalid_window`` when the saved
-state cannot be served without breaking the chat protocol, naming the violations: roll back;
-or a compaction holding the conversation's lock during DELETE);
-413 (body over ``http.max_body_bytes``, checked before any parsing); 422 (invalid message,
+unknown conversation, an invalid id and another tenant's conversation alike (byte-identical
+bodies: a caller learns nothing about ids it does not own); 409 (``If-Match`` mismatch, with
+the log's ``last_id`` and ``ETag``; ``invalid_window`` when the saved state cannot be served
+without breaking the chat protocol, naming the violations: roll back; or a compaction
+holding the conversation's lock during DELETE); 413 (body over ``http.max_body_bytes``, checked before any parsing); 422 (invalid message,
 naming its index and field; ``BudgetExceeded`` with its three sizes; malformed request);
 429 (per-tenant token bucket, with ``Retry-After``); 503 (store outage, ``Retry-After: 1``).
 Every error body is JSON ``{"error": <code>, "detail": ...}`` plus code-specific fields.

@@ -159,6 +159,8 @@ def test_a_refused_endpoint_fails_visibly_backs_off_and_recovers_when_the_cause_
         assert request_compaction(key) == "queued"
         _wait(lambda: rt.failures.get(key).failing, 15, "the recorded failure")
         _wait(lambda: rt.scheduler.status(key) == "idle", 5, "the job's end")
+        # The failure is recorded before Celery's task-failed event arrives: wait for it too.
+        _wait(lambda: events.tasks("ctxcore.stage.", "task-failed"), 10, "the stage's FAILURE")
         (failed,) = events.tasks("ctxcore.stage.", "task-failed")
         # Transient: RETRY once per configured delay, then FAILURE with the classified error.
         assert events.types(failed["uuid"]).count("task-retried") == len(settings.worker.retry_delays)

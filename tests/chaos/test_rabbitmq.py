@@ -98,6 +98,9 @@ def test_a_refused_endpoint_retries_through_native_delayed_delivery_and_the_retr
         rt.state_store.set_budget(key, 3000)
         assert request_compaction(key) == "queued"
         _wait(lambda: rt.failures.get(key).failing, 20, "the recorded failure")
+        # The failure is recorded (on_failure) before Celery's task-failed event is sent and
+        # consumed: wait for the event too.
+        _wait(lambda: events.tasks("ctxcore.stage.", "task-failed"), 10, "the task-failed event")
         (failed,) = events.tasks("ctxcore.stage.", "task-failed")
         types = events.types(failed["uuid"])
         # RETRY, then the same task received again (from the delayed-delivery exchanges), then FAILURE.

@@ -21,8 +21,6 @@ from ctxcore.config.sources import section_of
 REPO = Path(__file__).resolve().parents[2]
 # path -> why it may stay unread; an entry that is read (or gone) fails, so the list shrinks.
 ALLOWED = {
-    # Issue 20, item 7 "retention_days": another branch wires the TTLs and the sweep.
-    "tenants.<id>.retention_days": "issue 20 item 7 (retention_days TTLs)",
     # The broker's own consumer_timeout (rabbitmq.conf), declared so WorkerSettings refuses a
     # hard_time_limit plus retry countdown the broker would cut; nothing else can use it
     # (the x-consumer-timeout queue argument would break redeclaring existing queues).
