@@ -78,20 +78,10 @@ def serve_api(redis_url: str, *, worker: bool, clean: bool = True, **overrides: 
     runtime = Runtime(settings)
     started_worker: AbstractContextManager[Any] | None = None
     if worker:
-        from celery.contrib.testing.worker import start_worker
+        from tests.workers_fixture import in_process_worker
 
-        from workers.app import app as celery_app
-        from workers.app import configure, queue_names
-
-        configure(settings)
-        started_worker = start_worker(
-            celery_app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            queues=queue_names(settings).consume_order(),
-            shutdown_timeout=20,
-        )
+        # Entered here, left in ``close()``: the API outlives this call.
+        started_worker = in_process_worker(settings)
         started_worker.__enter__()
         app = create_app(runtime)
     else:

@@ -1,23 +1,25 @@
-"""State the HTTP routes share (``ApiState``) and the bearer-token dependency."""
+"""What the HTTP routes share: ``ApiState`` (runtime, queue, the lazily built service and
+rate limiter, conversation keys) and the path and header parameters several routers take."""
 
-import hmac
-from collections.abc import Callable
 from threading import Lock
 from typing import Annotated
 
-from fastapi import Depends
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Header, Path
 
-from ctxcore.config import hash_token
 from ctxcore.errors import InvalidKeyError
 from ctxcore.state import ConversationKey
-from workers.http_errors import ApiError, not_found
+from workers.http_errors import not_found
 from workers.prom_api import ApiMetrics
 from workers.ratelimit import RateLimiter
 from workers.runtime import Runtime, build_service
 from workers.service import CompactionQueue, ContextService
 
-__all__ = ["ApiState", "parse_if_match", "tenant_dependency"]
+__all__ = ["ApiState", "ConversationId", "IfMatch", "parse_if_match"]
+
+ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of letters, digits, '-', '_', '.'")]
+IfMatch = Annotated[
+    str | None, Header(alias="If-Match", description="The log id the log must end at (else 409)")
+]
 
 
 class ApiState:
@@ -52,32 +54,6 @@ class ApiState:
                     self._limiter = RateLimiter(self.runtime.redis, self.settings.redis.key_prefix)
         return self._limiter
 
-    def tenant_for_token(self, token: str) -> str | None:
-        """The tenant of a bearer token, comparing digests in constant time.
-
-        Every configured digest is compared (no early exit, no dict lookup), so the time
-        taken does not depend on which entry, if any, matches.
-        """
-        candidate = hash_token(token)
-        found: str | None = None
-        for digest, tenant in self.settings.http.tokens.items():
-            if hmac.compare_digest(candidate, digest):
-                found = tenant
-        return found
-
-    def rate_limit(self, tenant: str) -> None:
-        """Take one token from the tenant's bucket or raise 429."""
-        http = self.settings.http
-        rate = self.settings.tenant(tenant).requests_per_second or http.requests_per_second
-        decision = self.limiter.take(tenant, rate, http.burst)
-        if not decision.allowed:
-            raise ApiError(
-                429,
-                "rate_limited",
-                f"more than {rate:g} requests per second (burst {http.burst}); retry later",
-                headers={"Retry-After": str(decision.retry_after)},
-            )
-
     def key(self, tenant: str, conversation_id: str) -> ConversationKey:
         """The conversation's key; an invalid id is a 404 like any id the tenant does not own."""
         try:
@@ -95,52 +71,6 @@ class ApiState:
         if not self.exists(key):
             raise not_found()
         return key
-
-    def check_conversation_limit(self, tenant: str) -> None:
-        """403 when the tenant already has ``max_conversations`` conversations.
-
-        Only called for an append that would create a conversation. Two concurrent creations
-        can both pass the check (it is not a transaction): the limit is a quota, not a lock.
-        """
-        limit = self.settings.tenant(tenant).max_conversations
-        if limit is None:
-            return
-        existing = self.runtime.log.list_conversations(tenant, None, limit)
-        if len(existing) >= limit:
-            raise ApiError(
-                403,
-                "conversation_limit",
-                f"tenant has reached its limit of {limit} conversations; delete one to start another",
-            )
-
-
-def tenant_dependency(api: ApiState) -> Callable[..., str]:
-    """The dependency that authenticates a request and charges its tenant's rate limit."""
-    bearer = HTTPBearer(auto_error=False, description="A tenant's API token (configured as its sha256)")
-
-    def current_tenant(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> str:
-        """Authenticate the request and charge the tenant's rate limit."""
-        if credentials is None:
-            raise ApiError(
-                401,
-                "unauthorized",
-                "missing bearer token (Authorization: Bearer <token>)",
-                headers={"WWW-Authenticate": 'Bearer realm="ctxcore"'},
-            )
-        tenant = api.tenant_for_token(credentials.credentials)
-        if tenant is None:
-            raise ApiError(
-                401,
-                "unauthorized",
-                "invalid bearer token",
-                headers={"WWW-Authenticate": 'Bearer realm="ctxcore", error="invalid_token"'},
-            )
-        api.rate_limit(tenant)
-        return tenant
-
-    return current_tenant
 
 
 def parse_if_match(value: str | None) -> str | None:

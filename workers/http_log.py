@@ -1,21 +1,20 @@
-"""The raw log's routes: ``GET`` (paged read) and ``DELETE`` (truncate) ``/v1/conversations/{id}/messages``."""
+"""The raw log's routes on ``/v1/conversations/{id}/messages``: ``POST`` (append), ``GET``
+(paged read) and ``DELETE`` (truncate)."""
 
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi import APIRouter, Depends, Query, Response
 
-from ctxcore.client.models import MessagesPage, TruncateResponse
-from ctxcore.errors import InvalidKeyError
-from ctxcore.messages import to_openai
+from ctxcore.client.models import AppendRequest, AppendResponse, MessagesPage, TruncateResponse
+from ctxcore.errors import InvalidKeyError, InvalidMessageError
+from ctxcore.messages import from_openai, to_openai
 from ctxcore.state.base import parse_log_id
-from workers.http_api import ApiState, parse_if_match
-from workers.http_errors import ApiError, error_responses
+from workers.http_api import ApiState, ConversationId, IfMatch, parse_if_match
+from workers.http_errors import ApiError, error_responses, invalid_message_error
 from workers.truncate import truncate_conversation
 
 __all__ = ["log_router"]
-
-ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of letters, digits, '-', '_', '.'")]
 
 
 def _log_id(value: str, name: str) -> str:
@@ -31,6 +30,39 @@ def log_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
     router = APIRouter(tags=["conversations"])
     conv = "/v1/conversations/{conversation_id}"
     Tenant = Annotated[str, Depends(current_tenant)]
+
+    @router.post(
+        f"{conv}/messages",
+        response_model=AppendResponse,
+        status_code=201,
+        responses={
+            200: {"model": AppendResponse, "description": "Every message was already logged (a replay)"},
+            **error_responses(401, 403, 404, 409, 413, 422, 429, 503),
+        },
+    )
+    def append_messages(
+        conversation_id: ConversationId,
+        body: AppendRequest,
+        response: Response,
+        tenant: Tenant,
+        if_match: IfMatch = None,
+    ) -> AppendResponse:
+        """Append messages to the conversation's log (creating it).
+
+        A message whose ``message_id`` is already logged is not appended again: it gets its
+        existing log id back, so retries are safe.
+        """
+        key = api.key(tenant, conversation_id)
+        try:
+            messages = from_openai(body.messages)
+        except InvalidMessageError as exc:
+            raise invalid_message_error(exc, "messages") from None
+        outcome = api.service.append_if_match(key, messages, parse_if_match(if_match))
+        if outcome.replay:
+            response.status_code = 200  # nothing new: an idempotent replay
+        if outcome.last_id is not None:
+            response.headers["ETag"] = f'"{outcome.last_id}"'
+        return AppendResponse(ids=outcome.ids, last_id=outcome.last_id)
 
     @router.get(
         f"{conv}/messages", response_model=MessagesPage, responses=error_responses(401, 404, 422, 429, 503)
@@ -57,9 +89,7 @@ def log_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
         conversation_id: ConversationId,
         tenant: Tenant,
         after: Annotated[str, Query(description="Keep the log up to this log id, remove what follows")],
-        if_match: Annotated[
-            str | None, Header(alias="If-Match", description="The log id the log must end at (else 409)")
-        ] = None,
+        if_match: IfMatch = None,
     ) -> TruncateResponse:
         """Remove the messages after ``after`` (the log's one exception to append-only).
 

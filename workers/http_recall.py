@@ -10,15 +10,13 @@ unknown one. Recall off: 409 ``recall_disabled`` naming the setting; an empty qu
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends
 
 from ctxcore.client.models import RecallHit, RecallRequest, RecallResponse
-from workers.http_api import ApiState
+from workers.http_api import ApiState, ConversationId
 from workers.http_errors import error_responses
 
 __all__ = ["recall_router"]
-
-ConversationId = Annotated[str, Path(description="Conversation id: 1-128 of letters, digits, '-', '_', '.'")]
 
 
 def recall_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:

@@ -38,6 +38,7 @@ from ctxcore.errors import (
 from ctxcore.summarize.errors import ModelCallError
 from workers.circuit import CircuitOpenError
 from workers.failures import StageFailedError
+from workers.locks import ConversationBusy
 
 __all__ = ["ERROR_STATUSES", "STORE_DOWN", "ApiError", "ErrorStatus", "error_status"]
 
@@ -147,7 +148,16 @@ ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
     QuotaExceeded: ErrorStatus(403, "conversation_limit"),
     RateLimited: ErrorStatus(429, "rate_limited", headers=lambda x: _retry_after(x.retry_after)),
     # The conversation's state says no: re-read, retry against it or roll back.
-    ConflictError: ErrorStatus(409, "conflict"),
+    # An append's If-Match mismatch names the log's last id (body and ETag) to retry against.
+    ConflictError: ErrorStatus(
+        409,
+        "conflict",
+        fields=lambda x: {"last_id": x.last_id} if x.expected_last_id is not None else {},
+        headers=lambda x: (
+            {"ETag": f'"{x.last_id}"'} if x.expected_last_id is not None and x.last_id else None
+        ),
+    ),
+    ConversationBusy: ErrorStatus(409, "conversation_busy", headers=lambda _: {"Retry-After": "1"}),
     TruncateRefused: ErrorStatus(
         409,
         "truncate_refused",

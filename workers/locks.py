@@ -14,14 +14,19 @@ from contextlib import contextmanager
 import redis
 from redis.exceptions import LockError
 
-from ctxcore.errors import StoreUnavailable
+from ctxcore.errors import ConflictError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 
-__all__ = ["LockBusy", "conversation_lock", "lock_name"]
+__all__ = ["ConversationBusy", "LockBusy", "conversation_lock", "lock_name"]
 
 
 class LockBusy(Exception):
     """Another worker holds the conversation's lock."""
+
+
+class ConversationBusy(ConflictError):
+    """A compaction kept the conversation's lock past the wait of a request that needs it
+    (a DELETE): nothing was changed; retry shortly. Over HTTP a 409 ``conversation_busy``."""
 
 
 def lock_name(prefix: str, key: ConversationKey) -> str:

@@ -35,6 +35,7 @@ from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey
 from ctxcore.window import known_context_window
 from workers.http_api import ApiState
+from workers.http_auth import rate_limit, tenant_for_token
 from workers.proxy_errors import ProxyError, openai_error, proxy_responses
 from workers.proxy_flow import Prepared, ProxyFlow
 from workers.proxy_index import HashIndex
@@ -75,7 +76,7 @@ def _tenant(api: ApiState, request: Request) -> str:
             "unauthorized",
             headers=challenge,
         )
-    tenant = api.tenant_for_token(token.strip())
+    tenant = tenant_for_token(api.settings, token.strip())
     if tenant is None:
         raise ProxyError(
             401,
@@ -83,7 +84,7 @@ def _tenant(api: ApiState, request: Request) -> str:
             "invalid_api_key",
             headers=challenge,
         )
-    api.rate_limit(tenant)
+    rate_limit(api, tenant)
     return tenant
 
 
@@ -218,7 +219,7 @@ def proxy_router(api: ApiState) -> APIRouter:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise ProxyError(400, "tools must be a list of objects", "invalid_value", param="tools")
         if api.runtime.log.last_id(key) is None:
-            api.check_conversation_limit(tenant)
+            api.service.check_conversation_limit(tenant)
         prepared = flow().prepare(key, rest, indices, system, tools, model, budget)
         if "window" in prepared.timings:  # a replay serves no window
             api.metrics.window_served(prepared.timings["window"] / 1000, prepared.fallback, route="proxy")

@@ -15,17 +15,15 @@ from typing import Any, Protocol
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
-from ctxcore.errors import InvalidMessageError, NotFoundError, RecallDisabled
-from ctxcore.markers import RECALLED_CONTEXT
-from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
+from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
+from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
-from ctxcore.protocol import drop_leading_tool_messages, interrupted_by_user
+from ctxcore.protocol import interrupted_by_user
 from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
 from ctxcore.state.redis import RedisMessageLog
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
 from ctxcore.status import CompactionDetail, CompactionStatus
@@ -35,12 +33,9 @@ from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
 from workers.service_tail import WindowTail, read_window_tail, redis_window_reader
+from workers.service_write import AppendOutcome, check_batch, validation_tail
 
-__all__ = ["CompactionQueue", "ContextService", "InlineQueue"]
-
-# Log entries an append is validated after at most: a tail of 50,000 entries (workers
-# down) must not be read whole by every append; what a batch must follow is the log's end.
-_VALIDATION_SPAN = 512
+__all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
 
 
 class CompactionQueue(Protocol):
@@ -118,28 +113,9 @@ class ContextService:
         checked atomically inside the append; a replay of a call that succeeded returns its
         ids instead (every message needs a ``message_id`` for that).
         """
-        limits = self.settings.service
-        if len(messages) > limits.max_messages_per_append:
-            raise InvalidMessageError(
-                -1, "messages", f"at most {limits.max_messages_per_append} messages per append"
-            )
-        for i, message in enumerate(messages):
-            if isinstance(message, SystemMessage):
-                raise InvalidMessageError(
-                    i, "role", "system messages are not logged; send them with each window request"
-                )
-            if len(message_text(message)) > limits.max_message_chars:
-                raise InvalidMessageError(i, "content", f"longer than {limits.max_message_chars} characters")
-            if isinstance(message, UserMessage) and message_text(message).lstrip().startswith(
-                RECALLED_CONTEXT
-            ):
-                # Auto-recall's message is served, never logged: logging it would archive
-                # the archive and pin it as history.
-                raise InvalidMessageError(
-                    i, "content", f"{RECALLED_CONTEXT} messages are ctxcore's own; do not send them back"
-                )
+        check_batch(messages, self.settings.service)
         state = self.state_store.load(key)
-        tail = self._validation_tail(key, state.covered_until if state else None, expected_last_id)
+        tail = validation_tail(self.log, key, state.covered_until if state else None, expected_last_id)
         logged_ids = {t.message_id for t in tail if t.message_id}
         fresh = [(i, m) for i, m in enumerate(messages) if not (m.message_id and m.message_id in logged_ids)]
         checked = [*tail, *(m for _, m in fresh)]
@@ -162,6 +138,49 @@ class ContextService:
             return self.log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
         return self.log.append(key, list(messages), expected_last_id=expected_last_id)
 
+    def append_if_match(
+        self, key: ConversationKey, messages: Sequence[AnyMessage], if_match: str | None
+    ) -> AppendOutcome:
+        """``append`` under an ``If-Match`` precondition: ``None`` (none), ``"*"`` (the
+        conversation exists, else ``ConflictError``) or the log id the log must end at
+        (``ConflictError`` with the log's ``last_id`` otherwise). An append creating a
+        conversation is ``QuotaExceeded`` past the tenant's ``max_conversations``."""
+        expected = if_match
+        previous = self.log.last_id(key)
+        if expected == "*":
+            # RFC 9110: "*" matches any current representation, i.e. the conversation exists.
+            if previous is None:
+                raise ConflictError("If-Match: * but the conversation does not exist")
+            expected = None
+        if previous is None and expected is None:
+            self.check_conversation_limit(key.tenant_id)
+        try:
+            ids = self.append(key, messages, expected_last_id=expected)
+        except ConflictError as exc:
+            # The last id the atomic check saw: no second read that could see a later one.
+            last = exc.last_id
+            raise ConflictError(
+                f"If-Match {expected!r} does not match the log's last id {last!r}",
+                last_id=last,
+                expected_last_id=expected,
+            ) from exc
+        # Under concurrent appends the max of our ids is the id our writes end at: a client
+        # sending it as If-Match gets a conflict if someone else appended after us, as it should.
+        replay = previous is not None and all(i <= previous for i in ids)
+        return AppendOutcome(ids, max(ids) if ids else previous, replay)
+
+    def check_conversation_limit(self, tenant: str) -> None:
+        """``QuotaExceeded`` when the tenant already has ``max_conversations`` conversations.
+
+        Only called for an append that would create a conversation. Two concurrent creations
+        can both pass the check (it is not a transaction): the limit is a quota, not a lock.
+        """
+        limit = self.settings.tenant(tenant).max_conversations
+        if limit is not None and len(self.log.list_conversations(tenant, None, limit)) >= limit:
+            raise QuotaExceeded(
+                f"tenant has reached its limit of {limit} conversations; delete one to start another"
+            )
+
     def append_counts(
         self, tail: Sequence[AnyMessage], messages: Sequence[AnyMessage]
     ) -> AppendCounts | None:
@@ -174,32 +193,6 @@ class ContextService:
         return AppendCounts(
             self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
         )
-
-    def _validation_tail(
-        self, key: ConversationKey, cursor: str | None, expected_last_id: str | None
-    ) -> list[AnyMessage]:
-        """The log the new messages must follow: after the cursor, up to ``expected_last_id``.
-
-        Under ``If-Match`` validation sees the log the conditional append will see (the
-        append itself re-checks atomically); a replay is validated as its first call was.
-        """
-        expected = expected_seq(expected_last_id)
-        after = parse_log_id(cursor) if cursor is not None else 0
-        if expected is None or expected < 1:
-            last = self.log.last_id(key)
-            expected = parse_log_id(last) if last is not None else 0
-        if after < expected - _VALIDATION_SPAN:
-            # A long tail (workers behind): new messages follow its end, from a step start.
-            first = format_log_id(expected - _VALIDATION_SPAN + 1)
-            return drop_leading_tool_messages(self.log.read_range(key, first, format_log_id(expected)))
-        if after < expected:
-            return self.log.read_range(key, format_log_id(after + 1), format_log_id(expected))
-        if expected_last_id is None or expected < 1:
-            return []
-        # The state already covers the expected id (compaction ran since): the context a
-        # batch needs is the end of the last step before it, which starts after tool results.
-        before = self.log.read_range(key, format_log_id(max(expected - 63, 1)), format_log_id(expected))
-        return drop_leading_tool_messages(before)
 
     # --- windows ----------------------------------------------------------------------
 

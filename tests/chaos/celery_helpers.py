@@ -1,46 +1,18 @@
-"""Celery pieces of the failure tests: an in-process worker and the task events Flower reads."""
+"""Celery pieces of the failure tests: the task events Flower reads (``EventLog``), and the
+one in-process worker of the suite (``tests.workers_fixture.in_process_worker``, re-exported)."""
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from ctxcore.config import Settings
-from workers.runtime import Runtime
+from tests.workers_fixture import in_process_worker
+
+__all__ = ["FINAL_EVENTS", "EventLog", "in_process_worker"]
 
 FINAL_EVENTS = ("task-failed", "task-succeeded")
-
-
-@contextmanager
-def in_process_worker(settings: Settings, concurrency: int = 2) -> Iterator[Runtime]:
-    """A real Celery worker (threads pool) of this deployment in this process; yields the
-    runtime it shares with the test (so the test can break a piece of it on purpose)."""
-    from celery.contrib.testing.worker import start_worker
-
-    from workers.app import app, configure, queue_names, runtime
-
-    configure(settings)
-    try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=concurrency,
-            perform_ping_check=False,
-            queues=queue_names(settings).consume_order(),
-            shutdown_timeout=20,
-        ):
-            yield runtime()
-            # Results of tasks sent from this process are subscribed to until their
-            # AsyncResult is collected (reference cycles): collect them while the test's
-            # Redis still answers, or they try to unsubscribe from a server that is gone.
-            gc.collect()
-    finally:
-        configure(Settings())
 
 
 class EventLog:

@@ -129,9 +129,7 @@ def test_every_fault_at_every_model_stage_leaves_the_state_untouched(
 
 @pytest.fixture()
 def worker_rt(db_url: str, server: OpenAIServer) -> Iterator[Runtime]:
-    from celery.contrib.testing.worker import start_worker
-
-    from workers.app import app, configure, queue_names, runtime
+    from tests.workers_fixture import in_process_worker
 
     settings = _settings(
         db_url,
@@ -141,23 +139,10 @@ def worker_rt(db_url: str, server: OpenAIServer) -> Iterator[Runtime]:
         failure_backoff_seconds=0.5,
         failure_backoff_max_seconds=1.0,
     )
-    configure(settings)
     # Results are never read here; without them nothing subscribes to this test's private
     # Redis, which is gone once the test ends.
-    app.conf.task_ignore_result = True
-    try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            queues=queue_names(settings).consume_order(),
-            shutdown_timeout=20,
-        ):
-            yield runtime()
-    finally:
-        app.conf.task_ignore_result = False
-        configure(Settings())
+    with in_process_worker(settings, ignore_result=True) as rt:
+        yield rt
 
 
 def _compact(rt: Runtime, key: ConversationKey, timeout: float = 30.0) -> None:

@@ -216,26 +216,12 @@ def cluster_settings(redis_cluster_nodes: list[str], redis_url: str) -> Iterator
 
 def test_distributed_end_to_end_on_the_cluster(cluster_settings: Settings) -> None:
     """The distributed e2e test with ctxcore's keys on the cluster, Celery on the plain Redis."""
-    from celery.contrib.testing.worker import start_worker
-
     from tests.integration.test_distributed import test_end_to_end_swe_run_turn_by_turn
-    from workers.app import app, configure, queue_names, runtime
+    from tests.workers_fixture import in_process_worker
 
-    configure(cluster_settings)
-    try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=2,
-            perform_ping_check=False,
-            queues=queue_names(cluster_settings).consume_order(),
-            shutdown_timeout=20,
-        ):
-            rt = runtime()
-            assert type(rt.redis).__name__ == "RedisCluster"
-            test_end_to_end_swe_run_turn_by_turn(rt)
-    finally:
-        configure(Settings())
+    with in_process_worker(cluster_settings) as rt:
+        assert type(rt.redis).__name__ == "RedisCluster"
+        test_end_to_end_swe_run_turn_by_turn(rt)
 
 
 def test_start_up_refuses_a_cluster_broker_and_a_changed_ring_count(

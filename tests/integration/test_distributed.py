@@ -23,6 +23,7 @@ from ctxcore.tokens import TiktokenCounter
 from ctxcore.turns import anchors
 from ctxcore.window import check_window
 from tests.datasets import conversations
+from tests.workers_fixture import in_process_worker
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime, build_service
 from workers.scheduler import FairScheduler
@@ -51,20 +52,8 @@ def settings(redis_url: str) -> Iterator[Settings]:
 
 @pytest.fixture()
 def worker(settings: Settings) -> Iterator[Runtime]:
-    from celery.contrib.testing.worker import start_worker
-
-    from workers.app import app, configure, queue_names, runtime
-
-    configure(settings)
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=2,
-        perform_ping_check=False,
-        queues=queue_names(settings).consume_order(),
-        shutdown_timeout=20,
-    ):
-        yield runtime()
+    with in_process_worker(settings) as rt:
+        yield rt
 
 
 @pytest.fixture(params=["redis", pytest.param("redis_cluster", marks=pytest.mark.redis_cluster)])

@@ -169,16 +169,16 @@ def test_another_tenants_conversation_is_exactly_a_missing_one(api: Api) -> None
 
 
 def test_every_token_digest_is_compared(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.http_api
+    import workers.http_auth
 
     calls: list[str] = []
-    real = workers.http_api.hmac.compare_digest
+    real = workers.http_auth.hmac.compare_digest
 
     def counting(a: str, b: str) -> bool:
         calls.append(b)
         return real(a, b)
 
-    monkeypatch.setattr(workers.http_api.hmac, "compare_digest", counting)
+    monkeypatch.setattr(workers.http_auth.hmac, "compare_digest", counting)
     configured = set(api.runtime.settings.http.tokens)
     for token in (TOKEN_A, TOKEN_B, "unknown"):
         calls.clear()
@@ -586,12 +586,12 @@ def test_delete_removes_everything_then_404(api: Api) -> None:
 
 
 def test_delete_waits_for_a_running_stage_then_409(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.http_api
+    import workers.service_delete
     from workers.locks import conversation_lock
 
     api.append("busy", [_user("task")])
     key = ConversationKey("tenant-a", "busy")
-    monkeypatch.setattr(workers.http, "DELETE_LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(workers.service_delete, "DELETE_LOCK_WAIT_SECONDS", 0.2)
     with conversation_lock(api.runtime.redis, api.runtime.settings.redis.key_prefix, key, timeout=10):
         r = api.client.delete(f"{CONV}/busy", headers=AUTH_A)
     assert r.status_code == 409 and r.json()["error"] == "conversation_busy"

@@ -1,0 +1,77 @@
+"""``POST /v1/conversations/{id}/window``: the window to send to the model."""
+
+import time
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from ctxcore.client.models import ElidedRange, WindowFormat, WindowRequest, WindowResponse, WindowStats
+from ctxcore.errors import InvalidMessageError, NotFoundError
+from ctxcore.messages import from_openai, to_openai
+from workers.http_api import ApiState, ConversationId
+from workers.http_errors import error_responses, invalid_message_error, not_found
+from workers.http_status import detail_out
+
+__all__ = ["window_router"]
+
+
+def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
+    """The window route over ``api``; ``current_tenant`` is the authenticating dependency."""
+    router = APIRouter(tags=["conversations"])
+    Tenant = Annotated[str, Depends(current_tenant)]
+
+    @router.post(
+        "/v1/conversations/{conversation_id}/window",
+        response_model=WindowResponse,
+        responses=error_responses(401, 404, 409, 413, 422, 429, 503),
+    )
+    def get_window(
+        conversation_id: ConversationId,
+        body: WindowRequest,
+        tenant: Tenant,
+        format: Annotated[
+            WindowFormat,
+            Query(
+                description="openai: messages with OpenAI keys only (ready to send); ctxcore: with log ids"
+            ),
+        ] = "ctxcore",
+    ) -> WindowResponse:
+        """The window to send to the model: system messages first, within ``budget_tokens``,
+        and ``tools``, exactly the tools the budget counted.
+
+        Never calls a model; asks for background compaction when the conversation is over
+        its trigger. 422 ``budget_exceeded`` when system + tools + anchors alone do not fit;
+        409 ``invalid_window`` (with the violations) when the saved state cannot be served
+        without breaking the chat protocol: roll the conversation back.
+        """
+        key = api.key(tenant, conversation_id)
+        try:
+            system = from_openai(body.system_messages)
+        except InvalidMessageError as exc:
+            raise invalid_message_error(exc, "system_messages") from None
+        started = time.perf_counter()
+        try:
+            # The existence check is part of the window's read (one script call on Redis).
+            budget = body.budget_tokens or api.settings.budget_for_tenant(key.tenant_id)
+            result = api.service.get_window(
+                key, budget, system, body.tools, body.model, require_existing=True
+            )
+        except InvalidMessageError as exc:
+            raise invalid_message_error(exc, "system_messages") from None
+        except NotFoundError:
+            raise not_found() from None
+        # In-process (no store round trip): cheap enough to record before answering.
+        api.metrics.window_served(time.perf_counter() - started, result.fallback_applied)
+        return WindowResponse(
+            messages=to_openai(result.messages, include_extra=format == "ctxcore"),
+            tools=result.tools,
+            stats=WindowStats(**result.stats.as_dict()),
+            state_version=result.state_version,
+            compaction=result.compaction,
+            compaction_detail=detail_out(result.compaction_detail),
+            fallback_applied=result.fallback_applied,
+            elided_ranges=[ElidedRange(first_id=a, last_id=b) for a, b in result.elided_ranges],
+        )
+
+    return router

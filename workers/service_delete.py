@@ -1,0 +1,51 @@
+"""``delete_conversation``: remove everything of a conversation, under its lock.
+
+Under the lock compaction stages hold, a running stage cannot save a state (and so
+resurrect the conversation) between the deletes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ctxcore.state import ConversationKey
+from workers.locks import ConversationBusy, LockBusy, conversation_lock
+from workers.proxy_index import HashIndex
+from workers.runtime import Runtime
+
+__all__ = ["DELETE_LOCK_WAIT_SECONDS", "delete_conversation"]
+
+# How long a deletion waits for a running compaction stage to release the conversation's lock.
+DELETE_LOCK_WAIT_SECONDS = 5.0
+
+
+def delete_conversation(runtime: Runtime, key: ConversationKey) -> None:
+    """Delete ``key``'s queued work, offloads, state, failure record, proxy index and log.
+
+    ``ConversationBusy`` (nothing deleted) when a compaction stage keeps the lock past
+    ``DELETE_LOCK_WAIT_SECONDS``.
+    """
+    settings = runtime.settings
+    deadline = time.monotonic() + DELETE_LOCK_WAIT_SECONDS
+    while True:
+        try:
+            with conversation_lock(
+                runtime.redis, settings.redis.key_prefix, key, settings.worker.lock_timeout
+            ):
+                scheduler = getattr(runtime, "scheduler", None)
+                if scheduler is not None:
+                    scheduler.forget(key)
+                runtime.offloads.delete(key)
+                runtime.state_store.delete(key)
+                runtime.failures.delete(key)
+                HashIndex(runtime.redis, settings.redis.key_prefix).delete(key)  # the proxy's
+                # The log goes last: if anything above fails, the conversation still exists
+                # and the deletion can simply be retried.
+                runtime.log.delete(key)
+            return
+        except LockBusy:
+            if time.monotonic() >= deadline:
+                raise ConversationBusy(
+                    "a compaction of this conversation is running; retry shortly"
+                ) from None
+            time.sleep(0.05)
