@@ -84,10 +84,11 @@ def room_for(
 
     Summaries may use the room left under the target, so a pass lands near the target
     instead of far below it (less detail lost), but in an agent's run all blocks together
-    stay within their cap so the tail keeps the rest. Each new block's header and section
-    headings are paid out of the room (targets add the headings back: they are part of what
-    a summary writes). It may be below a pass's floor (or negative): the pass then cannot
-    reach the target alone.
+    stay within their cap so the tail keeps the rest. Each new block's header (its headings
+    included) is paid out of the room, and the headings' size once more per block as a
+    margin: targets add the headings to each summary's share, and a view landing a few
+    tokens over its target would escalate to a further pass. It may be below a pass's floor
+    (or negative): the pass then cannot reach the target alone.
     """
     room = config.target_tokens - (served_tokens(view, config, counter) - source_tokens)
     cap = summary_cap(view, config)
