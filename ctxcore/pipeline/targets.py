@@ -7,8 +7,9 @@ on either side of them.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -115,13 +116,24 @@ def _oldest_needed(
 
     Compaction summarises only what it must: everything newer stays verbatim in the tail.
     """
-    for step in steps(raw):
+
+    def enough(end: int) -> bool:
         # Counted as one list and as served, as the view is (per-step sums add a reply
         # priming each; a capped result saves only what the window served of it).
-        source = served_of([m for m in raw[: step.end] if _mid(m) not in barriers], config, counter)
-        if source - need >= max(floor, source * MIN_SUMMARY_SHARE):
-            return list(raw[: step.end])
-    return list(raw)
+        source = served_of([m for m in raw[:end] if _mid(m) not in barriers], config, counter)
+        return source - need >= max(floor, source * MIN_SUMMARY_SHARE)
+
+    return _shortest_prefix(raw, enough)
+
+
+def _shortest_prefix(messages: Sequence[AnyMessage], fits: Callable[[int], bool]) -> list[AnyMessage]:
+    """The fewest whole leading steps of ``messages`` whose end ``fits`` accepts; all of them
+    when no end does. ``fits`` must be monotone (false, then true, as the prefix grows: a
+    longer prefix saves more), so a bisection over the step ends counts O(log n) prefixes, not
+    one per step: a tail of thousands of messages after a worker outage stays cheap."""
+    ends = [step.end for step in steps(messages)]
+    i = bisect.bisect_left(range(len(ends)), True, key=lambda k: fits(ends[k]))
+    return list(messages[: ends[i]]) if i < len(ends) else list(messages)
 
 
 def _segments(items: Sequence[Item], barriers: frozenset[str]) -> list[list[Item]]:
@@ -315,12 +327,13 @@ def _fold_raw(
     # Aim 1% below the target: a merged summary's real size differs from this estimate by a
     # few tokens, and a view that many tokens over would cost a second merge call.
     aim = config.target_tokens - config.target_tokens // 100
-    for step in steps(candidates):
-        source = block_tokens + gap_tokens + served_of(candidates[: step.end], config, counter)
+
+    def within(end: int) -> bool:
+        source = block_tokens + gap_tokens + served_of(candidates[:end], config, counter)
         merged = max(floor, room_for(view, config, counter, source, n_groups, block_tokens))
-        if window - source + merged + overhead <= aim:
-            return candidates[: step.end]
-    return candidates
+        return window - source + merged + overhead <= aim
+
+    return _shortest_prefix(candidates, within)
 
 
 def targets_for_stage(
