@@ -7,10 +7,9 @@ from ctxcore.state.redis_retention import EXPIRY_LUA
 
 __all__ = ["SAVE_ARCHIVE_LUA", "SAVE_LUA"]
 
-# KEYS: version, history, head, log counter. ARGV: expected version, state JSON, versions to
-# keep, head ("cursor|pinned,ids": what the window script needs before it can read the log),
-# retention ms (0: none; else the written keys get the conversation's expiry, the counter's).
-SAVE_LUA = (
+# Both scripts start alike: the version check (KEYS[1] against ARGV[1]), the bump, the state
+# pushed onto the history (KEYS[2], ARGV[2]) trimmed to ARGV[3] versions.
+_CAS_LUA = (
     EXPIRY_LUA
     + """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -20,6 +19,15 @@ end
 redis.call('SET', KEYS[1], current + 1)
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+"""
+)
+
+# KEYS: version, history, head, log counter. ARGV: expected version, state JSON, versions to
+# keep, head ("cursor|pinned,ids": what the window script needs before it can read the log),
+# retention ms (0: none; else the written keys get the conversation's expiry, the counter's).
+SAVE_LUA = (
+    _CAS_LUA
+    + """
 redis.call('SET', KEYS[3], ARGV[4])
 local ttl = tonumber(ARGV[5])
 if ttl > 0 then
@@ -38,15 +46,8 @@ return 1
 # retention ms (as SAVE_LUA), then pairs of (chunk id, chunk JSON). A chunk id already stored
 # keeps its first text (HSETNX).
 SAVE_ARCHIVE_LUA = (
-    EXPIRY_LUA
+    _CAS_LUA
     + """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('SET', KEYS[1], current + 1)
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 for i = 7, #ARGV, 2 do
   redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
 end
