@@ -13,19 +13,13 @@ import itertools
 from collections.abc import Sequence
 
 from ctxcore.messages import AnyMessage
-from ctxcore.pipeline.view import View
+from ctxcore.pipeline.view import View, log_id
 from ctxcore.state.models import SummaryBlock
 
 __all__ = ["MergeGroup", "merge_groups"]
 
 Item = SummaryBlock | AnyMessage
 MergeGroup = list[Item]
-
-
-def _mid(message: AnyMessage) -> str:
-    if message.context_message_id is None:
-        raise ValueError("view messages need their log id (context_message_id)")
-    return message.context_message_id
 
 
 def merge_groups(view: View, barriers: frozenset[str], fold: Sequence[AnyMessage] = ()) -> list[MergeGroup]:
@@ -48,7 +42,7 @@ def merge_groups(view: View, barriers: frozenset[str], fold: Sequence[AnyMessage
                 elif gap:
                     gaps[(last_block.block_id, item.block_id)] = gap
             last_block, separated, gap = item, False, []
-        elif _mid(item) in barriers:
+        elif log_id(item) in barriers:
             separated = True
         else:
             gap.append(item)

@@ -25,7 +25,7 @@ from ctxcore.pipeline.sizing import (
     served_of,
     served_tokens,
 )
-from ctxcore.pipeline.view import View
+from ctxcore.pipeline.view import View, log_id
 from ctxcore.state.models import SummaryBlock
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, newest_step_start, steps
@@ -33,11 +33,6 @@ from ctxcore.turns import adjust_keep_recent_for_tool_boundaries, newest_step_st
 __all__ = ["Target", "build_targets", "eligible_raw", "l1_falls_short", "targets_for_stage"]
 
 Item = SummaryBlock | AnyMessage
-
-
-def _mid(message: AnyMessage) -> str:
-    assert message.context_message_id is not None
-    return message.context_message_id
 
 
 @dataclass(frozen=True)
@@ -58,13 +53,13 @@ class Target:
     @cached_property
     def first_id(self) -> str:
         """First log id covered."""
-        ids = [b.first_id for b in self.blocks] + [_mid(m) for m in self.raw]
+        ids = [b.first_id for b in self.blocks] + [log_id(m) for m in self.raw]
         return min(ids)
 
     @cached_property
     def last_id(self) -> str:
         """Last log id covered."""
-        ids = [b.last_id for b in self.blocks] + [_mid(m) for m in self.raw]
+        ids = [b.last_id for b in self.blocks] + [log_id(m) for m in self.raw]
         return max(ids)
 
     def source_messages(self) -> list[AnyMessage]:
@@ -120,7 +115,7 @@ def _oldest_needed(
     def enough(end: int) -> bool:
         # Counted as one list and as served, as the view is (per-step sums add a reply
         # priming each; a capped result saves only what the window served of it).
-        source = served_of([m for m in raw[:end] if _mid(m) not in barriers], config, counter)
+        source = served_of([m for m in raw[:end] if log_id(m) not in barriers], config, counter)
         return source - need >= max(floor, source * MIN_SUMMARY_SHARE)
 
     return _shortest_prefix(raw, enough)
@@ -140,7 +135,7 @@ def _segments(items: Sequence[Item], barriers: frozenset[str]) -> list[list[Item
     """Split items at pinned messages and anchors (which belong to no segment)."""
     out: list[list[Item]] = [[]]
     for item in items:
-        if not isinstance(item, SummaryBlock) and _mid(item) in barriers:
+        if not isinstance(item, SummaryBlock) and log_id(item) in barriers:
             out.append([])
         else:
             out[-1].append(item)
@@ -309,7 +304,7 @@ def _fold_raw(
         return []
     candidates = list(
         itertools.takewhile(
-            lambda m: _mid(m) not in barriers,
+            lambda m: log_id(m) not in barriers,
             eligible_raw(view, config.keep_recent_messages, newest_step=config.summarise_all_pending),
         )
     )

@@ -20,7 +20,7 @@ from ctxcore.state.models import CompressionState, SummaryBlock
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
 
-__all__ = ["BLOCK_META", "View", "block_message", "block_provenance"]
+__all__ = ["BLOCK_META", "View", "block_message", "block_provenance", "log_id"]
 
 T = TypeVar("T")
 
@@ -73,7 +73,8 @@ def block_provenance(message: AnyMessage) -> Mapping[str, Any] | None:
     return None
 
 
-def _msg_id(message: AnyMessage) -> str:
+def log_id(message: AnyMessage) -> str:
+    """A view message's log id (its ``context_message_id``), which every view message has."""
     if message.context_message_id is None:
         raise ValueError("view messages need their log id (context_message_id)")
     return message.context_message_id
@@ -120,7 +121,7 @@ class View:
             version=state.version,
             system=tuple(system),
             tools=tuple(tools),
-            pinned=tuple(sorted(pinned, key=_msg_id)),
+            pinned=tuple(sorted(pinned, key=log_id)),
             blocks=tuple(state.blocks),
             tail=tuple(tail),
             covered_until=state.covered_until,
@@ -181,7 +182,7 @@ class View:
         tail = ided[max(last_block_end, 0) :]
         covered = max((b.last_id for b in blocks), default=None)
         if pinned:
-            covered = max([covered or "", *(_msg_id(m) for m in pinned)])
+            covered = max([covered or "", *(log_id(m) for m in pinned)])
         return cls(
             version=version,
             system=tuple(system),
@@ -198,7 +199,7 @@ class View:
     def prefix(self) -> list[SummaryBlock | AnyMessage]:
         """Pinned messages and blocks in log order."""
         items: list[tuple[str, int, SummaryBlock | AnyMessage]] = [(b.first_id, 1, b) for b in self.blocks]
-        items += [(_msg_id(m), 0, m) for m in self.pinned]
+        items += [(log_id(m), 0, m) for m in self.pinned]
         items.sort(key=lambda t: (t[0], t[1]))
         return [item for _, _, item in items]
 
@@ -242,7 +243,7 @@ class View:
         """Log ids of the task anchor and the intent anchor (pinned or in the tail)."""
 
         def compute() -> tuple[str | None, str | None]:
-            real = [_msg_id(m) for m in (*self.pinned, *self.tail) if self.detector.is_real(m)]
+            real = [log_id(m) for m in (*self.pinned, *self.tail) if self.detector.is_real(m)]
             if not real:
                 return None, None
             return real[0], real[-1]
@@ -255,7 +256,7 @@ class View:
 
     def messages_by_id(self) -> dict[str, AnyMessage]:
         """Raw messages of this view (pinned and tail) by log id."""
-        return {_msg_id(m): m for m in (*self.pinned, *self.tail)}
+        return {log_id(m): m for m in (*self.pinned, *self.tail)}
 
     def with_blocks(
         self, blocks: Iterable[SummaryBlock], covered_until: str | None, *, version: int | None = None
@@ -279,7 +280,7 @@ class View:
         newly_pinned = []
         tail = []
         for message in self.tail:
-            mid = _msg_id(message)
+            mid = log_id(message)
             if cursor is not None and mid <= cursor:
                 if not covered(mid):
                     newly_pinned.append(message)
@@ -289,7 +290,7 @@ class View:
             version=self.version if version is None else version,
             system=self.system,
             tools=self.tools,
-            pinned=tuple(m for m in (*self.pinned, *newly_pinned) if not covered(_msg_id(m))),
+            pinned=tuple(m for m in (*self.pinned, *newly_pinned) if not covered(log_id(m))),
             blocks=ordered,
             tail=tuple(tail),
             covered_until=cursor,
@@ -302,7 +303,7 @@ class View:
             version=self.version,
             blocks=list(self.blocks),
             covered_until=self.covered_until,
-            pinned=[_msg_id(m) for m in self.pinned],
+            pinned=[log_id(m) for m in self.pinned],
         )
 
 
