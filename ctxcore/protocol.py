@@ -69,7 +69,7 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
             )
         got.add(message.tool_call_id)
 
-    for i, missing in _unanswered(messages).items():
+    for i, missing in _unanswered(messages, callers).items():
         if _results_end(messages, i) == len(messages):
             continue  # the in-flight tail: results are still to come
         violations.append(
@@ -87,10 +87,13 @@ def _results_end(messages: Sequence[AnyMessage], i: int) -> int:
     return j
 
 
-def _unanswered(messages: Sequence[AnyMessage]) -> dict[int, list[str]]:
-    """Per assistant index: its call ids that no tool message of its step answers."""
+def _unanswered(
+    messages: Sequence[AnyMessage], callers: dict[int, int] | None = None
+) -> dict[int, list[str]]:
+    """Per assistant index: its call ids that no tool message of its step answers
+    (``callers``: ``tool_callers(messages)`` when the caller has it already)."""
     answered: dict[int, set[str]] = {}
-    for index, caller in tool_callers(messages).items():
+    for index, caller in (tool_callers(messages) if callers is None else callers).items():
         message = messages[index]
         if isinstance(message, ToolMessage):
             answered.setdefault(caller, set()).add(message.tool_call_id)

@@ -7,7 +7,7 @@ fixes) live in ``ctxcore.protocol`` and are re-exported here.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -104,25 +104,34 @@ def compute_stats(
     every budget comparison uses. A counter that raises is estimated (``tolerant``).
     """
     counter = tolerant(counter)
-    stats = ContextStats()
-    for message in (*system_messages, *context_messages):
-        tokens = _message_tokens(counter, message)
-        role = message.role
-        setattr(stats, f"{role}_messages", getattr(stats, f"{role}_messages") + 1)
-        setattr(stats, f"{role}_message_tokens", getattr(stats, f"{role}_message_tokens") + tokens)
-    stats.total_messages = len(system_messages) + len(context_messages)
-    stats.tools = len(tools)
-    stats.tool_tokens = counter.count_tools(tools)
-    stats.total_tokens = counter.count_messages([*system_messages, *context_messages]) + stats.tool_tokens
-    stats.total_dialogues = count_turns(context_messages, detector)
-    return stats
-
-
-def _message_tokens(counter: TokenCounter, message: AnyMessage) -> int:
     count_message = getattr(counter, "count_message", None)
-    if callable(count_message):
-        return int(count_message(message))
-    return counter.count_messages([message])
+    one: Callable[[AnyMessage], int] = (
+        (lambda m: int(count_message(m)))
+        if callable(count_message)
+        else (lambda m: counter.count_messages([m]))
+    )
+    # Plain locals, not setattr per message: a window's statistics run on every request.
+    messages = {"system": 0, "user": 0, "assistant": 0, "tool": 0}
+    tokens = dict.fromkeys(messages, 0)
+    for message in (*system_messages, *context_messages):
+        messages[message.role] += 1
+        tokens[message.role] += one(message)
+    tool_tokens = counter.count_tools(tools)
+    return ContextStats(
+        total_messages=len(system_messages) + len(context_messages),
+        total_tokens=counter.count_messages([*system_messages, *context_messages]) + tool_tokens,
+        total_dialogues=count_turns(context_messages, detector),
+        system_messages=messages["system"],
+        user_messages=messages["user"],
+        assistant_messages=messages["assistant"],
+        tool_messages=messages["tool"],
+        tools=len(tools),
+        system_message_tokens=tokens["system"],
+        user_message_tokens=tokens["user"],
+        assistant_message_tokens=tokens["assistant"],
+        tool_message_tokens=tokens["tool"],
+        tool_tokens=tool_tokens,
+    )
 
 
 def window_tokens(

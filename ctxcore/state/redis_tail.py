@@ -17,19 +17,29 @@ import redis
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
+from ctxcore.state.decoded import DecodedEntries
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import text, translated
+from ctxcore.state.redis_common import translated
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
 __all__ = ["CountedRedisLog", "decode_rows"]
 
 
-def decode_rows(flat: Sequence[Any]) -> tuple[list[AnyMessage], list[int | None]]:
-    """Messages and counts from the scripts' flat (seq, JSON, count or '') triples."""
-    rows = [(format_log_id(int(flat[i])), flat[i + 1]) for i in range(0, len(flat), 3)]
-    counts = [int(c) if text(c) != "" else None for c in flat[2::3]]
-    return decode_log_messages(rows), counts
+def decode_rows(
+    flat: Sequence[Any], cache: DecodedEntries | None = None
+) -> tuple[list[AnyMessage], list[int | None]]:
+    """Messages and counts from the scripts' flat (seq, JSON, count or '') triples; with
+    ``cache``, entries decoded by an earlier read are reused."""
+    rows = [(format_log_id(int(flat[i])), _raw(flat[i + 1])) for i in range(0, len(flat), 3)]
+    counts = [int(c) if c != b"" and c != "" else None for c in flat[2::3]]
+    if cache is None:
+        return decode_log_messages(rows), counts
+    return cache.decode(rows, decode_log_messages), counts
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 class CountedRedisLog:

@@ -17,6 +17,7 @@ import redis
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import check_budget, format_log_id
+from ctxcore.state.decoded import DecodedEntries
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import text, translated
@@ -46,10 +47,16 @@ class RedisWindowReader:
     """Runs ``WINDOW_LUA`` for the stores of one prefix (``RedisStateStore``/``RedisMessageLog``)."""
 
     def __init__(
-        self, client: redis.Redis, prefix: str = "ctxcore", retention: RedisRetention | None = None
+        self,
+        client: redis.Redis,
+        prefix: str = "ctxcore",
+        retention: RedisRetention | None = None,
+        decoded: DecodedEntries | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
+        # Consecutive windows read the same page: its entries are decoded once per process.
+        self.decoded = decoded if decoded is not None else DecodedEntries()
         self._script = client.register_script(WINDOW_LUA)
         self.retention = retention or RedisRetention(client, prefix)
 
@@ -81,9 +88,9 @@ class RedisWindowReader:
                 keys=self._keys(key), args=[budget_tokens, TAIL_PAGE, encoding, ttl]
             )
         first, omitted_last, omitted, entries, anchors = tail
-        messages, counts = decode_rows(entries)
-        pinned_messages, _ = decode_rows(pinned)
-        extra, _ = decode_rows(anchors)
+        messages, counts = decode_rows(entries, self.decoded)
+        pinned_messages, _ = decode_rows(pinned, self.decoded)
+        extra, _ = decode_rows(anchors, self.decoded)
         fields: list[Any] = list(compaction)
         last_seq = int(last)
         return WindowRead(

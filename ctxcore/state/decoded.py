@@ -1,0 +1,72 @@
+"""``DecodedEntries``: log entries already decoded, reused by the next window's read.
+
+An agent asks for a window after every step, and each window reads (nearly) the same tail
+page again: decoding it with pydantic was a fifth of a window's time at a 50-message tail
+(bench/README, fast path). A log entry never changes once written, and messages are frozen
+models, so a decoded entry can be handed to every later window that reads the same bytes.
+
+The key is the log id *and* the stored bytes: a log id reused after ``truncate_after`` or
+after a conversation is deleted and re-created holds different bytes, and so misses. The
+map is bounded by entries and by the bytes it holds (a tool output can be megabytes), and
+locked: a service is shared by the threads of a web server.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from ctxcore.messages import AnyMessage
+
+__all__ = ["DecodedEntries"]
+
+Row = tuple[str, bytes]
+
+
+class DecodedEntries:
+    """A bounded LRU map ``(log id, stored bytes) -> decoded message``."""
+
+    def __init__(self, max_entries: int = 16_384, max_bytes: int = 64 * 1024 * 1024) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("DecodedEntries needs room for at least one entry and one byte")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[Row, AnyMessage] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def decode(
+        self, rows: Sequence[Row], decode: Callable[[Sequence[Row]], list[AnyMessage]]
+    ) -> list[AnyMessage]:
+        """The messages of ``rows``, in order: cached ones reused, the others decoded by
+        ``decode`` in one call (which raises for a malformed entry, caching nothing)."""
+        found: list[AnyMessage | None] = []
+        missing: list[Row] = []
+        with self._lock:
+            for row in rows:
+                message = self._data.get(row)
+                if message is None:
+                    missing.append(row)
+                else:
+                    self._data.move_to_end(row)
+                found.append(message)
+            self.hits += len(rows) - len(missing)
+            self.misses += len(missing)
+        if not missing:
+            return [m for m in found if m is not None]
+        fresh = dict(zip(missing, decode(missing), strict=True))
+        with self._lock:
+            for row, message in fresh.items():
+                if row not in self._data:
+                    self._data[row] = message
+                    self._bytes += len(row[1])
+            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
+                (_, raw), _ = self._data.popitem(last=False)
+                self._bytes -= len(raw)
+        return [m if m is not None else fresh[row] for m, row in zip(found, rows, strict=True)]

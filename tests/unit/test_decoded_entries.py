@@ -1,0 +1,108 @@
+"""The decoded-entry cache of window reads, and the tool-definition count cache."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import pytest
+
+from ctxcore.errors import StoreError
+from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.state.base import decode_log_messages, encode_log_message
+from ctxcore.state.decoded import DecodedEntries
+from ctxcore.tokens import TiktokenCounter, _tools_text
+
+
+def row(log_id: str, text: str) -> tuple[str, bytes]:
+    return log_id, encode_log_message(UserMessage(content=text)).encode()
+
+
+class Counting:
+    """``decode_log_messages`` that records how many rows it was asked to decode."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def __call__(self, rows: Sequence[tuple[str, bytes]]) -> list[AnyMessage]:
+        self.rows += len(rows)
+        return decode_log_messages(rows)
+
+
+def test_a_second_read_reuses_what_the_first_decoded() -> None:
+    cache, decode = DecodedEntries(), Counting()
+    rows = [row(f"{i:012d}", f"m{i}") for i in range(5)]
+    first = cache.decode(rows, decode)
+    second = cache.decode([*rows[1:], row("000000000005", "m5")], decode)
+    assert decode.rows == 6  # only the new entry decoded the second time
+    assert second[:4] == first[1:] and all(a is b for a, b in zip(second[:4], first[1:], strict=True))
+    assert [m.context_message_id for m in second] == [f"{i:012d}" for i in range(1, 6)]
+    assert (cache.hits, cache.misses) == (4, 6)
+
+
+def test_a_reused_log_id_with_other_bytes_is_decoded_again() -> None:
+    # After truncate_after (or a conversation deleted and re-created) an id can come back
+    # holding another message: the bytes are part of the key.
+    cache = DecodedEntries()
+    (old,) = cache.decode([row("000000000001", "before")], decode_log_messages)
+    (new,) = cache.decode([row("000000000001", "after")], decode_log_messages)
+    assert (old.text, new.text) == ("before", "after")
+
+
+def test_the_cache_is_bounded_by_entries_and_by_bytes() -> None:
+    by_count = DecodedEntries(max_entries=3)
+    by_count.decode([row(f"{i:012d}", "x") for i in range(10)], decode_log_messages)
+    assert len(by_count) == 3
+    big = row("000000000001", "y" * 5000)
+    by_bytes = DecodedEntries(max_bytes=6000)
+    by_bytes.decode([big, row("000000000002", "z" * 5000)], decode_log_messages)
+    assert len(by_bytes) == 1  # the older entry went to make room
+    with pytest.raises(ValueError, match="at least one"):
+        DecodedEntries(max_entries=0)
+
+
+def test_a_malformed_entry_raises_and_caches_nothing() -> None:
+    cache = DecodedEntries()
+    with pytest.raises(StoreError, match="not a stored message"):
+        cache.decode([row("000000000001", "ok"), ("000000000002", b"garbage")], decode_log_messages)
+    assert len(cache) == 0
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string", "default": 1}}},
+        },
+    }
+]
+
+
+def expected(tools: list[dict[str, object]], counter: TiktokenCounter) -> int:
+    return 3 + sum(counter.count_text(t) for t in _tools_text(tools))
+
+
+def test_tool_counts_follow_every_change_of_the_definitions() -> None:
+    counter = TiktokenCounter()
+    assert counter.count_tools(TOOLS) == expected(TOOLS, counter)
+    assert counter.count_tools(copy.deepcopy(TOOLS)) == expected(TOOLS, counter)  # equal copy: cached
+    changed = copy.deepcopy(TOOLS)
+    changed[0]["function"]["description"] = "Search the web for pages about a topic"  # type: ignore[index]
+    assert counter.count_tools(changed) == expected(changed, counter) > expected(TOOLS, counter)
+    # Equal in Python but rendered differently in JSON (1 == 1.0 == True): never confused.
+    for value in (1.25, True, 1.0):
+        variant = copy.deepcopy(TOOLS)
+        variant[0]["function"]["parameters"]["properties"]["q"]["default"] = value  # type: ignore[index]
+        assert counter.count_tools(variant) == expected(variant, counter)
+
+
+def test_tools_marshal_cannot_write_are_counted_uncached() -> None:
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    tools = [{"type": "function", "function": {"name": "f", "x": Odd()}}]
+    counter = TiktokenCounter()
+    assert counter.count_tools(tools) == expected(tools, counter)
