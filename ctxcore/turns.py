@@ -69,6 +69,9 @@ def compile_patterns(
     return tuple(compiled)
 
 
+_VERDICTS = 8192
+
+
 @dataclass(frozen=True)
 class UserDetector:
     """Tells real user messages from internal user-role messages (memory blocks, reminders).
@@ -92,14 +95,29 @@ class UserDetector:
     harness_structure: bool = False
     _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
     _prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # String content -> its verdict: a window classifies its whole tail several times, and
+    # windows share decoded messages (and so content strings, whose hash Python caches).
+    _verdicts: dict[str, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_compiled", compile_patterns(self.patterns))
         object.__setattr__(self, "_prefixes", INTERNAL_USER_PREFIXES + tuple(self.extra_prefixes))
+        object.__setattr__(self, "_verdicts", {})
 
     def _by_text(self, message: AnyMessage) -> bool:
         if not isinstance(message, UserMessage):
             return False
+        content = message.content
+        if not isinstance(content, str):
+            return self._classify(message)
+        verdict = self._verdicts.get(content)
+        if verdict is None:
+            if len(self._verdicts) >= _VERDICTS:  # a plain bound: clearing costs one recount
+                self._verdicts.clear()
+            verdict = self._verdicts[content] = self._classify(message)
+        return verdict
+
+    def _classify(self, message: AnyMessage) -> bool:
         # Deviation from spec 1.4: list content is checked by its text too, so a memory
         # block sent as content parts is still recognised as internal.
         text = message.text.lstrip()

@@ -50,7 +50,7 @@ def redis_window_reader(
         return None
     if failures is not None and failures.key(ConversationKey("t", "c")) != f"{log.prefix}:{{t:c}}:compaction":
         return None
-    return RedisWindowReader(log.client, log.prefix, log.retention)
+    return RedisWindowReader(log.client, log.prefix, log.retention, log.decoded)
 
 
 def read_window_tail(

@@ -53,10 +53,11 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
+from ctxcore.state.decoded import DecodedEntries
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import RedisBackend as _RedisBackend
-from ctxcore.state.redis_common import field, text, translated
+from ctxcore.state.redis_common import as_bytes, field, text, translated
 from ctxcore.state.redis_offload import RedisOffloadStore
 from ctxcore.state.redis_retention import (
     RETAINED_SUFFIXES,
@@ -214,6 +215,9 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
         self._truncate = client.register_script(TRUNCATE_LUA)
         self._read_tail = client.register_script(READ_TAIL_LUA)
         self._retention = RedisRetention(client, prefix, retention)
+        # Appends validate against the newest entries and windows read the same page again:
+        # each entry is decoded once per process (shared with this log's window reader).
+        self.decoded = DecodedEntries()
 
     @classmethod
     def from_url(
@@ -319,12 +323,11 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
                 self._key(key, "log"), start, end, count=count
             )
         # Entry "n-0" holds the message with log id n.
-        return decode_log_messages(
-            [
-                (format_log_id(int(text(entry_id).partition("-")[0])), field(fields, "m"))
-                for entry_id, fields in entries
-            ]
-        )
+        rows = [
+            (format_log_id(int(text(entry_id).partition("-")[0])), as_bytes(field(fields, "m")))
+            for entry_id, fields in entries
+        ]
+        return self.decoded.decode(rows, decode_log_messages)
 
     def read_after(
         self, key: ConversationKey, cursor: str | None, limit: int | None = None

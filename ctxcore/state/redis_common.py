@@ -58,6 +58,11 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def as_bytes(value: bytes | str) -> bytes:
+    """A reply as bytes, whichever way the client decodes responses."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
 def field(fields: dict[Any, Any], name: str) -> bytes | str:
     """A stream entry's field, whichever way the client decodes responses."""
     value: bytes | str = fields[name.encode()] if name.encode() in fields else fields[name]

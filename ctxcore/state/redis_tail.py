@@ -19,7 +19,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
 from ctxcore.state.decoded import DecodedEntries
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import translated
+from ctxcore.state.redis_common import as_bytes, translated
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
@@ -31,15 +31,11 @@ def decode_rows(
 ) -> tuple[list[AnyMessage], list[int | None]]:
     """Messages and counts from the scripts' flat (seq, JSON, count or '') triples; with
     ``cache``, entries decoded by an earlier read are reused."""
-    rows = [(format_log_id(int(flat[i])), _raw(flat[i + 1])) for i in range(0, len(flat), 3)]
+    rows = [(format_log_id(int(flat[i])), as_bytes(flat[i + 1])) for i in range(0, len(flat), 3)]
     counts = [int(c) if c != b"" and c != "" else None for c in flat[2::3]]
     if cache is None:
         return decode_log_messages(rows), counts
     return cache.decode(rows, decode_log_messages), counts
-
-
-def _raw(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
 
 
 class CountedRedisLog:
@@ -49,6 +45,7 @@ class CountedRedisLog:
     _client: redis.Redis
     _read_tail: Any
     _retention: RedisRetention
+    decoded: DecodedEntries
     _key: Callable[[ConversationKey, str], str]
     _append_with: Callable[
         [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
@@ -78,8 +75,8 @@ class CountedRedisLog:
             first, last, omitted, entries, anchors = self._read_tail(
                 keys=self._tail_keys(key), args=[after, TAIL_PAGE, budget_tokens, encoding]
             )
-        messages, counts = decode_rows(entries)
-        extra, _ = decode_rows(anchors)
+        messages, counts = decode_rows(entries, self.decoded)
+        extra, _ = decode_rows(anchors, self.decoded)
         return TailRead(
             messages=messages,
             counts=counts,
