@@ -4,7 +4,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 
 from ctxcore.client.models import ElidedRange, WindowFormat, WindowRequest, WindowResponse, WindowStats
 from ctxcore.errors import InvalidMessageError, NotFoundError
@@ -36,7 +36,7 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
                 description="openai: messages with OpenAI keys only (ready to send); ctxcore: with log ids"
             ),
         ] = "ctxcore",
-    ) -> WindowResponse:
+    ) -> Response:
         """The window to send to the model: system messages first, within ``budget_tokens``,
         and ``tools``, exactly the tools the budget counted.
 
@@ -63,7 +63,7 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
             raise not_found() from None
         # In-process (no store round trip): cheap enough to record before answering.
         api.metrics.window_served(time.perf_counter() - started, result.fallback_applied)
-        return WindowResponse(
+        response = WindowResponse(
             messages=to_openai(result.messages, include_extra=format == "ctxcore"),
             tools=result.tools,
             stats=WindowStats(**result.stats.as_dict()),
@@ -73,5 +73,8 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
             fallback_applied=result.fallback_applied,
             elided_ranges=[ElidedRange(first_id=a, last_id=b) for a, b in result.elided_ranges],
         )
+        # Serialised here in one pass: returned as a model, FastAPI validates it again, dumps
+        # it to Python and then to JSON (4x the time of model_dump_json, bench/README).
+        return Response(response.model_dump_json(), media_type="application/json")
 
     return router
