@@ -11,7 +11,10 @@ then ask for a window, in a loop, for ``--duration`` seconds per phase:
 * ``busy``: tool outputs of tau-bench runs as steps and an 8k budget, so windows go over
   the trigger and the workers compact during the phase.
 
-Each phase runs with 1, 8 and 32 agents. Per phase: p50/p95/p99 of window and append,
+Each phase runs with 1, 8 and 32 agents sending back to back (a closed loop: at 32 agents the
+API's two cores are saturated, so latency there is mostly queueing), then once more with 32
+*paced* agents that wait ``--think`` seconds (default 1) after each window, as an agent waits
+for its model. Per phase: p50/p95/p99 of window and append,
 requests/s, errors by status, and the API process's CPU (user+sys from /proc) per window
 request. In the same run: a trivial route (``GET /healthz``, itself one Redis PING) and the
 Redis floor (one pipelined round trip of what a window reads, from this process) with one
@@ -28,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -165,9 +169,14 @@ async def agent(
     budget: int,
     phase: Phase,
     until: float,
+    think: float = 0.0,
 ) -> None:
-    """Append a step, ask for a window, until ``until``; every status is counted."""
+    """Append a step, ask for a window, until ``until``; every status is counted. With
+    ``think`` (seconds) the agent waits that long after each window, as it would for the
+    model's reply; the first wait is spread at random so the agents do not step in lock-step."""
     i = 0
+    if think:
+        await asyncio.sleep(random.uniform(0, think))
     while time.monotonic() < until:
         step = [
             {**m, "message_id": f"{conversation}-{phase.name}-{i}-{k}"}
@@ -182,6 +191,8 @@ async def agent(
         response = await send(http, token, calls.window(conversation, budget, None, None, None, "openai"))
         phase.window.append((time.perf_counter() - started) * 1000)
         phase.statuses[response.status_code] += 1
+        if think:
+            await asyncio.sleep(think)
 
 
 async def seed(http: httpx.AsyncClient, tokens: dict[str, str], runs: list[list[AnyMessage]], n: int) -> int:
@@ -223,6 +234,7 @@ async def run_phase(
     duration: float,
     api_pid: int,
     tenants: tuple[str, ...] = TENANTS,
+    think: float = 0.0,
 ) -> Phase:
     phase = Phase(name, agents)
     cpu = cpu_seconds(api_pid)
@@ -238,6 +250,7 @@ async def run_phase(
                 budget,
                 phase,
                 until,
+                think,
             )
             for a in range(agents)
         )
@@ -332,6 +345,23 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
                     await run_phase(http, tokens, "busy", agents, big, 8_000, args.duration, api.pid)
                 )
                 print(f"  busy, {agents} agents: done", flush=True)
+            for name, steps, budget in (("idle", [small], 32_000), ("busy", big, 8_000)):
+                # Agents that wait for their model between steps (``--think``): the latency an
+                # agent sees when the API is not saturated by back-to-back requests.
+                phases.append(
+                    await run_phase(
+                        http,
+                        tokens,
+                        f"{name} paced",
+                        max(AGENTS),
+                        steps,
+                        budget,
+                        args.duration,
+                        api.pid,
+                        think=args.think,
+                    )
+                )
+                print(f"  {name} paced, {max(AGENTS)} agents: done", flush=True)
             limited = await run_phase(
                 http, tokens, "limited", 8, [small], 32_000, min(args.duration, 3.0), api.pid, (LIMITED,)
             )
@@ -361,7 +391,7 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
         f"\n1 agent, idle: window p50 / (trivial + floor) = {ratio:.2f} (goal <= 2: {'met' if ratio <= 2 else 'NOT met'})"
     )
     for p in phases:
-        if p.agents == max(AGENTS):
+        if p.agents == max(AGENTS) and not p.name.endswith("paced"):
             bad = sum(c for s, c in p.statuses.items() if s >= 400)
             print(
                 f"{p.agents} agents, {p.name}: p99 window {pct(p.window, 0.99):.1f} ms, {bad} errors"
@@ -370,6 +400,12 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
                     if p.name == "idle"
                     else ""
                 )
+            )
+    for p in phases:
+        if p.name.endswith("paced"):
+            print(
+                f"{p.agents} agents, {p.name} ({args.think:g} s between steps): window p50 "
+                f"{pct(p.window, 0.5):.1f} ms, p99 {pct(p.window, 0.99):.1f} ms"
             )
     print(
         f"limited tenant: {limited.statuses.get(429, 0)} answers 429 of {sum(limited.statuses.values())} (on purpose)"
@@ -381,6 +417,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker children (default 2)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument(
+        "--think",
+        type=float,
+        default=1.0,
+        help="seconds each agent of the paced phases waits after a window, for its model (default 1)",
+    )
     args = parser.parse_args()
     server = ensure_redis(args.redis_url)
     url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/15"

@@ -1,9 +1,10 @@
-"""The concurrency soak (bench/soak.py) in its 60-second CI version: 5 tenants x 20
-conversations, 3 client processes appending and asking for windows at random (several
-processes write the same conversation at once), one prefork worker pool compacting in the
-background. Asserts what must hold under load: no lost update, no invalid state, every
-window fits and is protocol-valid. Throughput and latency are printed, never asserted.
-``CTXCORE_LONG=1`` runs the full shape (5 x 200 conversations, 5 minutes).
+"""The concurrency soak (bench/soak.py) in its CI version (30 seconds of load, then at
+most 20 to drain): 5 tenants x 20 conversations, 3 client processes appending and asking
+for windows at random (several processes write the same conversation at once), one prefork
+worker pool compacting in the background. Asserts what must hold under load: no lost
+update, no invalid state, every window fits and is protocol-valid. Throughput and latency
+are printed, never asserted. ``CTXCORE_LONG=1`` runs the full shape (5 x 200 conversations,
+5 minutes).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def test_soak_loses_no_update_and_keeps_states_valid(private_redis: str) -> None
     shape = (
         ["--duration", "300", "--conversations", "200"]
         if LONG
-        else ["--duration", "50", "--conversations", "20"]
+        else ["--duration", "30", "--conversations", "20"]
     )
     out = subprocess.run(
         [
