@@ -18,6 +18,7 @@ from ctxcore.config import Settings
 from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.protocol import interrupted_by_user
 from ctxcore.recall.archive import RecallAnswer, recall
@@ -95,6 +96,8 @@ class ContextService:
         self._clock = clock
         self.failures = failures
         self._chains: dict[int, list[Any]] = {}
+        # Windows clear the same old results again: their offload handles are hashed once.
+        self._handles = HandleMemo()
         self._counters: dict[str, TokenCounter] = {}
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
@@ -230,6 +233,7 @@ class ContextService:
                 context_max=budget,
                 detector=self.detector,
                 tail_budget_tokens=tail_budget_tokens,
+                handles=self._handles,
             )
 
         return rules

@@ -15,6 +15,7 @@ from typing import Any
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import IdRange
+from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.offload_batch import DeferredOffloads
 from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
 from ctxcore.processors.rule_processor import RuleProcessor
@@ -127,13 +128,15 @@ def apply_rules_result(
     detector: UserDetector = DEFAULT_DETECTOR,
     originals: Mapping[str, AnyMessage] | None = None,
     tail_budget_tokens: int | None = None,
+    handles: HandleMemo | None = None,
 ) -> ChainResult:
     """Apply a chain in passive mode (as on every add), collecting what each rule reported.
 
     ``originals`` maps log ids to the messages as logged; by default the input messages
     are taken as the originals (the fast path passes raw log messages).
     ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
-    the reference behaviour; headroom-aware rules then do nothing).
+    the reference behaviour; headroom-aware rules then do nothing). ``handles`` remembers
+    offload handles between calls (see ``HandleMemo``).
     """
     if originals is None:
         originals = {m.context_message_id: m for m in messages if m.context_message_id}
@@ -145,6 +148,7 @@ def apply_rules_result(
         originals=originals,
         context_max=context_max,
         tail_budget_tokens=tail_budget_tokens,
+        handles=handles,
     )
     rules = build_rule_chain(chain)
     if offloads is None or isinstance(offloads, DeferredOffloads):

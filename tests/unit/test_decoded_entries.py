@@ -1,4 +1,4 @@
-"""The decoded-entry cache of window reads, and the tool-definition count cache."""
+"""The fast path's caches: decoded log entries, tool-definition counts, offload handles."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 
 from ctxcore.errors import StoreError
 from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.processors.offload import HandleMemo, offload_handle
+from ctxcore.state import ConversationKey
 from ctxcore.state.base import decode_log_messages, encode_log_message
 from ctxcore.state.decoded import DecodedEntries
 from ctxcore.tokens import TiktokenCounter, _tools_text
@@ -106,3 +108,16 @@ def test_tools_marshal_cannot_write_are_counted_uncached() -> None:
     tools = [{"type": "function", "function": {"name": "f", "x": Odd()}}]
     counter = TiktokenCounter()
     assert counter.count_tools(tools) == expected(tools, counter)
+
+
+def test_handle_memo_hashes_each_message_object_once() -> None:
+    key, other_key = ConversationKey("t", "c"), ConversationKey("t", "d")
+    message = UserMessage(content="a long tool output", context_message_id="000000000007")
+    memo = HandleMemo(max_entries=2)
+    first = memo.handle(key, message)
+    assert first == offload_handle(key, [message])
+    assert memo.handle(key, message) == first
+    # The handle names the conversation too: another conversation's is its own.
+    assert memo.handle(other_key, message) == offload_handle(other_key, [message]) != first
+    # An equal copy is another object: hashed again, to the same handle.
+    assert memo.handle(key, message.model_copy()) == first
