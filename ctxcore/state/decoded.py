@@ -18,8 +18,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from ctxcore.messages import AnyMessage
+from ctxcore.state.models import CompressionState
 
-__all__ = ["DecodedEntries"]
+__all__ = ["DecodedEntries", "DecodedStates"]
 
 Row = tuple[str, bytes]
 
@@ -70,3 +71,34 @@ class DecodedEntries:
                 (_, raw), _ = self._data.popitem(last=False)
                 self._bytes -= len(raw)
         return [m if m is not None else fresh[row] for m, row in zip(found, rows, strict=True)]
+
+
+class DecodedStates:
+    """The last decoded states by their stored bytes: a state changes only when a stage
+    saves, while every window reads it (10 kB of JSON validated per window at 10,000
+    messages). Windows only read the state, never change it, so the object is shared;
+    bounded by entries and bytes, locked."""
+
+    def __init__(self, max_entries: int = 1024, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[bytes, CompressionState] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def decode(self, raw: bytes) -> CompressionState:
+        """The state stored as ``raw`` (validated once per distinct bytes)."""
+        with self._lock:
+            found = self._data.get(raw)
+            if found is not None:
+                self._data.move_to_end(raw)
+                return found
+        state = CompressionState.model_validate_json(raw)
+        with self._lock:
+            if raw not in self._data:
+                self._data[raw] = state
+                self._bytes += len(raw)
+            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
+                old, _ = self._data.popitem(last=False)
+                self._bytes -= len(old)
+        return state

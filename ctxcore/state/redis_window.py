@@ -17,10 +17,10 @@ import redis
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import check_budget, format_log_id
-from ctxcore.state.decoded import DecodedEntries
+from ctxcore.state.decoded import DecodedEntries, DecodedStates
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_common import text, translated
+from ctxcore.state.redis_common import as_bytes, text, translated
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.redis_scripts import WINDOW_LUA
 from ctxcore.state.redis_tail import decode_rows
@@ -57,6 +57,7 @@ class RedisWindowReader:
         self.prefix = prefix
         # Consecutive windows read the same page: its entries are decoded once per process.
         self.decoded = decoded if decoded is not None else DecodedEntries()
+        self.states = DecodedStates()
         self._script = client.register_script(WINDOW_LUA)
         self.retention = retention or RedisRetention(client, prefix)
 
@@ -94,7 +95,7 @@ class RedisWindowReader:
         fields: list[Any] = list(compaction)
         last_seq = int(last)
         return WindowRead(
-            state=CompressionState.model_validate_json(state) if state is not None else None,
+            state=self.states.decode(as_bytes(state)) if state is not None else None,
             pinned=pinned_messages,
             tail=TailRead(
                 messages=messages,

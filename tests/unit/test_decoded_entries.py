@@ -12,7 +12,8 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.processors.offload import HandleMemo, offload_handle
 from ctxcore.state import ConversationKey
 from ctxcore.state.base import decode_log_messages, encode_log_message
-from ctxcore.state.decoded import DecodedEntries
+from ctxcore.state.decoded import DecodedEntries, DecodedStates
+from ctxcore.state.models import CompressionState
 from ctxcore.tokens import TiktokenCounter, _tools_text
 
 
@@ -121,3 +122,16 @@ def test_handle_memo_hashes_each_message_object_once() -> None:
     assert memo.handle(other_key, message) == offload_handle(other_key, [message]) != first
     # An equal copy is another object: hashed again, to the same handle.
     assert memo.handle(key, message.model_copy()) == first
+
+
+def test_decoded_states_validate_each_stored_state_once() -> None:
+    states = DecodedStates(max_entries=2)
+    one = CompressionState(version=1, covered_until="000000000004").model_dump_json().encode()
+    two = CompressionState(version=2, covered_until="000000000009").model_dump_json().encode()
+    first = states.decode(one)
+    assert states.decode(one) is first and first.version == 1
+    assert states.decode(two).covered_until == "000000000009"
+    states.decode(CompressionState(version=3).model_dump_json().encode())
+    assert states.decode(one) is not first  # evicted (two entries kept), validated again
+    with pytest.raises(ValueError):
+        states.decode(b"{not json")
