@@ -28,7 +28,9 @@ Row = tuple[str, bytes]
 class DecodedEntries:
     """A bounded LRU map ``(log id, stored bytes) -> decoded message``."""
 
-    def __init__(self, max_entries: int = 16_384, max_bytes: int = 64 * 1024 * 1024) -> None:
+    # 16 MB holds the budget-sized pages of ~100 busy conversations (a 32k-token page is
+    # ~130 kB of JSON) without making each worker process much bigger.
+    def __init__(self, max_entries: int = 16_384, max_bytes: int = 16 * 1024 * 1024) -> None:
         if max_entries < 1 or max_bytes < 1:
             raise ValueError("DecodedEntries needs room for at least one entry and one byte")
         self.max_entries = max_entries
@@ -79,7 +81,7 @@ class DecodedStates:
     messages). Windows only read the state, never change it, so the object is shared;
     bounded by entries and bytes, locked."""
 
-    def __init__(self, max_entries: int = 1024, max_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(self, max_entries: int = 1024, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._data: OrderedDict[bytes, CompressionState] = OrderedDict()
