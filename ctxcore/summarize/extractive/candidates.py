@@ -33,6 +33,7 @@ from ctxcore.summarize.extractive.features import (
     meaningful,
     opens_with_error,
     scan,
+    spoken_runs,
     tool_tag,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
@@ -208,15 +209,28 @@ class Extractor:
         value, words = self.features(piece, tag)
         if not words or not meaningful(piece):
             return
-        text = clip(f"{prefix}{piece}")
-        if not meaningful(text):
+        whole = f"{prefix}{piece}"
+        text = clip(whole)
+        if not meaningful(text) or (prefix and text == prefix.rstrip()):
             return
         norm = collapse(text).casefold()
         static = BASE_SCORE["chat"] + value
         if norm in self.known:
             static *= 0.3
         self.items.append(
-            Item(order, "chat", text, static, norm, words, independent=independent, tag=tag, section=section)
+            Item(
+                order,
+                "chat",
+                text,
+                static,
+                norm,
+                words,
+                independent=independent,
+                tag=tag,
+                section=section,
+                speaker=prefix if text.startswith(prefix) else "",
+                trimmed=text != whole,
+            )
         )
 
     # sources
@@ -243,7 +257,11 @@ class Extractor:
         read the same way; its lines are the user role's.
         """
         default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
-        for sub, (section, tag, line) in enumerate(earlier_lines(text), 1):
+        sub = 0
+        for section, tag, line in earlier_lines(text):
+            # A gap in the order between lines: only sentences printed next to each other
+            # in the earlier line are next to each other again.
+            sub += 2
             listed = next(((p, into) for p, into in self._lists() if line.startswith(p)), None)
             if listed is not None:
                 prefix, into = listed
@@ -273,11 +291,14 @@ class Extractor:
                 key = "file:" + line.split(" <- ", 1)[0]
             label = SPEAKER.match(line)
             if label is not None and not is_error(line):
-                # A dialogue sentence kept by an earlier summary competes as one again
-                # ("ValueError: ..." is an error line, not a speaker's).
-                self.chat(
-                    (index, sub), label.group(0), line[label.end() :], tag, independent=True, section=section
-                )
+                # Each dialogue sentence kept by an earlier summary competes as one again,
+                # also when the line joined several of one speaker ("ValueError: ..." is an
+                # error line, not a speaker's).
+                for run in spoken_runs(line[label.end() :]):
+                    for piece in run:
+                        sub += 1
+                        self.chat((index, sub), label.group(0), piece, tag, independent=True, section=section)
+                    sub += 1
                 continue
             # Lines of an earlier summary were already chosen once; requests carried over
             # from it outrank ordinary facts.

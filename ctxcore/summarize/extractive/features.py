@@ -34,6 +34,7 @@ __all__ = [
     "meaningful",
     "scan",
     "split_tag",
+    "spoken_runs",
     "tail_words",
     "tool_tag",
     "words_of",
@@ -159,6 +160,13 @@ def split_tag(line: str) -> tuple[str, str]:
     if match is None:
         return "", line
     return match.group(1), line[match.end() :]
+
+
+def spoken_runs(text: str) -> list[list[str]]:
+    """The sentences of what one speaker said, in runs: a summary line that joined a
+    speaker's sentences separates the ones not next to each other by an elision."""
+    runs = [[p.strip() for p in SENTENCE_SPLIT.split(part) if p.strip()] for part in text.split(ELLIPSIS)]
+    return [run for run in runs if run]
 
 
 def tool_tag(name: str | None) -> str:
