@@ -35,6 +35,7 @@ from ctxcore.summarize.extractive.features import (
     scan,
     spoken_runs,
     tool_tag,
+    without_code,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.tools import (
@@ -56,25 +57,11 @@ __all__ = ["Extractor"]
 _FRAME = re.compile(r'^File "[^"]+", line \d+')
 # A call's line is ordered after every text line of its message, from here.
 _CALL_ORDER: Final = 10_000
+# What a dialogue question is worth against a statement: it asks for a fact, and the
+# answer that follows is what holds it (its words still say what was talked about).
+_QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
-
-
-def _without_code(text: str) -> str:
-    """``text`` without its fenced code blocks.
-
-    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
-    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
-    calls that read or write it have lines of their own.
-    """
-    kept: list[str] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            kept.append(line)
-    return "\n".join(kept)
 
 
 class Extractor:
@@ -203,8 +190,9 @@ class Extractor:
         independent: bool = False,
         section: str = "",
     ) -> None:
-        """One dialogue sentence; its speaker label is printed but scores nothing, and a
-        sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate."""
+        """One dialogue sentence; its speaker label is printed but scores nothing, a
+        sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate, and a
+        question is worth less than a statement."""
         piece = piece.strip()
         value, words = self.features(piece, tag)
         if not words or not meaningful(piece):
@@ -230,6 +218,7 @@ class Extractor:
                 section=section,
                 speaker=prefix if text.startswith(prefix) else "",
                 trimmed=text != whole,
+                decay=_QUESTION_WEIGHT if piece.endswith("?") else 1.0,
             )
         )
 
@@ -319,7 +308,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, _without_code(message.text), classify, "assistant")
+        self.lines(index, without_code(message.text), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""

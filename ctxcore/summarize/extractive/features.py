@@ -37,6 +37,7 @@ __all__ = [
     "spoken_runs",
     "tail_words",
     "tool_tag",
+    "without_code",
     "words_of",
 ]
 
@@ -216,6 +217,23 @@ def clip(text: str, limit: int = MAX_LINE_CHARS, *, mark: bool = False) -> str:
     if len(first) > MAX_LINE_CHARS:
         return ""
     return first + (suffix if len(first) < len(text.strip()) else "")
+
+
+def without_code(text: str) -> str:
+    """``text`` without its fenced code blocks.
+
+    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
+    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
+    calls that read or write it have lines of their own.
+    """
+    kept: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def is_error(line: str) -> bool:

@@ -41,7 +41,7 @@ class Item:
 
     ``static`` is its prior plus its features; ``words`` the content words it would add
     to the summary (each worth its rarity in the source, once); ``decay`` discounts the
-    second, third... line taken from one message.
+    second, third... line taken from one message, and a dialogue question.
     """
 
     order: tuple[int, int]

@@ -239,8 +239,18 @@ class ExtractiveModel:
                 return chosen
             last = passes >= _REFILLS
             taken = {it.key for it in chosen}
+            covered = set(selection.covered)
             more = selection.run([it for it in found.items if it.key not in taken], spare, fill=last)
-            chosen = sorted([*chosen, *more], key=lambda it: it.order)
+            grown = sorted([*chosen, *more], key=lambda it: it.order)
+            if more and self.count(render(grown)) > limit:
+                # A line placed inside a speaker's run splits it in two, and both halves pay
+                # tag and label: the pass cost more than it was priced. Keep what fit.
+                selection.covered = covered
+                if last:
+                    return chosen
+                passes = _REFILLS
+                continue
+            chosen = grown
             if last:
                 return chosen
             # When nothing more fits whole, only the last pass's shortened line may.

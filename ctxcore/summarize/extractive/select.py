@@ -90,10 +90,12 @@ def bullet(item: Item) -> str:
 
 def _joins(previous: Item | None, item: Item) -> bool:
     """True when ``item`` continues the line of ``previous``: the same speaker with the
-    same tag, printed right after it. Its tag and label would repeat what the line says."""
+    same tag, printed right after it. Its tag and label would repeat what the line says.
+    A tool's output has no speaker: its "Result: ..." lines stay lines of their own."""
     return (
         previous is not None
         and bool(item.speaker)
+        and not item.tag.startswith("tool")
         and item.speaker == previous.speaker
         and item.tag == previous.tag
         and "\n" not in item.text
