@@ -18,7 +18,7 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
 from ctxcore.summarize.extractive.items import Item
-from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, render_lines
+from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, render_lines, splitters
 from ctxcore.summarize.model import Completion, ContractBlock, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 
@@ -239,8 +239,12 @@ class ExtractiveModel:
                 return chosen
             last = passes >= _REFILLS
             taken = {it.key for it in chosen}
+            rest = [it for it in found.items if it.key not in taken]
+            # A line that would split a speaker's run costs more than its price: it had its
+            # chance in the first pass.
+            split = splitters(chosen, rest)
             covered = set(selection.covered)
-            more = selection.run([it for it in found.items if it.key not in taken], spare, fill=last)
+            more = selection.run([it for it in rest if id(it) not in split], spare, fill=last)
             grown = sorted([*chosen, *more], key=lambda it: it.order)
             if more and self.count(render(grown)) > limit:
                 # A line placed inside a speaker's run splits it in two, and both halves pay

@@ -6,6 +6,7 @@ features plus the rarity of the words it would add that the summary does not hol
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
@@ -14,7 +15,7 @@ from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words
 from ctxcore.summarize.extractive.items import Item
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet", "line_key", "render_lines"]
+__all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet", "line_key", "render_lines", "splitters"]
 
 MIN_FILL_TOKENS = 6
 # After this many candidates in a row that do not fit, the rest will not either.
@@ -107,6 +108,20 @@ def _next_to(previous: Item, item: Item) -> bool:
     return (
         not previous.trimmed and item.order[0] == previous.order[0] and item.order[1] == previous.order[1] + 1
     )
+
+
+def splitters(chosen: Sequence[Item], items: Iterable[Item]) -> set[int]:
+    """The ``id``s of those ``items`` that would print inside a speaker's run of ``chosen``
+    (in order) without joining it: the run splits in two and both halves pay tag and label."""
+    orders = [it.order for it in chosen]
+    out: set[int] = set()
+    for item in items:
+        at = bisect.bisect_left(orders, item.order)
+        if 0 < at < len(chosen):
+            before, after = chosen[at - 1], chosen[at]
+            if _joins(before, after) and not _joins(before, item):
+                out.add(id(item))
+    return out
 
 
 def render_lines(items: Iterable[Item], seen: set[str] | None = None) -> list[str]:
