@@ -325,7 +325,7 @@ def _diminish(items: list[Item]) -> None:
     for group in by_message.values():
         group.sort(key=lambda it: (-it.static, it.order))
         for rank, item in enumerate(group):
-            item.decay = _DECAY**rank
+            item.decay *= _DECAY**rank
 
 
 def extract(
