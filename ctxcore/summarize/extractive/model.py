@@ -18,7 +18,14 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
 from ctxcore.summarize.extractive.items import Item
-from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, render_lines, splitters
+from ctxcore.summarize.extractive.select import (
+    MIN_FILL_TOKENS,
+    Budgeter,
+    Selection,
+    render_lines,
+    splitters,
+    spoken,
+)
 from ctxcore.summarize.model import Completion, ContractBlock, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 
@@ -231,6 +238,9 @@ class ExtractiveModel:
         fills the rest with a shortened line.
         """
         selection = Selection(found.idf, found.covered, self._budget)
+        if not any(spoken(it) for it in found.items):
+            # No line can share another's: the text costs what the lines were priced.
+            return selection.run(found.items, available)
         chosen = selection.run(found.items, available, fill=False)
         passes = 0
         while True:

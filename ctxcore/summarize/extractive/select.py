@@ -15,7 +15,16 @@ from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words
 from ctxcore.summarize.extractive.items import Item
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet", "line_key", "render_lines", "splitters"]
+__all__ = [
+    "MIN_FILL_TOKENS",
+    "Budgeter",
+    "Selection",
+    "bullet",
+    "line_key",
+    "render_lines",
+    "splitters",
+    "spoken",
+]
 
 MIN_FILL_TOKENS = 6
 # After this many candidates in a row that do not fit, the rest will not either.
@@ -89,17 +98,20 @@ def bullet(item: Item) -> str:
     return "".join(f"{line}\n" for line in _lines(item))
 
 
+def spoken(item: Item) -> bool:
+    """True for a speaker's sentence, which may share a line with the speaker's others.
+    A tool's output has no speaker: its "Result: ..." lines stay lines of their own."""
+    return bool(item.speaker) and not item.tag.startswith("tool") and "\n" not in item.text
+
+
 def _joins(previous: Item | None, item: Item) -> bool:
     """True when ``item`` continues the line of ``previous``: the same speaker with the
-    same tag, printed right after it. Its tag and label would repeat what the line says.
-    A tool's output has no speaker: its "Result: ..." lines stay lines of their own."""
+    same tag, printed right after it. Its tag and label would repeat what the line says."""
     return (
         previous is not None
-        and bool(item.speaker)
-        and not item.tag.startswith("tool")
+        and spoken(item)
         and item.speaker == previous.speaker
         and item.tag == previous.tag
-        and "\n" not in item.text
     )
 
 
