@@ -33,7 +33,9 @@ from ctxcore.summarize.extractive.features import (
     meaningful,
     opens_with_error,
     scan,
+    spoken_runs,
     tool_tag,
+    without_code,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.tools import (
@@ -55,25 +57,11 @@ __all__ = ["Extractor"]
 _FRAME = re.compile(r'^File "[^"]+", line \d+')
 # A call's line is ordered after every text line of its message, from here.
 _CALL_ORDER: Final = 10_000
+# What a dialogue question is worth against a statement: it asks for a fact, and the
+# answer that follows is what holds it (its words still say what was talked about).
+_QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
-
-
-def _without_code(text: str) -> str:
-    """``text`` without its fenced code blocks.
-
-    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
-    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
-    calls that read or write it have lines of their own.
-    """
-    kept: list[str] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            kept.append(line)
-    return "\n".join(kept)
 
 
 class Extractor:
@@ -202,21 +190,36 @@ class Extractor:
         independent: bool = False,
         section: str = "",
     ) -> None:
-        """One dialogue sentence; its speaker label is printed but scores nothing, and a
-        sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate."""
+        """One dialogue sentence; its speaker label is printed but scores nothing, a
+        sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate, and a
+        question is worth less than a statement."""
         piece = piece.strip()
         value, words = self.features(piece, tag)
         if not words or not meaningful(piece):
             return
-        text = clip(f"{prefix}{piece}")
-        if not meaningful(text):
+        whole = f"{prefix}{piece}"
+        text = clip(whole)
+        if not meaningful(text) or (prefix and text == prefix.rstrip()):
             return
         norm = collapse(text).casefold()
         static = BASE_SCORE["chat"] + value
         if norm in self.known:
             static *= 0.3
         self.items.append(
-            Item(order, "chat", text, static, norm, words, independent=independent, tag=tag, section=section)
+            Item(
+                order,
+                "chat",
+                text,
+                static,
+                norm,
+                words,
+                independent=independent,
+                tag=tag,
+                section=section,
+                speaker=prefix if text.startswith(prefix) else "",
+                trimmed=text != whole,
+                decay=_QUESTION_WEIGHT if piece.endswith("?") else 1.0,
+            )
         )
 
     # sources
@@ -243,7 +246,11 @@ class Extractor:
         read the same way; its lines are the user role's.
         """
         default_tag = "" if text.lstrip().startswith(INTERNAL_USER_PREFIXES) else "user"
-        for sub, (section, tag, line) in enumerate(earlier_lines(text), 1):
+        sub = 0
+        for section, tag, line in earlier_lines(text):
+            # A gap in the order between lines: only sentences printed next to each other
+            # in the earlier line are next to each other again.
+            sub += 2
             listed = next(((p, into) for p, into in self._lists() if line.startswith(p)), None)
             if listed is not None:
                 prefix, into = listed
@@ -273,11 +280,14 @@ class Extractor:
                 key = "file:" + line.split(" <- ", 1)[0]
             label = SPEAKER.match(line)
             if label is not None and not is_error(line):
-                # A dialogue sentence kept by an earlier summary competes as one again
-                # ("ValueError: ..." is an error line, not a speaker's).
-                self.chat(
-                    (index, sub), label.group(0), line[label.end() :], tag, independent=True, section=section
-                )
+                # Each dialogue sentence kept by an earlier summary competes as one again,
+                # also when the line joined several of one speaker ("ValueError: ..." is an
+                # error line, not a speaker's).
+                for run in spoken_runs(line[label.end() :]):
+                    for piece in run:
+                        sub += 1
+                        self.chat((index, sub), label.group(0), piece, tag, independent=True, section=section)
+                    sub += 1
                 continue
             # Lines of an earlier summary were already chosen once; requests carried over
             # from it outrank ordinary facts.
@@ -298,7 +308,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, _without_code(message.text), classify, "assistant")
+        self.lines(index, without_code(message.text), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""

@@ -19,9 +19,11 @@ from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
     EXCEPTION_NAME,
     MAX_LINE_CHARS,
+    SPEAKER,
     collapse,
     is_error,
     split_tag,
+    spoken_runs,
     tool_tag,
     words_of,
 )
@@ -99,6 +101,11 @@ def _reference(context: Sequence[AnyMessage]) -> tuple[frozenset[str], frozenset
             line = split_tag(raw.strip().lstrip("-*• ").strip())[1]
             if line:
                 known.add(collapse(line).casefold())
+            label = SPEAKER.match(line)
+            if label is not None:
+                # A summary line joining a speaker's sentences holds each of them.
+                for run in spoken_runs(line[label.end() :]):
+                    known.update(collapse(label.group(0) + piece).casefold() for piece in run)
     return frozenset(known), frozenset(words)
 
 
@@ -318,7 +325,7 @@ def _diminish(items: list[Item]) -> None:
     for group in by_message.values():
         group.sort(key=lambda it: (-it.static, it.order))
         for rank, item in enumerate(group):
-            item.decay = _DECAY**rank
+            item.decay *= _DECAY**rank
 
 
 def extract(

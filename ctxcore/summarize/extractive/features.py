@@ -34,8 +34,10 @@ __all__ = [
     "meaningful",
     "scan",
     "split_tag",
+    "spoken_runs",
     "tail_words",
     "tool_tag",
+    "without_code",
     "words_of",
 ]
 
@@ -161,6 +163,13 @@ def split_tag(line: str) -> tuple[str, str]:
     return match.group(1), line[match.end() :]
 
 
+def spoken_runs(text: str) -> list[list[str]]:
+    """The sentences of what one speaker said, in runs: a summary line that joined a
+    speaker's sentences separates the ones not next to each other by an elision."""
+    runs = [[p.strip() for p in SENTENCE_SPLIT.split(part) if p.strip()] for part in text.split(ELLIPSIS)]
+    return [run for run in runs if run]
+
+
 def tool_tag(name: str | None) -> str:
     """The source tag of a tool's output: ``tool <name>`` (one word)."""
     word = "_".join((name or "").split()).replace(":", "_")
@@ -208,6 +217,23 @@ def clip(text: str, limit: int = MAX_LINE_CHARS, *, mark: bool = False) -> str:
     if len(first) > MAX_LINE_CHARS:
         return ""
     return first + (suffix if len(first) < len(text.strip()) else "")
+
+
+def without_code(text: str) -> str:
+    """``text`` without its fenced code blocks.
+
+    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
+    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
+    calls that read or write it have lines of their own.
+    """
+    kept: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def is_error(line: str) -> bool:

@@ -41,7 +41,7 @@ class Item:
 
     ``static`` is its prior plus its features; ``words`` the content words it would add
     to the summary (each worth its rarity in the source, once); ``decay`` discounts the
-    second, third... line taken from one message.
+    second, third... line taken from one message, and a dialogue question.
     """
 
     order: tuple[int, int]
@@ -67,6 +67,11 @@ class Item:
     keep_head: bool = False
     # A must kept only whole: over its share it competes as an ordinary line instead.
     whole: bool = False
+    # For a dialogue sentence: the "Name: " label it opens with (``text`` starts with it).
+    # Sentences of one speaker that print one after another share a line and its label.
+    speaker: str = ""
+    # Shortened: the words after ``text`` in its source are left out.
+    trimmed: bool = False
 
     @property
     def weight(self) -> float:

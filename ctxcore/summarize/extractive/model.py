@@ -18,11 +18,21 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
 from ctxcore.summarize.extractive.items import Item
-from ctxcore.summarize.extractive.select import MIN_FILL_TOKENS, Budgeter, Selection, render_lines
+from ctxcore.summarize.extractive.select import (
+    MIN_FILL_TOKENS,
+    Budgeter,
+    Selection,
+    render_lines,
+    splitters,
+    spoken,
+)
 from ctxcore.summarize.model import Completion, ContractBlock, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 
 __all__ = ["ExtractiveModel"]
+
+# Passes that spend what printing a speaker's sentences on one line saved.
+_REFILLS: Final = 3
 
 _ROUTES: Final = MappingProxyType(
     {
@@ -147,7 +157,7 @@ class ExtractiveModel:
             context=contract.context,
             with_paths="paths" in {classify_title(s) for s in sections},
         )
-        chosen = Selection(found.idf, found.covered, self._budget).run(found.items, available)
+        chosen = self._choose(found, available, budget, lambda c: self._render_snapshot(sections, c))
         while True:
             text = self._render_snapshot(sections, chosen)
             if self.count(text) <= budget or not chosen:
@@ -198,7 +208,7 @@ class ExtractiveModel:
         if not sections:
             if target < MIN_FILL_TOKENS:
                 return ""
-            chosen = Selection(found.idf, found.covered, self._budget).run(found.items, target)
+            chosen = self._choose(found, target, target, lambda c: "".join(render_lines(c)).rstrip("\n"))
             while True:
                 text = "".join(render_lines(chosen)).rstrip("\n")
                 if self.count(text) <= target or not chosen:
@@ -209,12 +219,56 @@ class ExtractiveModel:
         if available < MIN_FILL_TOKENS:
             # Headings alone say nothing: no summary rather than an empty one.
             return ""
-        chosen = Selection(found.idf, found.covered, self._budget).run(found.items, available)
+        chosen = self._choose(found, available, target, lambda c: _render_sections(sections, c).rstrip("\n"))
         while True:
             text = _render_sections(sections, chosen).rstrip("\n")
             if self.count(text) <= target or not chosen:
                 return text
             chosen = _without_weakest(chosen)
+
+    def _choose(
+        self, found: Candidates, available: int, limit: int, render: Callable[[Sequence[Item]], str]
+    ) -> list[Item]:
+        """The lines chosen within ``available`` tokens, then within what ``render``'s text
+        leaves of ``limit``.
+
+        Selection prices every line alone, tag and label included; printed, a speaker's
+        sentences in a row share one line and the text comes out shorter. What that saves
+        is chosen again from the lines not taken, until nothing more fits; the last pass
+        fills the rest with a shortened line.
+        """
+        selection = Selection(found.idf, found.covered, self._budget)
+        if not any(spoken(it) for it in found.items):
+            # No line can share another's: the text costs what the lines were priced.
+            return selection.run(found.items, available)
+        chosen = selection.run(found.items, available, fill=False)
+        passes = 0
+        while True:
+            spare = limit - self.count(render(chosen))
+            if spare < MIN_FILL_TOKENS:
+                return chosen
+            last = passes >= _REFILLS
+            taken = {it.key for it in chosen}
+            rest = [it for it in found.items if it.key not in taken]
+            # A line that would split a speaker's run costs more than its price: it had its
+            # chance in the first pass.
+            split = splitters(chosen, rest)
+            covered = set(selection.covered)
+            more = selection.run([it for it in rest if id(it) not in split], spare, fill=last)
+            grown = sorted([*chosen, *more], key=lambda it: it.order)
+            if more and self.count(render(grown)) > limit:
+                # A line placed inside a speaker's run splits it in two, and both halves pay
+                # tag and label: the pass cost more than it was priced. Keep what fit.
+                selection.covered = covered
+                if last:
+                    return chosen
+                passes = _REFILLS
+                continue
+            chosen = grown
+            if last:
+                return chosen
+            # When nothing more fits whole, only the last pass's shortened line may.
+            passes = passes + 1 if more else _REFILLS
 
     @staticmethod
     def _render_blocks(blocks: Sequence[ContractBlock], summaries: Sequence[str]) -> str:

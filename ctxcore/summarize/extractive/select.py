@@ -6,6 +6,7 @@ features plus the rarity of the words it would add that the summary does not hol
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
@@ -14,7 +15,16 @@ from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words
 from ctxcore.summarize.extractive.items import Item
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["MIN_FILL_TOKENS", "Budgeter", "Selection", "bullet", "line_key", "render_lines"]
+__all__ = [
+    "MIN_FILL_TOKENS",
+    "Budgeter",
+    "Selection",
+    "bullet",
+    "line_key",
+    "render_lines",
+    "splitters",
+    "spoken",
+]
 
 MIN_FILL_TOKENS = 6
 # After this many candidates in a row that do not fit, the rest will not either.
@@ -88,17 +98,65 @@ def bullet(item: Item) -> str:
     return "".join(f"{line}\n" for line in _lines(item))
 
 
+def spoken(item: Item) -> bool:
+    """True for a speaker's sentence, which may share a line with the speaker's others.
+    A tool's output has no speaker: its "Result: ..." lines stay lines of their own."""
+    return bool(item.speaker) and not item.tag.startswith("tool") and "\n" not in item.text
+
+
+def _joins(previous: Item | None, item: Item) -> bool:
+    """True when ``item`` continues the line of ``previous``: the same speaker with the
+    same tag, printed right after it. Its tag and label would repeat what the line says."""
+    return (
+        previous is not None
+        and spoken(item)
+        and item.speaker == previous.speaker
+        and item.tag == previous.tag
+    )
+
+
+def _next_to(previous: Item, item: Item) -> bool:
+    """True when ``item`` is the sentence right after ``previous`` in their source."""
+    return (
+        not previous.trimmed and item.order[0] == previous.order[0] and item.order[1] == previous.order[1] + 1
+    )
+
+
+def splitters(chosen: Sequence[Item], items: Iterable[Item]) -> set[int]:
+    """The ``id``s of those ``items`` that would print inside a speaker's run of ``chosen``
+    (in order) without joining it: the run splits in two and both halves pay tag and label."""
+    orders = [it.order for it in chosen]
+    out: set[int] = set()
+    for item in items:
+        at = bisect.bisect_left(orders, item.order)
+        if 0 < at < len(chosen):
+            before, after = chosen[at - 1], chosen[at]
+            if _joins(before, after) and not _joins(before, item):
+                out.add(id(item))
+    return out
+
+
 def render_lines(items: Iterable[Item], seen: set[str] | None = None) -> list[str]:
-    """The printed lines of ``items`` in order, each line once (``seen``: keys printed so far)."""
+    """The printed lines of ``items`` in order, each line once (``seen``: keys printed so far).
+
+    Sentences of one speaker in a row share one line: a space between sentences next to
+    each other in the source, an elision where the source has more between them.
+    """
     seen = set() if seen is None else seen
     out: list[str] = []
+    previous: Item | None = None
     for item in items:
         for line in _lines(item):
             key = line_key(line[len(f"- {item.tag}: ") if item.tag else 2 :])
             if key in seen:
                 continue
             seen.add(key)
-            out.append(f"{line}\n")
+            if _joins(previous, item) and previous is not None:
+                gap = " " if _next_to(previous, item) else ELLIPSIS
+                out[-1] = out[-1][:-1] + gap + item.text[len(item.speaker) :].strip() + "\n"
+            else:
+                out.append(f"{line}\n")
+            previous = item
     return out
 
 
@@ -136,8 +194,9 @@ class Selection:
         """Tokens a line costs beyond its text: bullet, tag, newline."""
         return self.budgeter.count(f"- {item.tag}: \n" if item.tag else "- \n")
 
-    def run(self, items: Sequence[Item], budget: int) -> list[Item]:
-        """The chosen items (some shortened) in original order."""
+    def run(self, items: Sequence[Item], budget: int, *, fill: bool = True) -> list[Item]:
+        """The chosen items (some shortened) in original order; ``fill``: the best line
+        that did not fit fills what is left of the budget, shortened."""
         chosen, used, demoted = self._musts(items, budget)
         rest = [it for it in items if not it.must] + demoted
         # The latest state of each file is reserved a share of the budget first: it is
@@ -153,11 +212,12 @@ class Selection:
         taken, used, skipped = self._greedy(rest, budget, used)
         chosen.extend(taken)
         remaining = budget - used
-        if skipped is not None and remaining >= MIN_FILL_TOKENS + _LINE_OVERHEAD:
+        if fill and skipped is not None and remaining >= MIN_FILL_TOKENS + _LINE_OVERHEAD:
             # The best line that did not fit fills the rest of the budget, shortened.
             text = self.budgeter.fit(skipped.text, remaining - self._overhead(skipped), head_tail=False)
-            if text:
-                trimmed = dataclasses.replace(skipped, text=text, words=frozenset(), tokens=-1)
+            # A speaker's label alone says nothing.
+            if text and text != skipped.speaker.rstrip():
+                trimmed = dataclasses.replace(skipped, text=text, words=frozenset(), tokens=-1, trimmed=True)
                 if self.tokens(trimmed) <= remaining:
                     chosen.append(trimmed)
         return sorted(chosen, key=lambda it: it.order)
@@ -184,7 +244,7 @@ class Selection:
                 # A list shortened to its label says nothing.
                 if not text or text.endswith(":"):
                     continue
-                item = dataclasses.replace(item, text=text, tokens=-1, share=1.0)
+                item = dataclasses.replace(item, text=text, tokens=-1, share=1.0, trimmed=True)
             used += self.tokens(item)
             chosen.append(item)
             self.covered.update(item.words)
