@@ -18,15 +18,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from ctxcore.messages import AnyMessage
+from ctxcore.state.base import decode_log_messages, format_log_id
 from ctxcore.state.models import CompressionState
 
-__all__ = ["DecodedEntries", "DecodedStates"]
+__all__ = ["DecodedEntries", "DecodedStates", "decoded_rows"]
 
-Row = tuple[str, bytes]
+# (the entry's seq, its stored bytes): the seq as the store returned it, so a read that
+# finds every entry cached formats no log id at all.
+Row = tuple[int, bytes]
 
 
 class DecodedEntries:
-    """A bounded LRU map ``(log id, stored bytes) -> decoded message``."""
+    """A bounded LRU map ``(seq, stored bytes) -> decoded message``."""
 
     # 16 MB holds the budget-sized pages of ~100 busy conversations (a 32k-token page is
     # ~130 kB of JSON) without making each worker process much bigger.
@@ -48,7 +51,8 @@ class DecodedEntries:
         self, rows: Sequence[Row], decode: Callable[[Sequence[Row]], list[AnyMessage]]
     ) -> list[AnyMessage]:
         """The messages of ``rows``, in order: cached ones reused, the others decoded by
-        ``decode`` in one call (which raises for a malformed entry, caching nothing)."""
+        ``decode`` in one call (which raises for a malformed entry, caching nothing);
+        ``decoded_rows`` is that call for ``decode_log_messages``."""
         found: list[AnyMessage | None] = []
         missing: list[Row] = []
         with self._lock:
@@ -104,3 +108,8 @@ class DecodedStates:
                 old, _ = self._data.popitem(last=False)
                 self._bytes -= len(old)
         return state
+
+
+def decoded_rows(rows: Sequence[Row]) -> list[AnyMessage]:
+    """``decode_log_messages`` of ``(seq, bytes)`` rows (the log ids formatted here)."""
+    return decode_log_messages([(format_log_id(seq), raw) for seq, raw in rows])

@@ -44,7 +44,6 @@ from ctxcore.state.base import (
     append_conflict,
     check_budget,
     check_loggable,
-    decode_log_messages,
     encode_log_message,
     encode_state,
     expected_seq,
@@ -53,7 +52,7 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
-from ctxcore.state.decoded import DecodedEntries
+from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import RedisBackend as _RedisBackend
@@ -324,10 +323,10 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
             )
         # Entry "n-0" holds the message with log id n.
         rows = [
-            (format_log_id(int(text(entry_id).partition("-")[0])), as_bytes(field(fields, "m")))
+            (int(text(entry_id).partition("-")[0]), as_bytes(field(fields, "m")))
             for entry_id, fields in entries
         ]
-        return self.decoded.decode(rows, decode_log_messages)
+        return self.decoded.decode(rows, decoded_rows)
 
     def read_after(
         self, key: ConversationKey, cursor: str | None, limit: int | None = None

@@ -16,8 +16,8 @@ from typing import Any
 import redis
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
-from ctxcore.state.decoded import DecodedEntries
+from ctxcore.state.base import format_log_id, parse_log_id
+from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import as_bytes, translated
 from ctxcore.state.redis_retention import RedisRetention
@@ -31,11 +31,11 @@ def decode_rows(
 ) -> tuple[list[AnyMessage], list[int | None]]:
     """Messages and counts from the scripts' flat (seq, JSON, count or '') triples; with
     ``cache``, entries decoded by an earlier read are reused."""
-    rows = [(format_log_id(int(flat[i])), as_bytes(flat[i + 1])) for i in range(0, len(flat), 3)]
+    rows = [(int(flat[i]), as_bytes(flat[i + 1])) for i in range(0, len(flat), 3)]
     counts = [int(c) if c != b"" and c != "" else None for c in flat[2::3]]
     if cache is None:
-        return decode_log_messages(rows), counts
-    return cache.decode(rows, decode_log_messages), counts
+        return decoded_rows(rows), counts
+    return cache.decode(rows, decoded_rows), counts
 
 
 class CountedRedisLog:

@@ -11,14 +11,14 @@ from ctxcore.errors import StoreError
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.processors.offload import HandleMemo, offload_handle
 from ctxcore.state import ConversationKey
-from ctxcore.state.base import decode_log_messages, encode_log_message
-from ctxcore.state.decoded import DecodedEntries, DecodedStates
+from ctxcore.state.base import encode_log_message
+from ctxcore.state.decoded import DecodedEntries, DecodedStates, decoded_rows
 from ctxcore.state.models import CompressionState
 from ctxcore.tokens import TiktokenCounter, _tools_text
 
 
-def row(log_id: str, text: str) -> tuple[str, bytes]:
-    return log_id, encode_log_message(UserMessage(content=text)).encode()
+def row(seq: int, text: str) -> tuple[int, bytes]:
+    return seq, encode_log_message(UserMessage(content=text)).encode()
 
 
 class Counting:
@@ -27,16 +27,16 @@ class Counting:
     def __init__(self) -> None:
         self.rows = 0
 
-    def __call__(self, rows: Sequence[tuple[str, bytes]]) -> list[AnyMessage]:
+    def __call__(self, rows: Sequence[tuple[int, bytes]]) -> list[AnyMessage]:
         self.rows += len(rows)
-        return decode_log_messages(rows)
+        return decoded_rows(rows)
 
 
 def test_a_second_read_reuses_what_the_first_decoded() -> None:
     cache, decode = DecodedEntries(), Counting()
-    rows = [row(f"{i:012d}", f"m{i}") for i in range(5)]
+    rows = [row(i, f"m{i}") for i in range(5)]
     first = cache.decode(rows, decode)
-    second = cache.decode([*rows[1:], row("000000000005", "m5")], decode)
+    second = cache.decode([*rows[1:], row(5, "m5")], decode)
     assert decode.rows == 6  # only the new entry decoded the second time
     assert second[:4] == first[1:] and all(a is b for a, b in zip(second[:4], first[1:], strict=True))
     assert [m.context_message_id for m in second] == [f"{i:012d}" for i in range(1, 6)]
@@ -47,18 +47,18 @@ def test_a_reused_log_id_with_other_bytes_is_decoded_again() -> None:
     # After truncate_after (or a conversation deleted and re-created) an id can come back
     # holding another message: the bytes are part of the key.
     cache = DecodedEntries()
-    (old,) = cache.decode([row("000000000001", "before")], decode_log_messages)
-    (new,) = cache.decode([row("000000000001", "after")], decode_log_messages)
+    (old,) = cache.decode([row(1, "before")], decoded_rows)
+    (new,) = cache.decode([row(1, "after")], decoded_rows)
     assert (old.text, new.text) == ("before", "after")
 
 
 def test_the_cache_is_bounded_by_entries_and_by_bytes() -> None:
     by_count = DecodedEntries(max_entries=3)
-    by_count.decode([row(f"{i:012d}", "x") for i in range(10)], decode_log_messages)
+    by_count.decode([row(i, "x") for i in range(10)], decoded_rows)
     assert len(by_count) == 3
-    big = row("000000000001", "y" * 5000)
+    big = row(1, "y" * 5000)
     by_bytes = DecodedEntries(max_bytes=6000)
-    by_bytes.decode([big, row("000000000002", "z" * 5000)], decode_log_messages)
+    by_bytes.decode([big, row(2, "z" * 5000)], decoded_rows)
     assert len(by_bytes) == 1  # the older entry went to make room
     with pytest.raises(ValueError, match="at least one"):
         DecodedEntries(max_entries=0)
@@ -67,7 +67,7 @@ def test_the_cache_is_bounded_by_entries_and_by_bytes() -> None:
 def test_a_malformed_entry_raises_and_caches_nothing() -> None:
     cache = DecodedEntries()
     with pytest.raises(StoreError, match="not a stored message"):
-        cache.decode([row("000000000001", "ok"), ("000000000002", b"garbage")], decode_log_messages)
+        cache.decode([row(1, "ok"), (2, b"garbage")], decoded_rows)
     assert len(cache) == 0
 
 
