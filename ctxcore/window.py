@@ -117,9 +117,18 @@ def compute_stats(
         messages[message.role] += 1
         tokens[message.role] += one(message)
     tool_tokens = counter.count_tools(tools)
+    everything = [*system_messages, *context_messages]
+    # A counter that composes a request from its messages (``WindowCounter``) gives the
+    # total from the sums just made; any other counts the request itself.
+    priming = getattr(counter, "request_priming", None)
+    total = (
+        sum(tokens.values()) + priming
+        if isinstance(priming, int) and everything
+        else counter.count_messages(everything)
+    )
     return ContextStats(
         total_messages=len(system_messages) + len(context_messages),
-        total_tokens=counter.count_messages([*system_messages, *context_messages]) + tool_tokens,
+        total_tokens=total + tool_tokens,
         total_dialogues=count_turns(context_messages, detector),
         system_messages=messages["system"],
         user_messages=messages["user"],

@@ -35,6 +35,12 @@ class WindowCounter:
         self._messages: dict[int, tuple[AnyMessage, int]] = {}
         self._tools: dict[tuple[int, ...], tuple[Sequence[Mapping[str, Any]], int]] = {}
 
+    @property
+    def request_priming(self) -> int | None:
+        """What ``count_messages`` adds to the sum of ``count_message`` over a non-empty
+        list; None when the inner counter counts each request itself."""
+        return self._priming
+
     def count_text(self, text: str) -> int:
         """Tokens of ``text``."""
         return self.inner.count_text(text)
