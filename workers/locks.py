@@ -36,16 +36,30 @@ def lock_name(prefix: str, key: ConversationKey) -> str:
 
 @contextmanager
 def conversation_lock(
-    client: redis.Redis, prefix: str, key: ConversationKey, timeout: float = 60.0
+    client: redis.Redis,
+    prefix: str,
+    key: ConversationKey,
+    timeout: float = 60.0,
+    *,
+    wait_seconds: float = 0.0,
 ) -> Iterator[None]:
     """Hold ``key``'s lock for the block, extending it every ``timeout / 3`` seconds.
 
-    Raises ``LockBusy`` at once if another worker holds it, ``StoreUnavailable`` when Redis
-    does not answer (a stage retries that like a transient failure).
+    Raises ``LockBusy`` if another worker still holds it after ``wait_seconds`` (at once by
+    default: a stage requeues instead), ``StoreUnavailable`` when Redis does not answer (a
+    stage retries that like a transient failure).
     """
-    lock = client.lock(lock_name(prefix, key), timeout=timeout, blocking=False, thread_local=False)
+    wait = wait_seconds > 0
+    lock = client.lock(
+        lock_name(prefix, key),
+        timeout=timeout,
+        sleep=0.05,
+        blocking=wait,
+        blocking_timeout=wait_seconds if wait else None,
+        thread_local=False,
+    )
     try:
-        acquired = lock.acquire(blocking=False)
+        acquired = lock.acquire()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise StoreUnavailable(f"Redis unavailable taking the lock of {key}: {exc}") from exc
     if not acquired:

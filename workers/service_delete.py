@@ -6,8 +6,6 @@ resurrect the conversation) between the deletes.
 
 from __future__ import annotations
 
-import time
-
 from ctxcore.state import ConversationKey
 from workers.locks import ConversationBusy, LockBusy, conversation_lock
 from workers.proxy_index import HashIndex
@@ -26,26 +24,23 @@ def delete_conversation(runtime: Runtime, key: ConversationKey) -> None:
     ``DELETE_LOCK_WAIT_SECONDS``.
     """
     settings = runtime.settings
-    deadline = time.monotonic() + DELETE_LOCK_WAIT_SECONDS
-    while True:
-        try:
-            with conversation_lock(
-                runtime.redis, settings.redis.key_prefix, key, settings.worker.lock_timeout
-            ):
-                scheduler = getattr(runtime, "scheduler", None)
-                if scheduler is not None:
-                    scheduler.forget(key)
-                runtime.offloads.delete(key)
-                runtime.state_store.delete(key)
-                runtime.failures.delete(key)
-                HashIndex(runtime.redis, settings.redis.key_prefix).delete(key)  # the proxy's
-                # The log goes last: if anything above fails, the conversation still exists
-                # and the deletion can simply be retried.
-                runtime.log.delete(key)
-            return
-        except LockBusy:
-            if time.monotonic() >= deadline:
-                raise ConversationBusy(
-                    "a compaction of this conversation is running; retry shortly"
-                ) from None
-            time.sleep(0.05)
+    try:
+        with conversation_lock(
+            runtime.redis,
+            settings.redis.key_prefix,
+            key,
+            settings.worker.lock_timeout,
+            wait_seconds=DELETE_LOCK_WAIT_SECONDS,
+        ):
+            scheduler = getattr(runtime, "scheduler", None)
+            if scheduler is not None:
+                scheduler.forget(key)
+            runtime.offloads.delete(key)
+            runtime.state_store.delete(key)
+            runtime.failures.delete(key)
+            HashIndex(runtime.redis, settings.redis.key_prefix).delete(key)  # the proxy's
+            # The log goes last: if anything above fails, the conversation still exists
+            # and the deletion can simply be retried.
+            runtime.log.delete(key)
+    except LockBusy:
+        raise ConversationBusy("a compaction of this conversation is running; retry shortly") from None

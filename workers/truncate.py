@@ -7,8 +7,6 @@ covers; holding the lock compaction stages hold makes that check and the removal
 
 from __future__ import annotations
 
-import time
-
 from ctxcore.errors import TruncateRefused
 from ctxcore.state import ConversationKey
 from ctxcore.state.base import parse_log_id
@@ -34,25 +32,25 @@ def truncate_conversation(
     """
     after = parse_log_id(log_id)
     settings = runtime.settings
-    deadline = time.monotonic() + TRUNCATE_LOCK_WAIT_SECONDS
-    while True:
-        try:
-            with conversation_lock(
-                runtime.redis, settings.redis.key_prefix, key, settings.worker.lock_timeout
-            ):
-                state = runtime.state_store.load(key)
-                covered = state.covered_until if state is not None else None
-                if covered is not None and parse_log_id(covered) > after:
-                    raise TruncateRefused(
-                        "covered",
-                        f"{key}: compaction covers the log up to {covered}; messages at or below it "
-                        f"cannot be removed (asked: after {log_id})",
-                        last_id=runtime.log.last_id(key),
-                    )
-                return runtime.log.truncate_after(key, log_id, expected_last_id=expected_last_id)
-        except LockBusy:
-            if time.monotonic() >= deadline:
+    try:
+        with conversation_lock(
+            runtime.redis,
+            settings.redis.key_prefix,
+            key,
+            settings.worker.lock_timeout,
+            wait_seconds=TRUNCATE_LOCK_WAIT_SECONDS,
+        ):
+            state = runtime.state_store.load(key)
+            covered = state.covered_until if state is not None else None
+            if covered is not None and parse_log_id(covered) > after:
                 raise TruncateRefused(
-                    "busy", f"{key}: a compaction holds the conversation's lock; retry shortly"
-                ) from None
-            time.sleep(0.05)
+                    "covered",
+                    f"{key}: compaction covers the log up to {covered}; messages at or below it "
+                    f"cannot be removed (asked: after {log_id})",
+                    last_id=runtime.log.last_id(key),
+                )
+            return runtime.log.truncate_after(key, log_id, expected_last_id=expected_last_id)
+    except LockBusy:
+        raise TruncateRefused(
+            "busy", f"{key}: a compaction holds the conversation's lock; retry shortly"
+        ) from None
