@@ -5,17 +5,18 @@ page again: decoding it with pydantic was a fifth of a window's time at a 50-mes
 (bench/README, fast path). A log entry never changes once written, and messages are frozen
 models, so a decoded entry can be handed to every later window that reads the same bytes.
 
-The key is the log id *and* the stored bytes: a log id reused after ``truncate_after`` or
-after a conversation is deleted and re-created holds different bytes, and so misses. The
-map is bounded by entries and by the bytes it holds (a tool output can be megabytes), and
-locked: a service is shared by the threads of a web server.
+The key is the entry's seq *and* its stored bytes: a seq reused after ``truncate_after``
+or after a conversation is deleted and re-created holds different bytes, and so misses.
+The map is bounded by entries and by the bytes it holds (a tool output can be megabytes).
+``DecodedStates`` does the same for saved states, keyed by their bytes.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id
@@ -28,24 +29,60 @@ __all__ = ["DecodedEntries", "DecodedStates", "decoded_rows"]
 Row = tuple[int, bytes]
 
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _BoundedMap(Generic[K, V]):
+    """An LRU map bounded by entries and by the stored bytes its keys carry, locked: a
+    service is shared by the threads of a web server."""
+
+    def __init__(self, max_entries: int, max_bytes: int, size: Callable[[K], int]) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("a decoded cache needs room for at least one entry and one byte")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._size = size
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def lookup(self, keys: Sequence[K]) -> list[V | None]:
+        """The value of each key, or None; found ones become the newest."""
+        with self._lock:
+            found = [self._data.get(k) for k in keys]
+            for k, v in zip(keys, found, strict=True):
+                if v is not None:
+                    self._data.move_to_end(k)
+        return found
+
+    def store(self, fresh: Mapping[K, V]) -> None:
+        """Add ``fresh``, then leave out the oldest entries over either bound."""
+        with self._lock:
+            for k, v in fresh.items():
+                if k not in self._data:
+                    self._data[k] = v
+                    self._bytes += self._size(k)
+            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
+                old, _ = self._data.popitem(last=False)
+                self._bytes -= self._size(old)
+
+
 class DecodedEntries:
     """A bounded LRU map ``(seq, stored bytes) -> decoded message``."""
 
     # 16 MB holds the budget-sized pages of ~100 busy conversations (a 32k-token page is
     # ~130 kB of JSON) without making each worker process much bigger.
     def __init__(self, max_entries: int = 16_384, max_bytes: int = 16 * 1024 * 1024) -> None:
-        if max_entries < 1 or max_bytes < 1:
-            raise ValueError("DecodedEntries needs room for at least one entry and one byte")
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._data: OrderedDict[Row, AnyMessage] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._map: _BoundedMap[Row, AnyMessage] = _BoundedMap(max_entries, max_bytes, lambda row: len(row[1]))
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._map)
 
     def decode(
         self, rows: Sequence[Row], decode: Callable[[Sequence[Row]], list[AnyMessage]]
@@ -53,60 +90,32 @@ class DecodedEntries:
         """The messages of ``rows``, in order: cached ones reused, the others decoded by
         ``decode`` in one call (which raises for a malformed entry, caching nothing);
         ``decoded_rows`` is that call for ``decode_log_messages``."""
-        found: list[AnyMessage | None] = []
-        missing: list[Row] = []
-        with self._lock:
-            for row in rows:
-                message = self._data.get(row)
-                if message is None:
-                    missing.append(row)
-                else:
-                    self._data.move_to_end(row)
-                found.append(message)
-            self.hits += len(rows) - len(missing)
-            self.misses += len(missing)
+        found = self._map.lookup(rows)
+        missing = [row for row, m in zip(rows, found, strict=True) if m is None]
+        self.hits += len(rows) - len(missing)
+        self.misses += len(missing)
         if not missing:
             return [m for m in found if m is not None]
         fresh = dict(zip(missing, decode(missing), strict=True))
-        with self._lock:
-            for row, message in fresh.items():
-                if row not in self._data:
-                    self._data[row] = message
-                    self._bytes += len(row[1])
-            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
-                (_, raw), _ = self._data.popitem(last=False)
-                self._bytes -= len(raw)
+        self._map.store(fresh)
         return [m if m is not None else fresh[row] for m, row in zip(found, rows, strict=True)]
 
 
 class DecodedStates:
     """The last decoded states by their stored bytes: a state changes only when a stage
     saves, while every window reads it (10 kB of JSON validated per window at 10,000
-    messages). Windows only read the state, never change it, so the object is shared;
-    bounded by entries and bytes, locked."""
+    messages). Windows only read the state, never change it, so the object is shared."""
 
     def __init__(self, max_entries: int = 1024, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._data: OrderedDict[bytes, CompressionState] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._map: _BoundedMap[bytes, CompressionState] = _BoundedMap(max_entries, max_bytes, len)
 
     def decode(self, raw: bytes) -> CompressionState:
         """The state stored as ``raw`` (validated once per distinct bytes)."""
-        with self._lock:
-            found = self._data.get(raw)
-            if found is not None:
-                self._data.move_to_end(raw)
-                return found
+        (found,) = self._map.lookup([raw])
+        if found is not None:
+            return found
         state = CompressionState.model_validate_json(raw)
-        with self._lock:
-            if raw not in self._data:
-                self._data[raw] = state
-                self._bytes += len(raw)
-            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
-                old, _ = self._data.popitem(last=False)
-                self._bytes -= len(old)
+        self._map.store({raw: state})
         return state
 
 
