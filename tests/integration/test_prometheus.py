@@ -24,6 +24,24 @@ from ctxcore.state import ConversationKey
 from tests.chaos.helpers import REPO, free_port
 from workers.keyspace import delete_prefixed_keys
 from workers.prom_worker import disable_multiprocess, enable_multiprocess, node_registry, start_node_metrics
+from workers.scheduler import FairScheduler
+from workers.service import ContextService
+
+
+def compact_one(service: ContextService, key: ConversationKey) -> None:
+    """Twelve long steps, then a window: the conversation is over its trigger and a job queues."""
+    text = "a long reply about the build and its failing tests " * 40
+    for i in range(12):
+        service.append(key, [UserMessage(content=f"step {i}"), AssistantMessage(content=text)])
+    service.get_window(key, 1500, [])
+
+
+def wait_idle(scheduler: FairScheduler, key: ConversationKey, seconds: float) -> bool:
+    """True once the scheduler has nothing queued or running for ``key`` (within ``seconds``)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and scheduler.status(key) != "idle":
+        time.sleep(0.1)
+    return scheduler.status(key) == "idle"
 
 
 @pytest.fixture()
@@ -64,16 +82,8 @@ def test_a_stage_run_in_a_real_worker_moves_the_stage_histogram(redis_url: str, 
             shutdown_timeout=20,
         ):
             rt = runtime()
-            service = build_service(rt, CeleryQueue())
-            text = "a long reply about the build and its failing tests " * 40
-            for i in range(12):
-                service.append(key, [UserMessage(content=f"step {i}"), AssistantMessage(content=text)])
-            # The window records the budget and, the conversation over its trigger, queues a job.
-            service.get_window(key, 1500, [])
-            deadline = time.time() + 60
-            while time.time() < deadline and rt.scheduler.status(key) != "idle":
-                time.sleep(0.1)
-            assert rt.scheduler.status(key) == "idle"
+            compact_one(build_service(rt, CeleryQueue()), key)
+            assert wait_idle(rt.scheduler, key, 60)
     finally:
         client = redis.Redis.from_url(redis_url)
         delete_prefixed_keys(client, prefix)
@@ -156,15 +166,8 @@ def test_a_prefork_ctxcore_worker_serves_its_childrens_stages(redis_url: str, tm
     rt = Runtime(settings)
     key = ConversationKey("acme", f"conv-{uuid.uuid4().hex[:6]}")
     try:
-        service = build_service(rt, CeleryQueue())
-        text = "a long reply about the build and its failing tests " * 40
-        for i in range(12):
-            service.append(key, [UserMessage(content=f"step {i}"), AssistantMessage(content=text)])
-        service.get_window(key, 1500, [])
-        deadline = time.time() + 90
-        while time.time() < deadline and rt.scheduler.status(key) != "idle":
-            time.sleep(0.2)
-        assert rt.scheduler.status(key) == "idle", (tmp_path / "worker.log").read_text()[-3000:]
+        compact_one(build_service(rt, CeleryQueue()), key)
+        assert wait_idle(rt.scheduler, key, 90), (tmp_path / "worker.log").read_text()[-3000:]
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
