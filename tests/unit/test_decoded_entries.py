@@ -101,7 +101,7 @@ def test_tool_counts_follow_every_change_of_the_definitions() -> None:
         assert counter.count_tools(variant) == expected(variant, counter)
 
 
-def test_tools_marshal_cannot_write_are_counted_uncached() -> None:
+def test_tools_marshal_cannot_write_are_still_counted_exactly() -> None:
     class Odd:
         def __str__(self) -> str:
             return "odd"
@@ -111,7 +111,7 @@ def test_tools_marshal_cannot_write_are_counted_uncached() -> None:
     assert counter.count_tools(tools) == expected(tools, counter)
 
 
-def test_handle_memo_hashes_each_message_object_once() -> None:
+def test_handle_memo_gives_each_message_its_conversations_handle() -> None:
     key, other_key = ConversationKey("t", "c"), ConversationKey("t", "d")
     message = UserMessage(content="a long tool output", context_message_id="000000000007")
     memo = HandleMemo(max_entries=2)
