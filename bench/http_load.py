@@ -7,9 +7,14 @@ httpx in this process, one conversation each, spread over four tenants) append a
 then ask for a window, in a loop, for ``--duration`` seconds per phase:
 
 * ``idle``: pre-compacted conversations (a tau-bench run each, compacted by the workers
-  before the phase) and small steps under a 32k budget: the workers have nothing to do;
-* ``busy``: tool outputs of tau-bench runs as steps and an 8k budget, so windows go over
-  the trigger and the workers compact during the phase.
+  before the phase) and small steps under a 32k budget: the workers have nothing to do. As in
+  ``fast_path.py``, each agent takes its conversation back to where the phase found it
+  (``DELETE .../messages?after=``, not timed) every ``--steps`` steps, so the tail after the
+  cursor stays that of a conversation the workers keep up with; ``--grow`` lets it grow
+  instead (by ~700 raw messages a phase at one agent: a long raw tail, nothing compacted);
+* ``busy``: conversations of their own (a tau-bench run each, not compacted before), tool
+  outputs of tau-bench runs as steps and an 8k budget, so windows go over the trigger and
+  the workers compact during the phase.
 
 Each phase runs with 1, 8 and 32 agents sending back to back (a closed loop: at 32 agents the
 API's two cores are saturated, so latency there is mostly queueing), then once more with 32
@@ -53,6 +58,7 @@ from ctxcore.client.calls import calls  # noqa: E402
 from ctxcore.config import Settings, hash_token  # noqa: E402
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
+from ctxcore.state.redis import RedisMessageLog  # noqa: E402
 from tests.chaos.helpers import free_port, worker_command  # noqa: E402
 from workers.app import queue_names  # noqa: E402
 from workers.embedded import ensure_redis  # noqa: E402
@@ -75,6 +81,8 @@ class Phase:
     window: list[float] = field(default_factory=list)
     append: list[float] = field(default_factory=list)
     statuses: Counter[int] = field(default_factory=Counter)
+    # Failed ``reset`` truncations by status (a compaction covering a step refuses one: 409).
+    resets: Counter[int] = field(default_factory=Counter)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
 
@@ -170,14 +178,21 @@ async def agent(
     phase: Phase,
     until: float,
     think: float = 0.0,
+    reset: tuple[str, int] | None = None,
 ) -> None:
     """Append a step, ask for a window, until ``until``; every status is counted. With
     ``think`` (seconds) the agent waits that long after each window, as it would for the
-    model's reply; the first wait is spread at random so the agents do not step in lock-step."""
+    model's reply; the first wait is spread at random so the agents do not step in lock-step.
+    With ``reset`` (a log id, n) the log is taken back to that id every n steps (not timed;
+    its status counted as ``reset <status>`` when it fails)."""
     i = 0
     if think:
         await asyncio.sleep(random.uniform(0, think))
     while time.monotonic() < until:
+        if reset is not None and i and i % reset[1] == 0:
+            back = await send(http, token, calls.truncate_after(conversation, reset[0], None))
+            if back.status_code != 200:
+                phase.resets[back.status_code] += 1
         step = [
             {**m, "message_id": f"{conversation}-{phase.name}-{i}-{k}"}
             for k, m in enumerate(steps[i % len(steps)])
@@ -195,29 +210,39 @@ async def agent(
             await asyncio.sleep(think)
 
 
-async def seed(http: httpx.AsyncClient, tokens: dict[str, str], runs: list[list[AnyMessage]], n: int) -> int:
-    """One pre-compacted conversation per agent: a tau-bench run, then a window at a small
-    budget, over which the workers compact it. The number compacted within 120 s."""
+async def seed(
+    http: httpx.AsyncClient,
+    tokens: dict[str, str],
+    runs: list[list[AnyMessage]],
+    n: int,
+    conversations: str,
+    compact: bool,
+) -> int:
+    """A conversation ``<conversations>-<a>`` per agent holding a tau-bench run; with
+    ``compact`` also a window at a small budget, over which the workers compact it (the
+    number compacted within 120 s is returned; without, n)."""
     for a in range(n):
         tenant = TENANTS[a % len(TENANTS)]
-        conversation = f"agent-{a}"
-        body = [{**m, "message_id": f"seed-{a}-{k}"} for k, m in enumerate(to_openai(runs[a % len(runs)]))]
-        for response in (
-            await send(http, tokens[tenant], calls.append(conversation, body)),
-            await send(
-                http, tokens[tenant], calls.window(conversation, SEED_BUDGET, None, None, None, "openai")
-            ),
-        ):
+        conversation = f"{conversations}-{a}"
+        body = [
+            {**m, "message_id": f"seed-{conversations}-{a}-{k}"}
+            for k, m in enumerate(to_openai(runs[a % len(runs)]))
+        ]
+        requests = [calls.append(conversation, body)]
+        if compact:
+            requests.append(calls.window(conversation, SEED_BUDGET, None, None, None, "openai"))
+        for call in requests:
+            response = await send(http, tokens[tenant], call)
             if response.status_code >= 400:
                 raise RuntimeError(
                     f"seeding {tenant}/{conversation}: {response.status_code} {response.text[:200]}"
                 )
     deadline = time.monotonic() + 120
-    pending = set(range(n))
+    pending = set(range(n)) if compact else set()
     while pending and time.monotonic() < deadline:
         for a in sorted(pending):
             tenant = TENANTS[a % len(TENANTS)]
-            state = (await send(http, tokens[tenant], calls.state(f"agent-{a}", False))).json()
+            state = (await send(http, tokens[tenant], calls.state(f"{conversations}-{a}", False))).json()
             if state.get("version", 0) > 0:
                 pending.discard(a)
         await asyncio.sleep(0.5)
@@ -235,7 +260,13 @@ async def run_phase(
     api_pid: int,
     tenants: tuple[str, ...] = TENANTS,
     think: float = 0.0,
+    ends: dict[str, str] | None = None,
+    every: int = 10,
+    conversations: str = "agent",
 ) -> Phase:
+    """One phase, agent ``a`` on conversation ``<conversations>-<a>``; with ``ends``
+    (conversation -> log id) each agent takes its conversation back to that id every
+    ``every`` steps."""
     phase = Phase(name, agents)
     cpu = cpu_seconds(api_pid)
     started = time.monotonic()
@@ -245,12 +276,13 @@ async def run_phase(
             agent(
                 http,
                 tokens[tenants[a % len(tenants)]],
-                f"agent-{a}",
+                f"{conversations}-{a}",
                 steps[a % len(steps)],
                 budget,
                 phase,
                 until,
                 think,
+                (ends[f"{conversations}-{a}"], every) if ends is not None else None,
             )
             for a in range(agents)
         )
@@ -330,24 +362,59 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
                 f"{args.concurrency}; Redis {url}; {args.duration:g} s per phase; {os.cpu_count()} cores\n",
                 flush=True,
             )
-            compacted = await seed(http, tokens, runs, max(AGENTS))
-            print(f"  {compacted} of {max(AGENTS)} conversations pre-compacted", flush=True)
+            compacted = await seed(http, tokens, runs, max(AGENTS), "agent", compact=True)
+            print(
+                f"  {compacted} of {max(AGENTS)} idle conversations pre-compacted (a run under the "
+                f"{SEED_BUDGET:,}-token seed budget has nothing to compact)",
+                flush=True,
+            )
+            # The busy phases grow conversations of their own (the idle ones keep their tails).
+            await seed(http, tokens, runs, max(AGENTS), "busy", compact=False)
             trivial = await trivial_ms(http, 500)
-            floor = floor_ms(redis.Redis.from_url(url), prefix, 500)
+            client = redis.Redis.from_url(url)
+            floor = floor_ms(client, prefix, 500)
+            redis_log = RedisMessageLog(client, prefix)
+
+            def log_ends() -> dict[str, str] | None:
+                """Where each conversation's log ends now (None with ``--grow``)."""
+                if args.grow:
+                    return None
+                ends = {}
+                for a in range(max(AGENTS)):
+                    last = redis_log.last_id(ConversationKey(TENANTS[a % len(TENANTS)], f"agent-{a}"))
+                    if last is None:
+                        raise RuntimeError(f"agent-{a} has no log after seeding")
+                    ends[f"agent-{a}"] = last
+                return ends
+
             phases = []
             for agents in AGENTS:
                 phases.append(
-                    await run_phase(http, tokens, "idle", agents, [small], 32_000, args.duration, api.pid)
+                    await run_phase(
+                        http,
+                        tokens,
+                        "idle",
+                        agents,
+                        [small],
+                        32_000,
+                        args.duration,
+                        api.pid,
+                        ends=log_ends(),
+                        every=args.steps,
+                    )
                 )
                 print(f"  idle, {agents} agents: done", flush=True)
             for agents in AGENTS:
                 phases.append(
-                    await run_phase(http, tokens, "busy", agents, big, 8_000, args.duration, api.pid)
+                    await run_phase(
+                        http, tokens, "busy", agents, big, 8_000, args.duration, api.pid, conversations="busy"
+                    )
                 )
                 print(f"  busy, {agents} agents: done", flush=True)
             for name, steps, budget in (("idle", [small], 32_000), ("busy", big, 8_000)):
                 # Agents that wait for their model between steps (``--think``): the latency an
                 # agent sees when the API is not saturated by back-to-back requests.
+                ends = log_ends() if name == "idle" else None
                 phases.append(
                     await run_phase(
                         http,
@@ -359,6 +426,9 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
                         args.duration,
                         api.pid,
                         think=args.think,
+                        ends=ends,
+                        every=args.steps,
+                        conversations="agent" if name == "idle" else "busy",
                     )
                 )
                 print(f"  {name} paced, {max(AGENTS)} agents: done", flush=True)
@@ -410,6 +480,14 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
     print(
         f"limited tenant: {limited.statuses.get(429, 0)} answers 429 of {sum(limited.statuses.values())} (on purpose)"
     )
+    failed = Counter[int]()
+    for p in phases:
+        failed.update(p.resets)
+    if not args.grow:
+        print(
+            f"idle tails taken back every {args.steps} steps; failed resets by status: "
+            + (", ".join(f"{s}: {c}" for s, c in sorted(failed.items())) or "none")
+        )
 
 
 def main() -> None:
@@ -423,7 +501,18 @@ def main() -> None:
         default=1.0,
         help="seconds each agent of the paced phases waits after a window, for its model (default 1)",
     )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="idle phases: steps before an agent takes its conversation back to the phase's start (default 10)",
+    )
+    parser.add_argument(
+        "--grow", action="store_true", help="idle phases: let the tails grow instead (no taking back)"
+    )
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
     server = ensure_redis(args.redis_url)
     url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/15"
     prefix = f"httpload{uuid.uuid4().hex[:8]}"
