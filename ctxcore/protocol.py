@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ctxcore.errors import Violation
-from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage, UserMessage
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage
 from ctxcore.turns import tool_callers
 
 __all__ = [
@@ -37,8 +37,9 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
     """
     violations: list[Violation] = []
     seen_other = False
+    # Roles, not isinstance, in these loops: every served window is checked (see tool_callers).
     for i, message in enumerate(messages):
-        if isinstance(message, SystemMessage):
+        if message.role == "system":
             if seen_other:
                 violations.append(
                     Violation(i, "system_after_non_system", "system messages must all come before the others")
@@ -49,7 +50,7 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
     callers = tool_callers(messages)
     answered: dict[int, set[str]] = {}
     for i, message in enumerate(messages):
-        if not isinstance(message, ToolMessage):
+        if message.role != "tool":
             continue
         caller = callers.get(i)
         if caller is None:
@@ -82,7 +83,7 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
 def _results_end(messages: Sequence[AnyMessage], i: int) -> int:
     """Index of the first non-tool message after position ``i``."""
     j = i + 1
-    while j < len(messages) and isinstance(messages[j], ToolMessage):
+    while j < len(messages) and messages[j].role == "tool":
         j += 1
     return j
 
@@ -95,12 +96,14 @@ def _unanswered(
     answered: dict[int, set[str]] = {}
     for index, caller in (tool_callers(messages) if callers is None else callers).items():
         message = messages[index]
-        if isinstance(message, ToolMessage):
+        if message.role == "tool":
             answered.setdefault(caller, set()).add(message.tool_call_id)
     out: dict[int, list[str]] = {}
+    nothing: set[str] = set()
     for i, message in enumerate(messages):
-        if isinstance(message, AssistantMessage) and message.tool_calls:
-            missing = [c.id for c in message.tool_calls if c.id not in answered.get(i, set())]
+        if message.role == "assistant" and message.tool_calls:
+            got = answered.get(i, nothing)
+            missing = [c.id for c in message.tool_calls if c.id not in got]
             if missing:
                 out[i] = missing
     return out

@@ -105,7 +105,7 @@ class UserDetector:
         object.__setattr__(self, "_verdicts", {})
 
     def _by_text(self, message: AnyMessage) -> bool:
-        if not isinstance(message, UserMessage):
+        if message.role != "user":
             return False
         content = message.content
         if not isinstance(content, str):
@@ -138,15 +138,17 @@ class UserDetector:
         """``is_real`` of every message, each from the messages before it: one pass."""
         flags: list[bool] = []
         tools_in_turn = False
+        by_text = self._by_text
+        structure = self.harness_structure
         for i, message in enumerate(messages):
-            real = self._by_text(message)
-            if real and self.harness_structure and tools_in_turn and i > 0:
+            real = by_text(message)
+            if real and structure and tools_in_turn and i > 0:
                 previous = messages[i - 1]
-                real = not (isinstance(previous, AssistantMessage) and not previous.tool_calls)
+                real = not (previous.role == "assistant" and not previous.tool_calls)
             flags.append(real)
             if real:
                 tools_in_turn = False
-            elif isinstance(message, AssistantMessage) and message.tool_calls:
+            elif message.role == "assistant" and message.tool_calls:
                 tools_in_turn = True
         return flags
 
@@ -209,16 +211,19 @@ def tool_callers(messages: Sequence[AnyMessage]) -> dict[int, int]:
     """
     callers: dict[int, int] = {}
     caller: int | None = None
-    ids: frozenset[str] = frozenset()
+    ids: Sequence[str] = ()
+    # Roles, not isinstance: every window runs this, and an isinstance that fails goes
+    # through pydantic's ABCMeta hook (a few times slower than a string comparison).
     for i, message in enumerate(messages):
-        if isinstance(message, AssistantMessage):
+        if message.role == "assistant":
             caller = i
-            ids = frozenset(c.id for c in message.tool_calls)
-        elif isinstance(message, ToolMessage):
+            calls = message.tool_calls
+            ids = [c.id for c in calls] if calls else ()
+        elif message.role == "tool":
             if caller is not None and message.tool_call_id in ids:
                 callers[i] = caller
         else:
-            caller, ids = None, frozenset()
+            caller, ids = None, ()
     return callers
 
 
@@ -329,7 +334,7 @@ def _turn_starts(messages: Sequence[AnyMessage], detector: UserDetector | None) 
         if real and not previous_real:
             starts.append(i)
         # Internal user messages between real ones do not split a run of user input.
-        if not isinstance(message, UserMessage):
+        if message.role != "user":
             previous_real = False
         elif real:
             previous_real = True

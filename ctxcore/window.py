@@ -106,16 +106,15 @@ def compute_stats(
     counter = tolerant(counter)
     count_message = getattr(counter, "count_message", None)
     one: Callable[[AnyMessage], int] = (
-        (lambda m: int(count_message(m)))
-        if callable(count_message)
-        else (lambda m: counter.count_messages([m]))
+        count_message if callable(count_message) else (lambda m: counter.count_messages([m]))
     )
     # Plain locals, not setattr per message: a window's statistics run on every request.
     messages = {"system": 0, "user": 0, "assistant": 0, "tool": 0}
     tokens = dict.fromkeys(messages, 0)
     for message in (*system_messages, *context_messages):
-        messages[message.role] += 1
-        tokens[message.role] += one(message)
+        role = message.role
+        messages[role] += 1
+        tokens[role] += int(one(message))
     tool_tokens = counter.count_tools(tools)
     everything = [*system_messages, *context_messages]
     # A counter that composes a request from its messages (``WindowCounter``) gives the

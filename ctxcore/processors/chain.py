@@ -171,6 +171,11 @@ def _run(messages: Sequence[AnyMessage], rules: Sequence[RuleProcessor[Any]], en
     handles: list[str] = []
     changed = False
     for rule in rules:
+        if rule.headroom_aware and (
+            env.tail_budget_tokens is None or env.tail_tokens(current) <= env.tail_budget_tokens
+        ):
+            # Acts only while its messages are over the room they have: nothing to do.
+            continue
         result = rule.rule(current, env)
         if result.changed:
             changed = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ctxcore.messages import AnyMessage, ToolMessage, message_text
+from ctxcore.messages import AnyMessage, message_text
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
@@ -70,7 +70,9 @@ def capped_text(text: str, keep: int, head_ratio: float, marker: str) -> str:
 
 def _over(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> list[int]:
     cap = _cap(config, env)
-    return [i for i, m in enumerate(messages) if isinstance(m, ToolMessage) and env.tokens(m) > cap]
+    if env.tail_tokens(messages) <= cap:
+        return []  # no message can be over the cap when all of them together are not
+    return [i for i, m in enumerate(messages) if m.role == "tool" and env.tokens(m) > cap]
 
 
 def triggers(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> bool:
