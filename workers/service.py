@@ -245,15 +245,20 @@ class ContextService:
         base: TokenCounter,
         counter: WindowCounter,
         require_existing: bool,
+        recall_index: bool,
     ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
-        """State, pinned anchors, tail and failure record: one script call on Redis (with a
-        ``TiktokenCounter``), else the stores one by one (the record read once)."""
+        """State, pinned anchors, tail and failure record: one round trip on Redis (with a
+        ``TiktokenCounter``), else the stores one by one (the record read once). With
+        ``recall_index`` the Redis read also brings a recall index newer than the one held."""
         reader = self._window_reader
         tail_read: TailRead | None = None
         if reader is not None and isinstance(base, TiktokenCounter):
-            got = reader.read(key, budget_tokens, base.encoding_name)
+            held = self._indexes.version(key) if recall_index else None
+            got = reader.read(key, budget_tokens, base.encoding_name, held)
             if require_existing and got.state is None and got.last_id is None:
                 raise NotFoundError(f"conversation {key} not found")
+            if got.index is not None:
+                self._indexes.put(key, got.index)
             if got.refresh_due:  # at most hourly per conversation: the read returned its TTL
                 reader.refresh(key)
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
@@ -349,9 +354,11 @@ class ContextService:
         # counted once however often the window's steps ask.
         base = self._counter_for(model)
         counter = WindowCounter(base)
-        state, pinned, read, record = self._window_reads(key, budget_tokens, base, counter, require_existing)
-        tail = read.messages
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
+        state, pinned, read, record = self._window_reads(
+            key, budget_tokens, base, counter, require_existing, recall_settings.auto
+        )
+        tail = read.messages
         auto: AutoRecall | None = None
         if recall_settings.auto:
             index = self._indexes.get(key, state.archive_version, lambda: self.state_store.load_archive(key))

@@ -26,6 +26,19 @@ class IndexCache:
         self._entries: OrderedDict[ConversationKey, tuple[int, RecallIndex]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def version(self, key: ConversationKey) -> int:
+        """The version of the index held for ``key`` (0: none): a read can skip an index
+        that is not newer."""
+        with self._lock:
+            found = self._entries.get(key)
+        return found[0] if found is not None else 0
+
+    def put(self, key: ConversationKey, data: bytes) -> RecallIndex:
+        """Keep the index stored as ``data`` (read beside something else) for ``key``."""
+        index = RecallIndex.from_bytes(data)
+        self._keep(key, index)
+        return index
+
     def get(self, key: ConversationKey, version: int, load: Callable[[], bytes | None]) -> RecallIndex | None:
         """The index of ``key`` at ``version`` or newer; ``load`` reads it when the cached one is older."""
         if version <= 0:
@@ -38,10 +51,11 @@ class IndexCache:
         data = load()
         if data is None:
             return None
-        index = RecallIndex.from_bytes(data)
+        return self.put(key, data)
+
+    def _keep(self, key: ConversationKey, index: RecallIndex) -> None:
         with self._lock:
             self._entries[key] = (index.version, index)
             self._entries.move_to_end(key)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
-        return index

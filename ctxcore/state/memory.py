@@ -311,7 +311,13 @@ class MemoryMessageLog:
             rows = list(zip(seqs, log.entries[plan.start :], strict=True))
             own = log.run_encoding == encoding
             other = log.other.get(encoding, {})
-            counts = log.counts[plan.start :] if own else [other.get(seq) for seq in seqs]
+            start = log.run_from if log.run_from is not None else seqs[-1] + 1 if seqs else 0
+            # An entry before the run may hold the count of an earlier run's encoding.
+            counts = (
+                [c if seq >= start else None for seq, c in zip(seqs, log.counts[plan.start :], strict=True)]
+                if own
+                else [other.get(seq) for seq in seqs]
+            )
             omitted = log.seqs[plan.cursor_index : plan.start]
             extra = [(seq, log.entries[bisect.bisect_left(log.seqs, seq)]) for seq in plan.anchors]
         return TailRead(

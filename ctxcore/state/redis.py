@@ -6,7 +6,8 @@ the layout works unchanged on Redis Cluster:
 
 - ``...:state:version`` (string) and ``...:state:history`` (list of state JSON, newest
   first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:state:head``
-  (``cursor|pinned ids``, written by the save scripts for the window script); ``...:budget``;
+  (``cursor|pinned ids|archive version``, written by the save scripts for the window
+  script); ``...:budget``;
 - ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
   message with log id ``n`` in ``m``, and for counted entries ``t``/``c``: its token count
   and the run's running total), ``...:log:dedupe`` (hash ``message_id -> log id``),
@@ -115,7 +116,7 @@ class RedisStateStore(_RedisBackend):
         """Store ``state`` as version ``expected_version + 1`` iff the current version is
         ``expected_version``; ``archive`` goes in the same script (one slot)."""
         data = encode_state(state, expected_version + 1)
-        head = f"{state.covered_until or ''}|{','.join(state.pinned)}"
+        head = f"{state.covered_until or ''}|{','.join(state.pinned)}|{state.archive_version}"
         counter, ttl = self._key(key, "log:seq"), self._retention.ttl_ms(key)
         with translated(f"save {key}"):
             if archive is None:

@@ -23,7 +23,8 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 )
 
 # KEYS: version, history, head, log counter. ARGV: expected version, state JSON, versions to
-# keep, head ("cursor|pinned,ids": what the window script needs before it can read the log),
+# keep, head ("cursor|pinned,ids|archive version": what the window script needs before it can
+# read the log),
 # retention ms (0: none; else the written keys get the conversation's expiry, the counter's).
 SAVE_LUA = (
     _CAS_LUA

@@ -11,14 +11,15 @@ from ctxcore.state.redis_retention import EXPIRY_LUA
 
 __all__ = [
     "APPEND_LUA",
+    "LOG_HELPERS_LUA",
+    "READ_TAIL_FN_LUA",
     "READ_TAIL_LUA",
     "TRUNCATE_LUA",
-    "WINDOW_LUA",
 ]
 
 # The log's last id: the counter, unless a truncation removed the newest messages; then
 # ``...:log:end`` holds the last remaining seq (0: empty) until the next append writes.
-_LAST = (
+LOG_HELPERS_LUA = (
     EXPIRY_LUA
     + """
 local function last_seq()
@@ -57,7 +58,7 @@ end
 # total through it); the run hash holds enc, from (its first seq) and total
 # (``ctxcore.state.tail``).
 APPEND_LUA = (
-    _LAST
+    LOG_HELPERS_LUA
     + """
 local expected = tonumber(ARGV[1])
 if expected then
@@ -152,7 +153,7 @@ return ids
 # counter's expiry). The run's total goes back to that of the last entry kept. Every entry is decoded before anything is written (a script's writes are
 # not rolled back by a later error). The counter is left as it is: ids are never reused.
 TRUNCATE_LUA = (
-    _LAST
+    LOG_HELPERS_LUA
     + """
 local current = last_seq()
 local expected = tonumber(ARGV[2])
@@ -214,7 +215,7 @@ return ids
 # counts read reach the budget (the whole tail when any of it is outside the counted run).
 # Returns {omitted first seq, omitted last seq, omitted tokens, entries, anchors}: seqs 0
 # when nothing is left out; entries and anchors flat (seq, JSON, count for the encoding or '').
-_TAIL = """
+READ_TAIL_FN_LUA = """
 local function read_tail(stream, runk, realk, other, after, page, budget, enc)
   local run = redis.call('HMGET', runk, 'enc', 'from')
   local own = run[1] == enc
@@ -222,6 +223,10 @@ local function read_tail(stream, runk, realk, other, after, page, budget, enc)
   local low = '(' .. after .. '-0'
   local function count_of(entry)
     if own then
+      -- An entry before the run may carry the count of an earlier run's encoding.
+      if not from or entry_seq(entry[1]) < from then
+        return ''
+      end
       return entry_field(entry, 't') or ''
     end
     return redis.call('HGET', other, enc .. ':' .. entry_seq(entry[1])) or ''
@@ -293,72 +298,9 @@ end
 """
 
 READ_TAIL_LUA = (
-    _LAST
-    + _TAIL
+    LOG_HELPERS_LUA
+    + READ_TAIL_FN_LUA
     + """
 return read_tail(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
-"""
-)
-
-# One window's reads in one call over the conversation's slot. KEYS: state history, state
-# head, budget, stream, run hash, real zset, other-encodings hash, compaction hash, log
-# counter, log end. ARGV: budget, page size, encoding, retention ms (0: none; else a budget
-# written gets the counter's expiry, and the counter's PTTL is returned for the refresh). The cursor and pinned ids come from
-# the head the save scripts write (a state saved before it existed is decoded instead); the
-# budget is written only when it differs (the script's one write, skipped for a conversation
-# with neither log nor state: the existence check is part of the read). Returns {state JSON or
-# false, pinned (flat seq, JSON, ''), the tail as READ_TAIL_LUA, the compaction hash (flat),
-# the log's last seq, the counter's PTTL (-1 without a retention, -2 with no conversation)}.
-WINDOW_LUA = (
-    _LAST
-    + _TAIL
-    + """
-local state = redis.call('LINDEX', KEYS[1], 0)
-local cursor, pinned_ids = '', ''
-local head = redis.call('GET', KEYS[2])
-if head then
-  local bar = string.find(head, '|', 1, true)
-  cursor, pinned_ids = string.sub(head, 1, bar - 1), string.sub(head, bar + 1)
-elseif state then
-  local decoded = cjson.decode(state)
-  if type(decoded['covered_until']) == 'string' then
-    cursor = decoded['covered_until']
-  end
-  if type(decoded['pinned']) == 'table' then
-    pinned_ids = table.concat(decoded['pinned'], ',')
-  end
-end
-local pinned = {}
-for id in string.gmatch(pinned_ids, '[^,]+') do
-  local seq = tonumber(id)
-  for _, e in ipairs(redis.call('XRANGE', KEYS[4], seq .. '-0', seq .. '-0')) do
-    pinned[#pinned + 1] = seq
-    pinned[#pinned + 1] = entry_field(e, 'm')
-    pinned[#pinned + 1] = ''
-  end
-end
-local last = redis.call('GET', KEYS[10]) or redis.call('GET', KEYS[9]) or '0'
-if not state and tonumber(last) == 0 then
-  return {false, {}, {0, 0, 0, {}, {}}, {}, '0', -2}  -- no such conversation: nothing written
-end
-local after = 0
-if cursor ~= '' then
-  after = tonumber(cursor)
-end
-local tail = read_tail(KEYS[4], KEYS[5], KEYS[6], KEYS[7], after, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
-local compaction = redis.call('HGETALL', KEYS[8])
-local ttl = tonumber(ARGV[4])
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then
-  if ttl > 0 then
-    redis.call('SET', KEYS[3], ARGV[1], 'PX', expiry_of(KEYS[9], ttl))
-  else
-    redis.call('SET', KEYS[3], ARGV[1])
-  end
-end
-local left = -1
-if ttl > 0 then
-  left = redis.call('PTTL', KEYS[9])
-end
-return {state or false, pinned, tail, compaction, last, left}
 """
 )

@@ -66,7 +66,7 @@ class CountedSqlLog:
                 return TailRead([], [])
             if run_from is None or first < run_from:  # entries outside the run: read whole
                 rows = list(conn.execute(select(*cols).where(where, log.c.seq > after).order_by(log.c.seq)))
-                return self._tail(conn, key, rows, encoding, run_encoding)
+                return self._tail(conn, key, rows, encoding, run_encoding, run_from)
             newest: list[Row[Any]] = []
             below: int | None = None
             read = 0
@@ -92,7 +92,7 @@ class CountedSqlLog:
                     .order_by(log.c.seq.desc())
                     .limit(1)
                 ).one_or_none()
-            out = self._tail(conn, key, rows, encoding, run_encoding)
+            out = self._tail(conn, key, rows, encoding, run_encoding, run_from)
             if older is None:
                 return out
             base = conn.execute(
@@ -127,10 +127,12 @@ class CountedSqlLog:
         rows: Sequence[Row[Any]],
         encoding: str,
         run_encoding: str | None,
+        run_from: int | None,
     ) -> TailRead:
         messages = decode_log_messages([(format_log_id(r.seq), r.data) for r in rows])
-        if run_encoding == encoding:
-            return TailRead(messages, [r.tokens for r in rows])
+        if run_encoding == encoding and run_from is not None:
+            # A row before the run may hold the count of an earlier run's encoding.
+            return TailRead(messages, [r.tokens if r.seq >= run_from else None for r in rows])
         table = self._t.log_count
         found = conn.execute(
             select(table.c.seq, table.c.tokens).where(

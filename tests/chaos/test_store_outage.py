@@ -195,3 +195,22 @@ def test_redis_killed_and_restarted_during_appends_and_windows(server: RedisProc
         assert [m.context_message_id for m in logged[: len(expected)]] == got_ids
         assert conversation_problems(rt.state_store, rt.log, c.key) == []
     http.close()
+
+
+def test_windows_after_a_restart_load_their_scripts_again(server: RedisProcess) -> None:
+    """A restarted server has no scripts: the window's pipelined read loads its own again."""
+    rt = Runtime(Settings.load({"redis": {"url": server.url, "key_prefix": "restart"}}))
+    service = build_service(rt, InlineQueue())
+    key = ConversationKey("tenant-a", "restarted")
+    for n in range(3):
+        service.append(key, _batch("r", n))
+    first = service.get_window(key, BUDGET)  # the window script; the cursor is now known
+    reader = service._window_reader
+    assert reader is not None
+    service.get_window(key, BUDGET)
+    paged = reader.paged_reads
+    assert paged >= 1  # the meta script and the page
+    server.kill()
+    server.start()
+    again = service.get_window(key, BUDGET)
+    assert reader.paged_reads == paged + 1 and again.messages == first.messages

@@ -1,4 +1,5 @@
-"""The Redis window read: one script call per window over the conversation's slot."""
+"""The Redis window read: one round trip per window over the conversation's slot, a script
+call or (a short tail after a known cursor) the meta script and the page in one pipeline."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from ctxcore.config import Settings
 from ctxcore.errors import NotFoundError
 from ctxcore.messages import UserMessage
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
+from ctxcore.recall import ChunkingConfig, archive_messages
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.models import CompressionState
+from ctxcore.state.tail import AppendCounts
+from ctxcore.tokens import TiktokenCounter
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
 from workers.failures import FailureStore
 from workers.service import ContextService, InlineQueue
@@ -21,13 +25,25 @@ pytestmark = pytest.mark.redis
 
 
 class Recording(redis.Redis):
-    """A client that counts the commands it sends (a pipeline counts as one)."""
+    """A client that records the commands it sends; a pipeline is one entry naming its
+    commands joined by ``+`` (one round trip)."""
 
     sent: list[str]
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         self.sent.append(str(args[0]))
         return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        run = pipe.execute
+
+        def execute(raise_on_error: bool = True) -> Any:
+            self.sent.append("+".join(str(args[0]) for args, _ in pipe.command_stack))
+            return run(raise_on_error)
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
 
 
 @pytest.fixture
@@ -122,3 +138,104 @@ def test_a_window_offloads_every_cleared_result_in_one_call(
     assert client.sent == ["EVALSHA", "EVALSHA"] and len(handles) > 10
     for handle in handles:
         assert offloads.get(conv_key, handle) is not None
+
+
+def stores(client: Recording, prefix: str) -> tuple[RedisStateStore, RedisMessageLog]:
+    return RedisStateStore(client, prefix), RedisMessageLog(client, prefix)
+
+
+def test_a_short_tail_after_a_known_cursor_is_the_meta_script_and_one_page(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = stores(client, redis_prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    for batch in agent_run(20, user_at=5):
+        service.append(conv_key, batch)
+    ids = [m.context_message_id or "" for m in log.read_after(conv_key, None)]
+    assert state.save(conv_key, CompressionState(covered_until=ids[10], pinned=[ids[0]]), 0)
+    client.sent.clear()
+    service.get_window(conv_key, 50_000, SYSTEM)  # no cursor known yet: the script
+    assert client.sent == ["EVALSHA"]
+    for step in agent_run(23)[21:]:
+        service.append(conv_key, step)
+        client.sent.clear()
+        window = service.get_window(conv_key, 50_000, SYSTEM)
+        assert client.sent[-1] == "EVALSHA+XREVRANGE" and "EVALSHA" not in client.sent[:-1]
+        expected = plain.get_window(conv_key, 50_000, SYSTEM)
+        assert window.messages == expected.messages and window.stats == expected.stats
+        assert window.raw_tokens == expected.raw_tokens
+    # A compaction moves the cursor forward: the page read after the old one still serves
+    assert state.save(conv_key, CompressionState(covered_until=ids[25], pinned=[ids[0]]), 1)
+    client.sent.clear()
+    window = service.get_window(conv_key, 50_000, SYSTEM)
+    assert client.sent == ["EVALSHA+XREVRANGE"]
+    assert window.messages == plain.get_window(conv_key, 50_000, SYSTEM).messages
+    # A rollback moves it back: the page cannot hold the tail, the script reads it
+    assert state.rollback(conv_key, 1, 2)
+    client.sent.clear()
+    window = service.get_window(conv_key, 50_000, SYSTEM)
+    assert client.sent == ["EVALSHA+XREVRANGE", "EVALSHA"]
+    assert window.messages == plain.get_window(conv_key, 50_000, SYSTEM).messages
+
+
+def test_a_tail_outgrowing_the_page_is_read_by_the_script(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = stores(client, redis_prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    for batch in agent_run(10):
+        service.append(conv_key, batch)
+    service.get_window(conv_key, 4_000, SYSTEM)
+    for batch in agent_run(90)[11:]:  # 158 more entries, no window between (workers down)
+        service.append(conv_key, batch)
+    client.sent.clear()
+    window = service.get_window(conv_key, 4_000, SYSTEM)
+    assert client.sent == ["EVALSHA+XREVRANGE", "EVALSHA"] and window.fallback_applied
+    expected = plain.get_window(conv_key, 4_000, SYSTEM)
+    assert window.messages[-1] == expected.messages[-1] and window.stats.total_tokens <= 4_000
+    client.sent.clear()
+    service.get_window(conv_key, 4_000, SYSTEM)  # the long tail is remembered: the script only
+    assert client.sent == ["EVALSHA"]
+
+
+def test_counts_stored_under_an_earlier_run_are_not_taken_for_the_current_one(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = stores(client, redis_prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    batches = agent_run(6)
+    # The first entries were counted under another encoding (another deployment's default)
+    first = [m for batch in batches[:4] for m in batch]
+    log.append_counted(
+        conv_key, first, AppendCounts("o200k_base", [5_000] * len(first), [False] * len(first))
+    )
+    for batch in batches[4:]:
+        service.append(conv_key, batch)  # cl100k_base: a new run starts here
+    expected = plain.get_window(conv_key, 20_000, SYSTEM)
+    for _ in range(2):  # the script, then the page
+        window = service.get_window(conv_key, 20_000, SYSTEM)
+        assert window.messages == expected.messages and window.stats == expected.stats
+        assert window.raw_tokens == expected.raw_tokens < 5_000
+
+
+def test_the_recall_index_comes_with_the_read_only_when_newer(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = stores(client, redis_prefix)
+    settings = Settings.load({"recall": {"enabled": True, "auto": True}})
+    service = ContextService(settings, state, log, None, InlineQueue())
+    for batch in agent_run(30, user_at=3):
+        service.append(conv_key, batch)
+    logged = log.read_after(conv_key, None)
+    index, write = archive_messages(None, logged[:40], TiktokenCounter(), ChunkingConfig())
+    assert write is not None
+    saved = CompressionState(covered_until=logged[39].context_message_id, archive_version=write.version)
+    assert state.save(conv_key, saved, 0, archive=write)
+    for _ in range(3):
+        client.sent.clear()
+        service.get_window(conv_key, 50_000, SYSTEM)
+        assert "GET" not in client.sent and len(client.sent) == 1  # the index came with the read
+    assert service._indexes.version(conv_key) == index.version

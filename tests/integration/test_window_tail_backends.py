@@ -9,7 +9,7 @@ from ctxcore.config import Settings
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey
-from ctxcore.state.tail import CountedLog
+from ctxcore.state.tail import AppendCounts, CountedLog
 from tests.conftest import Backend
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
 from workers.service import ContextService, InlineQueue
@@ -35,6 +35,27 @@ def test_windows_match_the_whole_tail_read(backend: Backend, conv_key: Conversat
     for budget in (50_000, 1_500):
         a, b = counted.get_window(conv_key, budget, SYSTEM), plain.get_window(conv_key, budget, SYSTEM)
         assert a.messages == b.messages and a.raw_tokens == b.raw_tokens
+
+
+def test_counts_of_an_earlier_run_are_not_taken_for_the_current_one(
+    backend: Backend, conv_key: ConversationKey
+) -> None:
+    counted, plain = services(backend)
+    batches = agent_run(6)
+    # The first entries were counted under another encoding (another deployment's default)
+    first = [m for batch in batches[:4] for m in batch]
+    log = counted.log
+    assert isinstance(log, CountedLog)
+    log.append_counted(
+        conv_key, first, AppendCounts("o200k_base", [5_000] * len(first), [False] * len(first))
+    )
+    for batch in batches[4:]:
+        counted.append(conv_key, batch)  # cl100k_base: a new run starts here
+    expected = plain.get_window(conv_key, 20_000, SYSTEM)
+    for _ in range(2):
+        window = counted.get_window(conv_key, 20_000, SYSTEM)
+        assert window.messages == expected.messages and window.stats == expected.stats
+        assert window.raw_tokens == expected.raw_tokens < 5_000
 
 
 def test_a_paged_tail_keeps_anchors_and_the_raw_total(backend: Backend, conv_key: ConversationKey) -> None:
