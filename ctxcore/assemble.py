@@ -108,7 +108,9 @@ def assemble_window(
     closed_tail = close_interrupted_tool_calls(tail)
     tail_budget_tokens = budget_tokens - replace(view, tail=()).tokens(counter)
     ruled_tail = list(rules(closed_tail, tail_budget_tokens)) if rules is not None else closed_tail
-    current = replace(view, tail=tuple(ruled_tail))
+    unchanged = len(ruled_tail) == len(tail) and all(a is b for a, b in zip(ruled_tail, tail, strict=True))
+    # The usual window (the tail fits): the view itself, whose sizes are counted already.
+    current = view if unchanged else replace(view, tail=tuple(ruled_tail))
     fallback = current.tokens(counter) > budget_tokens
     elided: list[tuple[str, str]] = []
     if fallback:

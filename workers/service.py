@@ -33,7 +33,7 @@ from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
-from workers.service_tail import WindowTail, read_window_tail, redis_window_reader
+from workers.service_tail import WindowTail, read_window_tail, window_reader
 from workers.service_write import AppendOutcome, check_batch, validation_tail
 
 __all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
@@ -101,7 +101,7 @@ class ContextService:
         self._counters: dict[str, TokenCounter] = {}
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
-        self._window_reader = redis_window_reader(state_store, log, failures)
+        self._window_reader = window_reader(state_store, log, failures)
 
     # --- appends ----------------------------------------------------------------------
 
@@ -262,7 +262,12 @@ class ContextService:
             if got.refresh_due:  # at most hourly per conversation: the read returned its TTL
                 reader.refresh(key)
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
-            record = parse_record(got.compaction) if self.failures is not None else None
+            if self.failures is None:
+                record = None
+            elif got.compaction is not None:  # read beside the conversation (Redis)
+                record = parse_record(got.compaction)
+            else:
+                record = self.failures.get(key)
         else:
             loaded = self.state_store.load(key)
             if require_existing and loaded is None and self.log.last_id(key) is None:

@@ -19,13 +19,17 @@ from ctxcore.state import ConversationKey, MessageLog, StateStore
 from ctxcore.state.base import format_log_id, parse_log_id
 from ctxcore.state.redis import RedisMessageLog, RedisStateStore
 from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.sql_log import SqlMessageLog
+from ctxcore.state.sql_state import SqlStateStore
+from ctxcore.state.sql_window import SqlWindowReader
 from ctxcore.state.tail import CountedLog, TailRead
+from ctxcore.state.window_read import WindowReader
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureStore
 
-__all__ = ["WindowTail", "read_window_tail", "redis_window_reader"]
+__all__ = ["WindowTail", "read_window_tail", "window_reader"]
 
 
 @dataclass
@@ -40,10 +44,15 @@ class WindowTail:
     raw_tokens_delta: int = 0
 
 
-def redis_window_reader(
+def window_reader(
     state_store: StateStore, log: MessageLog, failures: FailureStore | None
-) -> RedisWindowReader | None:
-    """The one-call window read, when state, log (and failure record) share a Redis and prefix."""
+) -> WindowReader | None:
+    """The one-round-trip window read, when state and log share a store: a Redis and prefix
+    (with the failure record beside them), or a SQL database and table prefix."""
+    if isinstance(state_store, SqlStateStore) and isinstance(log, SqlMessageLog):
+        if state_store.engine.url != log.engine.url or state_store.table_prefix != log.table_prefix:
+            return None
+        return SqlWindowReader(state_store, log)
     if not (isinstance(state_store, RedisStateStore) and isinstance(log, RedisMessageLog)):
         return None
     if state_store.client is not log.client or state_store.prefix != log.prefix:

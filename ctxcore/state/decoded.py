@@ -22,7 +22,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id
 from ctxcore.state.models import CompressionState
 
-__all__ = ["DecodedEntries", "DecodedStates", "decoded_rows"]
+__all__ = ["DecodedEntries", "DecodedStates", "Row", "decoded_rows"]
 
 # (the entry's seq, its stored bytes): the seq as the store returned it, so a read that
 # finds every entry cached formats no log id at all.

@@ -23,24 +23,22 @@ from __future__ import annotations
 
 import base64
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from redis.exceptions import NoScriptError
 
-from ctxcore.messages import AnyMessage
 from ctxcore.state.base import check_budget, format_log_id
-from ctxcore.state.decoded import DecodedEntries, DecodedStates
+from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.models import CompressionState
 from ctxcore.state.redis_common import as_bytes, text, translated
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.redis_tail import decode_rows
 from ctxcore.state.redis_window_scripts import WINDOW_KEY_SUFFIXES, WINDOW_LUA, WINDOW_META_LUA
 from ctxcore.state.tail import TAIL_PAGE, TailRead
+from ctxcore.state.window_read import WindowRead
 
-__all__ = ["RedisWindowReader", "WindowRead"]
+__all__ = ["RedisWindowReader"]
 
 # Conversations whose last cursor a reader remembers (an int each); past it the memory is
 # dropped and each conversation's next window takes the script-only shape once.
@@ -50,22 +48,6 @@ _CURSORS_KEPT = 65_536
 # appends a step or two per window), so a long tail does not pay a page it cannot use before
 # the script.
 _SHORT_TAIL = TAIL_PAGE * 3 // 4
-
-
-@dataclass
-class WindowRead:
-    """What a window reads from its conversation's slot."""
-
-    state: CompressionState | None
-    pinned: list[AnyMessage]
-    tail: TailRead
-    # The compaction hash's fields (``workers.failures``): last error, backoff, mirrored status.
-    compaction: dict[str, str] = field(default_factory=dict)
-    last_id: str | None = None
-    # True when the conversation's expiry is more than an hour below its full retention.
-    refresh_due: bool = False
-    # The stored recall index (decoded bytes) when the caller's copy was older, else None.
-    index: bytes | None = None
 
 
 class RedisWindowReader:
@@ -116,51 +98,54 @@ class RedisWindowReader:
         keys = self._keys(key)
         hint = self._cursors.get(key)
         with translated(f"window read of {key}"):
-            reply: list[Any] | None = None
             if hint is not None:
-                meta, page = self._pipelined(keys, args, hint)
-                reply = _with_page(meta, page, hint, encoding)
-            if reply is None:
-                reply = self._script(keys=keys, args=args)
-                self.script_reads += 1
-            else:
-                self.paged_reads += 1
+                try:
+                    meta, page = self._pipelined(keys, args, hint)
+                except NoScriptError:
+                    # A restarted or flushed server lost its scripts: load this one again.
+                    self._meta.sha = self.client.script_load(WINDOW_META_LUA)
+                    meta, page = self._pipelined(keys, args, hint)
+                rows = _page_rows(meta, page, hint, encoding)
+                if rows is not None:
+                    self.paged_reads += 1
+                    return self._parsed(key, [*meta[:2], [0, 0, 0, (), ()], *meta[3:]], ttl, rows)
+            reply = self._script(keys=keys, args=args)
+            self.script_reads += 1
         return self._parsed(key, reply, ttl)
 
     def _pipelined(self, keys: list[str], args: list[str | int], hint: int) -> tuple[list[Any], list[Any]]:
         """``WINDOW_META_LUA`` and the newest page after ``hint``, in one round trip."""
-        for attempt in (0, 1):
-            # MULTI/EXEC: the page is read at the instant the script ran (one slot, so one node
-            # on a cluster too).
-            pipe = self.client.pipeline(transaction=True)
-            # EVALSHA by hand: a Script called on a pipeline checks SCRIPT EXISTS first, a
-            # round trip of its own on every execute, and a cluster pipeline refuses the
-            # typed evalsha (execute_command is untyped upstream).
-            pipe.execute_command("EVALSHA", self._meta.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-            pipe.xrevrange(keys[3], "+", f"{hint + 1}-0", count=TAIL_PAGE)
-            try:
-                meta, page = pipe.execute()
-            except NoScriptError:
-                if attempt:
-                    raise
-                # A restarted or flushed server lost its scripts: load the script again.
-                self._meta.sha = self.client.script_load(WINDOW_META_LUA)
-                continue
-            return list(meta), list(page)
-        raise AssertionError("unreachable")  # pragma: no cover
+        # MULTI/EXEC: the page is read at the instant the script ran (one slot, so one node on
+        # a cluster too).
+        pipe = self.client.pipeline(transaction=True)
+        # EVALSHA by hand: a Script called on a pipeline checks SCRIPT EXISTS first, a round
+        # trip of its own on every execute, and a cluster pipeline refuses the typed evalsha
+        # (execute_command is untyped upstream).
+        pipe.execute_command("EVALSHA", self._meta.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        pipe.xrevrange(keys[3], "+", f"{hint + 1}-0", count=TAIL_PAGE)
+        meta, page = pipe.execute()
+        return list(meta), list(page)
 
-    def _parsed(self, key: ConversationKey, reply: list[Any], ttl: int) -> WindowRead:
+    def _parsed(
+        self,
+        key: ConversationKey,
+        reply: list[Any],
+        ttl: int,
+        page: tuple[list[Row], list[int | None]] | None = None,
+    ) -> WindowRead:
+        """The read from a script's reply; ``page``: the tail's rows and counts, read apart."""
         state, pinned, tail, compaction, last, left, cursor, index = reply
         first, omitted_last, omitted, entries, anchors = tail
+        if page is not None:
+            messages, counts = self.decoded.decode(page[0], decoded_rows), page[1]
+        else:
+            messages, counts = decode_rows(entries, self.decoded)
         last_seq = int(last)
-        if (
-            (state is not None or last_seq > 0) and not int(first) and len(entries) <= 3 * _SHORT_TAIL
-        ):  # flat triples
+        if (state is not None or last_seq > 0) and not int(first) and len(messages) <= _SHORT_TAIL:
             self._remember(key, int(cursor))
         elif key in self._cursors:
             with self._lock:
                 self._cursors.pop(key, None)
-        messages, counts = decode_rows(entries, self.decoded)
         pinned_messages, _ = decode_rows(pinned, self.decoded)
         extra, _ = decode_rows(anchors, self.decoded)
         fields: list[Any] = list(compaction)
@@ -191,45 +176,40 @@ class RedisWindowReader:
             self._cursors[key] = cursor
 
 
-def _with_page(meta: list[Any], page: list[Any], hint: int, encoding: str) -> list[Any] | None:
-    """``meta`` with its tail replaced by the page's entries after the cursor, in the shape
-    ``WINDOW_LUA`` returns; None when the page cannot stand for the tail (see the module
-    docstring)."""
+def _page_rows(
+    meta: list[Any], page: list[Any], hint: int, encoding: str
+) -> tuple[list[Row], list[int | None]] | None:
+    """The tail after the cursor ``meta`` read, as rows and counts taken from ``page`` (the
+    newest entries after ``hint``); None when the page cannot stand for the tail (see the
+    module docstring). A conversation that does not exist has the empty tail."""
     state, last, cursor = meta[0], int(meta[4]), int(meta[6])
     if state is None and last == 0:
-        return meta  # no such conversation: its tail is already the empty one
+        return [], []
     if cursor < hint:
         return None
     run_encoding, run_from = meta[2]
     if run_encoding is None or text(run_encoding) != encoding:
         return None  # counts under another encoding: the script reads them beside the log
-    start = int(run_from) if run_from is not None else None
-    flat: list[Any] = []
+    start = int(run_from) if run_from is not None else last + 1
     whole = len(page) < TAIL_PAGE
+    rows: list[Row] = []
+    counts: list[int | None] = []
+    if page and not isinstance(page[0][1], dict):
+        # A cluster transaction returns the raw reply: flat field lists, not dicts.
+        page = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in page]
+    # Either decoding: field names as bytes, or as str (decode_responses=True).
+    m, t = (b"m", b"t") if not page or b"m" in page[0][1] else ("m", "t")
     # Newest first: keep the entries after the cursor, oldest first in the result.
     for entry_id, fields in reversed(page):
         seq = int(as_bytes(entry_id).split(b"-", 1)[0])
         if seq <= cursor:
             whole = True  # the page reaches past the cursor: it holds the whole tail
             continue
+        rows.append((seq, as_bytes(fields[m])))
         # Counts of the run only (an entry before it may hold an earlier run's count).
-        count = _field(fields, b"t") if start is not None and seq >= start else None
-        flat += (seq, _field(fields, b"m"), count if count is not None else "")
-    if not whole:
-        return None
-    return [*meta[:2], [0, 0, 0, flat, []], *meta[3:]]
-
-
-def _field(fields: dict[Any, Any] | list[Any], name: bytes) -> Any:
-    # A pipeline applies XREVRANGE's reply callback (a dict per entry); a cluster
-    # transaction returns the raw reply (a flat field list). Either decoding, bytes or str.
-    if isinstance(fields, list):
-        for i in range(0, len(fields) - 1, 2):
-            if as_bytes(fields[i]) == name:
-                return fields[i + 1]
-        return None
-    found = fields.get(name)
-    return found if found is not None else fields.get(name.decode())
+        count = fields.get(t) if seq >= start else None
+        counts.append(int(count) if count is not None else None)
+    return (rows, counts) if whole else None
 
 
 def _index_bytes(value: Any) -> bytes | None:

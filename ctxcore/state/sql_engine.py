@@ -65,9 +65,12 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
+    options = conn.get_execution_options()
+    if options.get("isolation_level") == "AUTOCOMMIT":
+        return  # one statement, read outside a transaction (``ctxcore.state.sql_window``)
     # IMMEDIATE takes the write lock up front: a DEFERRED transaction that reads and then
     # writes can fail with SQLITE_BUSY on the lock upgrade without waiting for busy_timeout.
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get(_WRITE) else "BEGIN")
 
 
 def create_store_engine(url: str | URL) -> Engine:

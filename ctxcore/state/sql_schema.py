@@ -6,8 +6,24 @@ from dataclasses import dataclass
 
 from sqlalchemy import BigInteger, Column, Float, Integer, LargeBinary, MetaData, String, Table, Text
 
-# Every name is private to the SQL backends (sql_engine, sql_state, sql_offload, sql_log).
-__all__: list[str] = []
+from ctxcore.errors import InvalidKeyError
+from ctxcore.state.base import parse_log_id
+from ctxcore.state.models import CompressionState
+
+# Every other name is private to the SQL backends (sql_engine, sql_state, sql_offload,
+# sql_log, sql_window).
+__all__ = ["window_head"]
+
+
+def window_head(state: CompressionState) -> tuple[int | None, list[int]]:
+    """What a saved state's head row holds for the window's one-statement read: the cursor's
+    seq (0: none) and the pinned seqs; (None, []) when an id is not a log id (such a state
+    is read the old way)."""
+    try:
+        cursor = parse_log_id(state.covered_until) if state.covered_until else 0
+        return cursor, sorted({parse_log_id(i) for i in state.pinned})
+    except InvalidKeyError:
+        return None, []
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,15 @@ _MIGRATIONS: tuple[_Migration, ...] = (
             'CREATE INDEX "{p}budget_active" ON "{p}budget" (last_active_at)',
         ),
     ),
+    _Migration(
+        "window reads in one statement: the state's cursor and pinned entries beside its head row",
+        (
+            # NULL: saved before this step (windows read such a state the old way until it is saved again).
+            'ALTER TABLE "{p}state" ADD COLUMN covered_seq BIGINT',
+            'CREATE TABLE "{p}state_pinned" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "seq BIGINT NOT NULL, PRIMARY KEY (tenant_id, conversation_id, seq))",
+        ),
+    ),
 )
 
 # Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
@@ -107,6 +132,7 @@ class _Tables:
 
     migrations: Table
     state: Table
+    state_pinned: Table
     state_history: Table
     budget: Table
     log_counter: Table
@@ -120,6 +146,7 @@ class _Tables:
         """Every table with rows of a conversation (what deleting one removes)."""
         return (
             self.state,
+            self.state_pinned,
             self.state_history,
             self.budget,
             self.log_counter,
@@ -141,7 +168,16 @@ class _Tables:
                 Column("name", String(200)),
                 Column("applied_at", String(40)),
             ),
-            state=Table(f"{p}state", md, *_id_columns(), Column("version", BigInteger)),
+            state=Table(
+                f"{p}state",
+                md,
+                *_id_columns(),
+                Column("version", BigInteger),
+                Column("covered_seq", BigInteger),
+            ),
+            state_pinned=Table(
+                f"{p}state_pinned", md, *_id_columns(), Column("seq", BigInteger, primary_key=True)
+            ),
             state_history=Table(
                 f"{p}state_history",
                 md,

@@ -12,6 +12,7 @@ from ctxcore.state.base import HISTORY_LIMIT, check_budget, encode_state, rollba
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.sql_engine import _SqlBackend
+from ctxcore.state.sql_schema import window_head
 
 __all__ = ["SqlStateStore"]
 
@@ -54,20 +55,25 @@ class SqlStateStore(_SqlBackend):
         ``expected_version``; ``archive`` is written in the same transaction."""
         new_version = expected_version + 1
         data = encode_state(state, new_version)
-        head, kept = self._t.state, self._t.state_history
+        head, kept, pinned = self._t.state, self._t.state_history, self._t.state_pinned
         ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
+        cursor, pinned_seqs = window_head(state)
         try:
             with self._write(f"save {key}") as conn:
                 if expected_version == 0:
-                    conn.execute(insert(head).values(**ids, version=new_version))
+                    conn.execute(insert(head).values(**ids, version=new_version, covered_seq=cursor))
                 else:
                     moved = conn.execute(
                         update(head)
                         .where(self._where(head, key), head.c.version == expected_version)
-                        .values(version=new_version)
+                        .values(version=new_version, covered_seq=cursor)
                     )
                     if moved.rowcount != 1:
                         return False
+                # What a window reads in its one statement (``ctxcore.state.sql_window``).
+                conn.execute(delete(pinned).where(self._where(pinned, key)))
+                if pinned_seqs:
+                    conn.execute(insert(pinned).values([{**ids, "seq": seq} for seq in pinned_seqs]))
                 conn.execute(insert(kept).values(**ids, version=new_version, data=data))
                 conn.execute(
                     delete(kept).where(self._where(kept, key), kept.c.version <= new_version - HISTORY_LIMIT)
@@ -135,6 +141,7 @@ class SqlStateStore(_SqlBackend):
         with self._write(f"delete {key}") as conn:
             tables = (
                 self._t.state,
+                self._t.state_pinned,
                 self._t.state_history,
                 self._t.budget,
                 self._t.archive_chunk,

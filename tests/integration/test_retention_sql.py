@@ -182,7 +182,8 @@ def test_the_migration_adds_the_column_to_an_existing_schema(
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     # A schema set up by the code before this step (sql_engine applies the list it imported).
-    monkeypatch.setattr("ctxcore.state.sql_engine._MIGRATIONS", _MIGRATIONS[:-1])
+    before = next(i for i, m in enumerate(_MIGRATIONS) if m.name.startswith("retention"))
+    monkeypatch.setattr("ctxcore.state.sql_engine._MIGRATIONS", _MIGRATIONS[:before])
     old = SqlStateStore(url)
     old.setup()
     with old.engine.begin() as conn:
