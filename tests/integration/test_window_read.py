@@ -15,6 +15,7 @@ from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.recall import ChunkingConfig, archive_messages
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.models import CompressionState
+from ctxcore.state.redis_window import RedisWindowReader
 from ctxcore.state.tail import AppendCounts
 from ctxcore.tokens import TiktokenCounter
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
@@ -239,3 +240,33 @@ def test_the_recall_index_comes_with_the_read_only_when_newer(
         service.get_window(conv_key, 50_000, SYSTEM)
         assert "GET" not in client.sent and len(client.sent) == 1  # the index came with the read
     assert service._indexes.version(conv_key) == index.version
+
+
+def test_a_50000_entry_tail_after_a_worker_outage_reads_only_its_newest_pages(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = stores(client, redis_prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    batches = agent_run(25_000, user_at=20_000)
+    counter = TiktokenCounter()
+    flat = [m for batch in batches for m in batch]
+    real = [i == 0 or str(m.content).startswith("now also") for i, m in enumerate(flat)]
+    for i in range(0, len(flat), 2_000):  # appended while no worker compacted anything
+        chunk = flat[i : i + 2_000]
+        counts = AppendCounts(
+            counter.encoding_name, [counter.count_message(m) for m in chunk], real[i : i + 2_000]
+        )
+        log.append_counted(conv_key, chunk, counts)
+    assert len(flat) > 50_000
+    last = log.last_id(conv_key)
+    client.sent.clear()
+    window = service.get_window(conv_key, 8_000, SYSTEM)
+    texts = [str(m.content) for m in window.messages]
+    assert window.stats.total_tokens <= 8_000 and window.fallback_applied
+    assert texts[1] == "Fix the failing build in repo x, please." and "now also check module 20000" in texts
+    assert client.sent == ["EVALSHA"]
+    assert window.messages[-1].context_message_id == last
+    # Newest first, until the stored counts fill the budget: a few pages, not the 50,000
+    reader = service._window_reader
+    assert isinstance(reader, RedisWindowReader) and len(reader.decoded) < 1_000
+    assert window.raw_tokens > 50 * 8_000  # the trigger still sees the whole tail
