@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ctxcore.errors import Violation
-from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage
-from ctxcore.turns import tool_callers
+from ctxcore.messages import AnyMessage, ToolMessage, UserMessage
 
 __all__ = [
     "INTERRUPTED_TOOL_RESULT",
@@ -37,8 +36,31 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
     """
     violations: list[Violation] = []
     seen_other = False
-    # Roles, not isinstance, in these loops: every served window is checked (see tool_callers).
+    # One pass, roles rather than isinstance (every served window is checked): a step is an
+    # assistant message and the tool messages right after it; a non-tool message ends it.
+    caller = -1
+    calls: Sequence[str] = ()
+    answered: set[str] = set()
     for i, message in enumerate(messages):
+        if message.role == "tool":
+            seen_other = True
+            call_id = message.tool_call_id
+            if caller < 0 or call_id not in calls:
+                violations.append(
+                    Violation(
+                        i,
+                        "orphan_tool_result",
+                        f"tool result for call {call_id!r} does not answer a call of the "
+                        "assistant message directly before it",
+                    )
+                )
+            elif call_id in answered:
+                violations.append(Violation(i, "duplicate_tool_result", f"second result for call {call_id!r}"))
+            else:
+                answered.add(call_id)
+            continue
+        if caller >= 0 and len(answered) < len(calls):
+            _missing(violations, caller, calls, answered)
         if message.role == "system":
             if seen_other:
                 violations.append(
@@ -46,38 +68,21 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
                 )
         else:
             seen_other = True
-
-    callers = tool_callers(messages)
-    answered: dict[int, set[str]] = {}
-    for i, message in enumerate(messages):
-        if message.role != "tool":
-            continue
-        caller = callers.get(i)
-        if caller is None:
-            violations.append(
-                Violation(
-                    i,
-                    "orphan_tool_result",
-                    f"tool result for call {message.tool_call_id!r} does not answer a call of the "
-                    "assistant message directly before it",
-                )
-            )
-            continue
-        got = answered.setdefault(caller, set())
-        if message.tool_call_id in got:
-            violations.append(
-                Violation(i, "duplicate_tool_result", f"second result for call {message.tool_call_id!r}")
-            )
-        got.add(message.tool_call_id)
-
-    for i, missing in _unanswered(messages, callers).items():
-        if _results_end(messages, i) == len(messages):
-            continue  # the in-flight tail: results are still to come
-        violations.append(
-            Violation(i, "missing_tool_result", f"tool calls without a result: {', '.join(missing)}")
-        )
+        if message.role == "assistant" and message.tool_calls:
+            caller, calls, answered = i, [c.id for c in message.tool_calls], set()
+        else:
+            caller, calls = (i if message.role == "assistant" else -1), ()
+    # A step still open at the end is the in-flight tail: its results are still to come.
     violations.sort(key=lambda v: v.index)
     return violations
+
+
+def _missing(violations: list[Violation], caller: int, calls: Sequence[str], answered: set[str]) -> None:
+    missing = [c for c in calls if c not in answered]
+    if missing:
+        violations.append(
+            Violation(caller, "missing_tool_result", f"tool calls without a result: {', '.join(missing)}")
+        )
 
 
 def _results_end(messages: Sequence[AnyMessage], i: int) -> int:
@@ -86,27 +91,6 @@ def _results_end(messages: Sequence[AnyMessage], i: int) -> int:
     while j < len(messages) and messages[j].role == "tool":
         j += 1
     return j
-
-
-def _unanswered(
-    messages: Sequence[AnyMessage], callers: dict[int, int] | None = None
-) -> dict[int, list[str]]:
-    """Per assistant index: its call ids that no tool message of its step answers
-    (``callers``: ``tool_callers(messages)`` when the caller has it already)."""
-    answered: dict[int, set[str]] = {}
-    for index, caller in (tool_callers(messages) if callers is None else callers).items():
-        message = messages[index]
-        if message.role == "tool":
-            answered.setdefault(caller, set()).add(message.tool_call_id)
-    out: dict[int, list[str]] = {}
-    nothing: set[str] = set()
-    for i, message in enumerate(messages):
-        if message.role == "assistant" and message.tool_calls:
-            got = answered.get(i, nothing)
-            missing = [c.id for c in message.tool_calls if c.id not in got]
-            if missing:
-                out[i] = missing
-    return out
 
 
 def interrupted_by_user(messages: Sequence[AnyMessage], index: int) -> bool:
@@ -127,12 +111,23 @@ def close_interrupted_tool_calls(messages: Sequence[AnyMessage]) -> list[AnyMess
     unanswered call at the very end (the in-flight tail) is left alone. Served windows
     only: the log and the view keep the raw messages, and the added results have no log id.
     """
-    unanswered = _unanswered(messages)
     closing: dict[int, list[str]] = {}
-    for i, missing in unanswered.items():
-        j = _results_end(messages, i)
-        if j < len(messages) and isinstance(messages[j], UserMessage | AssistantMessage):
-            closing.setdefault(j, []).extend(missing)
+    # One pass, as check_window: the calls of the open step and the results it has.
+    calls: Sequence[str] = ()
+    answered: set[str] = set()
+    for j, message in enumerate(messages):
+        if message.role == "tool":
+            if message.tool_call_id in calls:
+                answered.add(message.tool_call_id)
+            continue
+        if len(answered) < len(calls) and message.role in ("user", "assistant"):
+            missing = [c for c in calls if c not in answered]
+            if missing:
+                closing[j] = missing
+        if message.role == "assistant" and message.tool_calls:
+            calls, answered = [c.id for c in message.tool_calls], set()
+        else:
+            calls = ()
     if not closing:
         return list(messages)
     out: list[AnyMessage] = []
