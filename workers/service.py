@@ -102,6 +102,8 @@ class ContextService:
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
         self._window_reader = window_reader(state_store, log, failures)
+        # Checked once: isinstance on a runtime protocol walks its members on every call.
+        self._counted_log = log if isinstance(log, CountedLog) else None
 
     # --- appends ----------------------------------------------------------------------
 
@@ -137,8 +139,8 @@ class ContextService:
             index = fresh[at][0] if at >= 0 else (fresh[0][0] if fresh else 0)
             raise InvalidMessageError(index, first.rule, first.detail)
         counts = self.append_counts(tail, messages)
-        if counts is not None and isinstance(self.log, CountedLog):
-            return self.log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
+        if counts is not None and self._counted_log is not None:
+            return self._counted_log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
         return self.log.append(key, list(messages), expected_last_id=expected_last_id)
 
     def append_if_match(
@@ -280,6 +282,7 @@ class ContextService:
             record = self.failures.get(key) if self.failures is not None else None
         tail = read_window_tail(
             self.log,
+            self._counted_log,
             key,
             state.covered_until,
             budget_tokens,

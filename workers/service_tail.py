@@ -64,6 +64,7 @@ def window_reader(
 
 def read_window_tail(
     log: MessageLog,
+    counted_log: CountedLog | None,
     key: ConversationKey,
     cursor: str | None,
     budget_tokens: int,
@@ -76,12 +77,14 @@ def read_window_tail(
     read: TailRead | None = None,
 ) -> WindowTail:
     """The tail after ``cursor`` for one window counted by ``counter`` (wrapping ``base``);
-    ``read`` when the caller read it already (the Redis window script)."""
-    if not (isinstance(base, TiktokenCounter) and isinstance(log, CountedLog)):
+    ``counted_log``: ``log`` when it is a ``CountedLog`` (the caller checks once: the
+    protocol's isinstance walks its members); ``read`` when the caller read it already (the
+    window reader)."""
+    if not (isinstance(base, TiktokenCounter) and counted_log is not None):
         return WindowTail(log.read_after(key, cursor))
     encoding = base.encoding_name
     if read is None:
-        read = log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
+        read = counted_log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
     counted: dict[str, int] = {}
     for message, count in zip(read.messages, read.counts, strict=True):
         if count is None:
@@ -90,7 +93,7 @@ def read_window_tail(
             counter.seed(message, count)
     if counted and encoding != default_encoding:
         # Another encoding is counted on first use, then stored beside the run's counts.
-        log.store_counts(key, encoding, counted)
+        counted_log.store_counts(key, encoding, counted)
     if read.omitted is None:
         return WindowTail(read.messages)
     return _spliced(read, read.omitted, counter, pinned, detector)
