@@ -19,7 +19,7 @@ then ask for a window, in a loop, for ``--duration`` seconds per phase:
 Each phase runs with 1, 8 and 32 agents sending back to back (a closed loop: at 32 agents the
 API's two cores are saturated, so latency there is mostly queueing), then once more with 32
 *paced* agents that wait ``--think`` seconds (default 1) after each window, as an agent waits
-for its model. Per phase: p50/p95/p99 of window and append,
+for its model; the idle phases (paced included) run before the busy ones. Per phase: p50/p95/p99 of window and append,
 requests/s, errors by status, and the API process's CPU (user+sys from /proc) per window
 request. In the same run: a trivial route (``GET /healthz``, itself one Redis PING) and the
 Redis floor (one pipelined round trip of what a window reads, from this process) with one
@@ -388,50 +388,33 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
                 return ends
 
             phases = []
-            for agents in AGENTS:
-                phases.append(
-                    await run_phase(
-                        http,
-                        tokens,
-                        "idle",
-                        agents,
-                        [small],
-                        32_000,
-                        args.duration,
-                        api.pid,
-                        ends=log_ends(),
-                        every=args.steps,
+            for name, steps, budget, conversations in (
+                ("idle", [small], 32_000, "agent"),
+                ("busy", big, 8_000, "busy"),
+            ):
+                # Back to back at 1, 8 and 32 agents, then 32 agents that wait for their model
+                # between steps (``--think``): the latency an agent sees when the API is not
+                # saturated by back-to-back requests. The idle phases run first, while the
+                # workers have nothing to do.
+                for agents, think in [*((a, 0.0) for a in AGENTS), (max(AGENTS), args.think)]:
+                    label = f"{name} paced" if think else name
+                    phases.append(
+                        await run_phase(
+                            http,
+                            tokens,
+                            label,
+                            agents,
+                            steps,
+                            budget,
+                            args.duration,
+                            api.pid,
+                            think=think,
+                            ends=log_ends() if name == "idle" else None,
+                            every=args.steps,
+                            conversations=conversations,
+                        )
                     )
-                )
-                print(f"  idle, {agents} agents: done", flush=True)
-            for agents in AGENTS:
-                phases.append(
-                    await run_phase(
-                        http, tokens, "busy", agents, big, 8_000, args.duration, api.pid, conversations="busy"
-                    )
-                )
-                print(f"  busy, {agents} agents: done", flush=True)
-            for name, steps, budget in (("idle", [small], 32_000), ("busy", big, 8_000)):
-                # Agents that wait for their model between steps (``--think``): the latency an
-                # agent sees when the API is not saturated by back-to-back requests.
-                ends = log_ends() if name == "idle" else None
-                phases.append(
-                    await run_phase(
-                        http,
-                        tokens,
-                        f"{name} paced",
-                        max(AGENTS),
-                        steps,
-                        budget,
-                        args.duration,
-                        api.pid,
-                        think=args.think,
-                        ends=ends,
-                        every=args.steps,
-                        conversations="agent" if name == "idle" else "busy",
-                    )
-                )
-                print(f"  {name} paced, {max(AGENTS)} agents: done", flush=True)
+                    print(f"  {label}, {agents} agents: done", flush=True)
             limited = await run_phase(
                 http, tokens, "limited", 8, [small], 32_000, min(args.duration, 3.0), api.pid, (LIMITED,)
             )

@@ -55,7 +55,9 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
                     )
                 )
             elif call_id in answered:
-                violations.append(Violation(i, "duplicate_tool_result", f"second result for call {call_id!r}"))
+                violations.append(
+                    Violation(i, "duplicate_tool_result", f"second result for call {call_id!r}")
+                )
             else:
                 answered.add(call_id)
             continue

@@ -126,5 +126,10 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
 
     app, log_config = create_app(Runtime(settings)), uvicorn_log_config(settings)
     uvicorn.run(
-        app, host=settings.http.host, port=settings.http.port, log_level=log_level, log_config=log_config
+        app,
+        host=settings.http.host,
+        port=settings.http.port,
+        log_level=log_level,
+        log_config=log_config,
+        access_log=settings.http.access_log,
     )

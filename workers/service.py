@@ -140,7 +140,9 @@ class ContextService:
             raise InvalidMessageError(index, first.rule, first.detail)
         counts = self.append_counts(tail, messages)
         if counts is not None and self._counted_log is not None:
-            return self._counted_log.append_counted(key, list(messages), counts, expected_last_id=expected_last_id)
+            return self._counted_log.append_counted(
+                key, list(messages), counts, expected_last_id=expected_last_id
+            )
         return self.log.append(key, list(messages), expected_last_id=expected_last_id)
 
     def append_if_match(

@@ -51,6 +51,8 @@ class HttpSettings(BaseModel):
     tokens: dict[str, str] = Field(default_factory=dict)
     requests_per_second: float = Field(default=50.0, gt=0)
     burst: int = Field(default=100, gt=0)
+    # uvicorn's line per request (a few percent of the API's CPU under load).
+    access_log: bool = True
 
     @field_validator("tokens")
     @classmethod

@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -155,3 +156,15 @@ def test_serve_and_a_celery_worker_write_only_json_lines() -> None:
         """
     )
     assert len(text) == 1 and text[0].startswith("[") and "celery@h ready." in text[0]  # Celery's own format
+
+
+def test_serve_passes_the_access_log_setting_to_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from workers.http import serve
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.append(kwargs))
+    serve(Settings.load({"http": {"access_log": False}}))
+    serve(Settings())
+    assert [kw["access_log"] for kw in seen] == [False, True]
