@@ -44,6 +44,8 @@ if [[ $LONG -eq 1 ]]; then
     run compressors bench/compressors.py --long
     run incremental bench/incremental.py --long
     run fast_path bench/fast_path.py --rounds 100
+    run sql_window bench/sql_window.py --windows 2000
+    run serialization bench/serialization.py
     run fast_path_flat bench/fast_path_flat.py --long
     run http_load bench/http_load.py --duration 60
     run recall bench/recall.py --chunks 5000
@@ -58,6 +60,8 @@ else
     run compressors bench/compressors.py
     run incremental bench/incremental.py
     run fast_path bench/fast_path.py
+    run sql_window bench/sql_window.py
+    run serialization bench/serialization.py
     run fast_path_flat bench/fast_path_flat.py --recall auto
     run http_load bench/http_load.py
     run recall bench/recall.py

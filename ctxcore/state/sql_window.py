@@ -104,7 +104,7 @@ class SqlWindowReader:
                 (blob if blob is not None else cast(null(), LargeBinary)).label("blob"),
             )
 
-        head, kept, log = t.state, t.state_history, t.log
+        head, kept, log, pinned = t.state, t.state_history, t.log, t.state_pinned
         joined = head.join(
             kept,
             and_(
@@ -136,9 +136,15 @@ class SqlWindowReader:
                     s=t.log_counter.c.run_encoding,
                 )
             ).where(mine(t.log_counter)),
-            select(*row(_PINNED, log.c.seq, log.c.data)).where(
-                mine(log), log.c.seq.in_(select(t.state_pinned.c.seq).where(mine(t.state_pinned)))
-            ),
+            # Driven by the few pinned rows, each a primary-key lookup in the log (a join or
+            # an IN let SQLite and PostgreSQL scan the conversation's whole log instead).
+            select(
+                *row(
+                    _PINNED,
+                    pinned.c.seq,
+                    select(log.c.data).where(mine(log), log.c.seq == pinned.c.seq).scalar_subquery(),
+                )
+            ).where(mine(pinned)),
             select(*(page.c[name] for name in ("kind", "seq", "data", "n", "f", "s", "blob"))),
         ]
         if with_index:
@@ -189,7 +195,9 @@ class SqlWindowReader:
             )
             self.tail_reads += 1
         else:
-            pinned = self._decoded(sorted(found.get(_PINNED, []), key=lambda r: r.seq))
+            pinned = self._decoded(
+                sorted((r for r in found.get(_PINNED, []) if r.data is not None), key=lambda r: r.seq)
+            )
             cursor = int(state_row.n) if state_row is not None else 0
             page = _page(found.get(_PAGE, []), cursor, counter, encoding)
             if page is None:
