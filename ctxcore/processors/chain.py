@@ -138,6 +138,13 @@ def apply_rules_result(
     the reference behaviour; headroom-aware rules then do nothing). ``handles`` remembers
     offload handles between calls (see ``HandleMemo``).
     """
+    rules = build_rule_chain(chain)
+    summed = getattr(counter, "sum_messages", None)  # a WindowCounter's: counts it has already
+    if callable(summed):
+        total = int(summed(messages))
+        if all(r.idle_for(total, tail_budget_tokens, context_max) for r in rules):
+            # The fast path's usual window: the tail fits, nothing to build an environment for.
+            return ChainResult(list(messages))
     if originals is None:
         originals = {m.context_message_id: m for m in messages if m.context_message_id}
     env = RuleEnv(
@@ -150,7 +157,6 @@ def apply_rules_result(
         tail_budget_tokens=tail_budget_tokens,
         handles=handles,
     )
-    rules = build_rule_chain(chain)
     if offloads is None or isinstance(offloads, DeferredOffloads):
         return _run(messages, rules, env)
     deferred = DeferredOffloads(offloads)
@@ -171,11 +177,8 @@ def _run(messages: Sequence[AnyMessage], rules: Sequence[RuleProcessor[Any]], en
     handles: list[str] = []
     changed = False
     for rule in rules:
-        if rule.headroom_aware and (
-            env.tail_budget_tokens is None or env.tail_tokens(current) <= env.tail_budget_tokens
-        ):
-            # Acts only while its messages are over the room they have: nothing to do.
-            continue
+        if rule.idle_for(env.tail_tokens(current), env.tail_budget_tokens, env.context_max):
+            continue  # it cannot act on these messages
         result = rule.rule(current, env)
         if result.changed:
             changed = True

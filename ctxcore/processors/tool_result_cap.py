@@ -70,8 +70,6 @@ def capped_text(text: str, keep: int, head_ratio: float, marker: str) -> str:
 
 def _over(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> list[int]:
     cap = _cap(config, env)
-    if env.tail_tokens(messages) <= cap:
-        return []  # no message can be over the cap when all of them together are not
     return [i for i, m in enumerate(messages) if m.role == "tool" and env.tokens(m) > cap]
 
 
@@ -115,6 +113,10 @@ class ToolResultCap(RuleProcessor[ToolResultCapConfig]):
 
     config_model = ToolResultCapConfig
     kind = "offloader"
+
+    def idle_for(self, tokens: int, tail_budget_tokens: int | None, context_max: int) -> bool:
+        """No result can be over the cap while all the messages together are not."""
+        return tokens <= max(int(self.config.max_result_ratio * context_max), 1)
 
     def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
         """See ``triggers``."""
