@@ -71,3 +71,18 @@ def test_a_paged_tail_keeps_anchors_and_the_raw_total(backend: Backend, conv_key
     # A later step is served at once: the newest page moved
     counted.append(conv_key, [UserMessage(content="and the docs")])
     assert counted.get_window(conv_key, 4_000, SYSTEM).messages[-1].content == "and the docs"
+
+
+def test_a_client_switching_models_between_windows_gets_the_whole_tail_windows(
+    backend: Backend, conv_key: ConversationKey
+) -> None:
+    counted, plain = services(backend)
+    for batch in agent_run(30, user_at=10):
+        counted.append(conv_key, batch)
+    # cl100k_base is the run's encoding; o200k_base is counted on first use, then stored
+    for model in ("gpt-4", "gpt-4o", "gpt-4", "gpt-4o", "gpt-4o"):
+        counted.append(conv_key, [UserMessage(content=f"and now with {model}")])
+        for budget in (50_000, 1_500):
+            a = counted.get_window(conv_key, budget, SYSTEM, model=model)
+            b = plain.get_window(conv_key, budget, SYSTEM, model=model)
+            assert a.messages == b.messages and a.stats == b.stats and a.raw_tokens == b.raw_tokens
