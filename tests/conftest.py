@@ -191,6 +191,18 @@ def postgres_engine(postgres_url: str) -> Iterator[tuple[sqlalchemy.Engine, str]
     store.close()
 
 
+def sql_engine_for(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[sqlalchemy.Engine, str]:
+    """The engine and table prefix for a fixture parametrised ``"sqlite"`` (a file in
+    ``tmp_path``, set up and closed after the test) or ``"postgres"`` (the session's)."""
+    if request.param == "postgres":
+        engine, prefix = request.getfixturevalue("postgres_engine")
+        return engine, prefix
+    setup = SqlStateStore(f"sqlite:///{tmp_path / 'ctx.db'}")
+    setup.setup()
+    request.addfinalizer(setup.close)
+    return setup.engine, setup.table_prefix
+
+
 def drop_postgres_tables(engine: sqlalchemy.Engine, prefix: str) -> None:
     """Drop every table whose name starts with ``prefix``."""
     with engine.begin() as conn:

@@ -18,6 +18,7 @@ from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import Retention
 from ctxcore.state.sql_retention import SqlRetentionSweep
 from ctxcore.state.sql_schema import _Tables
+from tests.conftest import sql_engine_for
 
 DAY = 86400.0
 
@@ -68,13 +69,7 @@ class Stores:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
     clock = FakeClock()
-    if request.param == "postgres":
-        engine, prefix = request.getfixturevalue("postgres_engine")
-    else:
-        setup = SqlStateStore(f"sqlite:///{tmp_path / 'ctx.db'}")
-        setup.setup()
-        request.addfinalizer(setup.close)
-        engine, prefix = setup.engine, setup.table_prefix
+    engine, prefix = sql_engine_for(request, tmp_path)
     yield Stores(
         SqlStateStore(engine=engine, table_prefix=prefix, clock=clock),
         SqlMessageLog(engine=engine, table_prefix=prefix, clock=clock),

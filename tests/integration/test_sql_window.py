@@ -19,6 +19,7 @@ from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
 from ctxcore.state.sql_window import SqlWindowReader
 from ctxcore.tokens import TiktokenCounter
+from tests.conftest import sql_engine_for
 from tests.integration.test_retention_sql import FakeClock
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
 from workers.service import ContextService, InlineQueue
@@ -51,13 +52,7 @@ class Sql:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def sql(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sql]:
     clock = FakeClock()
-    if request.param == "postgres":
-        engine, prefix = request.getfixturevalue("postgres_engine")
-    else:
-        setup = SqlStateStore(f"sqlite:///{tmp_path / 'ctx.db'}")
-        setup.setup()
-        request.addfinalizer(setup.close)
-        engine, prefix = setup.engine, setup.table_prefix
+    engine, prefix = sql_engine_for(request, tmp_path)
     found = Sql(
         SqlStateStore(engine=engine, table_prefix=prefix, clock=clock),
         SqlMessageLog(engine=engine, table_prefix=prefix, clock=clock),
