@@ -138,11 +138,9 @@ class UserDetector:
         """``is_real`` of every message, each from the messages before it: one pass."""
         flags: list[bool] = []
         tools_in_turn = False
-        by_text = self._by_text
-        structure = self.harness_structure
         for i, message in enumerate(messages):
-            real = by_text(message)
-            if real and structure and tools_in_turn and i > 0:
+            real = self._by_text(message)
+            if real and self.harness_structure and tools_in_turn and i > 0:
                 previous = messages[i - 1]
                 real = not (previous.role == "assistant" and not previous.tool_calls)
             flags.append(real)
@@ -212,13 +210,10 @@ def tool_callers(messages: Sequence[AnyMessage]) -> dict[int, int]:
     callers: dict[int, int] = {}
     caller: int | None = None
     ids: Sequence[str] = ()
-    # Roles, not isinstance: every window runs this, and an isinstance that fails goes
-    # through pydantic's ABCMeta hook (a few times slower than a string comparison).
-    for i, message in enumerate(messages):
+    for i, message in enumerate(messages):  # roles: a failed isinstance costs pydantic's ABCMeta hook
         if message.role == "assistant":
             caller = i
-            calls = message.tool_calls
-            ids = [c.id for c in calls] if calls else ()
+            ids = [c.id for c in message.tool_calls] if message.tool_calls else ()
         elif message.role == "tool":
             if caller is not None and message.tool_call_id in ids:
                 callers[i] = caller

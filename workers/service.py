@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
@@ -27,47 +27,17 @@ from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.redis import RedisMessageLog
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
-from ctxcore.status import CompactionDetail, CompactionStatus
+from ctxcore.status import CompactionDetail
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
+from workers.queues import CompactionQueue, InlineQueue
 from workers.service_tail import WindowTail, read_window_tail, window_reader
 from workers.service_write import AppendOutcome, check_batch, validation_tail
 
 __all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
-
-
-class CompactionQueue(Protocol):
-    """Where the fast path asks for background compaction."""
-
-    def request(self, key: ConversationKey) -> CompactionStatus:
-        """Ask for a compaction (coalesced); returns the conversation's status after asking."""
-        ...
-
-    def status(self, key: ConversationKey) -> CompactionStatus:
-        """``idle``, ``queued``, ``running``, or ``failing`` while the last job failed."""
-        ...
-
-
-class InlineQueue:
-    """A queue that only records requests (tests, and embedded use without workers)."""
-
-    def __init__(self, on_request: Callable[[ConversationKey], None] | None = None) -> None:
-        self.requests: list[ConversationKey] = []
-        self._on_request = on_request
-
-    def request(self, key: ConversationKey) -> CompactionStatus:
-        """Record the request and run the optional callback."""
-        self.requests.append(key)
-        if self._on_request is not None:
-            self._on_request(key)
-        return "queued" if self._on_request is None else "idle"
-
-    def status(self, key: ConversationKey) -> CompactionStatus:
-        """Always idle: nothing runs in the background."""
-        return "idle"
 
 
 class ContextService:
