@@ -36,7 +36,11 @@ class IndexCache:
     def put(self, key: ConversationKey, data: bytes) -> RecallIndex:
         """Keep the index stored as ``data`` (read beside something else) for ``key``."""
         index = RecallIndex.from_bytes(data)
-        self._keep(key, index)
+        with self._lock:
+            self._entries[key] = (index.version, index)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
         return index
 
     def get(self, key: ConversationKey, version: int, load: Callable[[], bytes | None]) -> RecallIndex | None:
@@ -52,10 +56,3 @@ class IndexCache:
         if data is None:
             return None
         return self.put(key, data)
-
-    def _keep(self, key: ConversationKey, index: RecallIndex) -> None:
-        with self._lock:
-            self._entries[key] = (index.version, index)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)

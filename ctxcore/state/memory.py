@@ -311,8 +311,8 @@ class MemoryMessageLog:
             rows = list(zip(seqs, log.entries[plan.start :], strict=True))
             own = log.run_encoding == encoding
             other = log.other.get(encoding, {})
-            start = log.run_from if log.run_from is not None else seqs[-1] + 1 if seqs else 0
             # An entry before the run may hold the count of an earlier run's encoding.
+            start = log.run_from or 0
             counts = (
                 [c if seq >= start else None for seq, c in zip(seqs, log.counts[plan.start :], strict=True)]
                 if own

@@ -70,9 +70,8 @@ class RedisWindowReader:
         self.retention = retention or RedisRetention(client, prefix)
         self._cursors: dict[ConversationKey, int] = {}
         self._lock = threading.Lock()
-        # How many reads took each shape (tests and benches read them).
+        # How many reads the meta script and the page served (tests read it).
         self.paged_reads = 0
-        self.script_reads = 0
 
     def refresh(self, key: ConversationKey) -> None:
         """Give the conversation its full retention again (when ``refresh_due``)."""
@@ -110,7 +109,6 @@ class RedisWindowReader:
                     self.paged_reads += 1
                     return self._parsed(key, [*meta[:2], [0, 0, 0, (), ()], *meta[3:]], ttl, rows)
             reply = self._script(keys=keys, args=args)
-            self.script_reads += 1
         return self._parsed(key, reply, ttl)
 
     def _pipelined(self, keys: list[str], args: list[str | int], hint: int) -> tuple[list[Any], list[Any]]:

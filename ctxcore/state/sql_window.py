@@ -69,8 +69,7 @@ class SqlWindowReader:
         self.decoded = decoded if decoded is not None else DecodedEntries()
         self.states = DecodedStates()
         self._statements = {False: self._statement(False), True: self._statement(True)}
-        # How many reads the one statement served alone (tests and benches read them).
-        self.one_statement_reads = 0
+        # How many reads needed the tail read again after the statement (tests read it).
         self.tail_reads = 0
 
     def refresh(self, key: ConversationKey) -> None:
@@ -210,7 +209,6 @@ class SqlWindowReader:
                 self.tail_reads += 1
             else:
                 tail = TailRead(self.decoded.decode(page[0], decoded_rows), page[1])
-                self.one_statement_reads += 1
         index = found.get(_INDEX, [None])[0]
         return WindowRead(
             state=state,

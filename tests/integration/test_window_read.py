@@ -145,12 +145,20 @@ def stores(client: Recording, prefix: str) -> tuple[RedisStateStore, RedisMessag
     return RedisStateStore(client, prefix), RedisMessageLog(client, prefix)
 
 
+def services(
+    client: Recording, prefix: str
+) -> tuple[RedisStateStore, RedisMessageLog, ContextService, ContextService]:
+    """The stores, a service reading windows through them and one reading the whole tail."""
+    state, log = stores(client, prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    return state, log, service, plain
+
+
 def test_a_short_tail_after_a_known_cursor_is_the_meta_script_and_one_page(
     client: Recording, redis_prefix: str, conv_key: ConversationKey
 ) -> None:
-    state, log = stores(client, redis_prefix)
-    service = ContextService(Settings(), state, log, None, InlineQueue())
-    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    state, log, service, plain = services(client, redis_prefix)
     for batch in agent_run(20, user_at=5):
         service.append(conv_key, batch)
     ids = [m.context_message_id or "" for m in log.read_after(conv_key, None)]
@@ -183,9 +191,7 @@ def test_a_short_tail_after_a_known_cursor_is_the_meta_script_and_one_page(
 def test_a_tail_outgrowing_the_page_is_read_by_the_script(
     client: Recording, redis_prefix: str, conv_key: ConversationKey
 ) -> None:
-    state, log = stores(client, redis_prefix)
-    service = ContextService(Settings(), state, log, None, InlineQueue())
-    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    _state, _log, service, plain = services(client, redis_prefix)
     for batch in agent_run(10):
         service.append(conv_key, batch)
     service.get_window(conv_key, 4_000, SYSTEM)
@@ -204,9 +210,7 @@ def test_a_tail_outgrowing_the_page_is_read_by_the_script(
 def test_counts_stored_under_an_earlier_run_are_not_taken_for_the_current_one(
     client: Recording, redis_prefix: str, conv_key: ConversationKey
 ) -> None:
-    state, log = stores(client, redis_prefix)
-    service = ContextService(Settings(), state, log, None, InlineQueue())
-    plain = ContextService(Settings(), state, PlainLog(log), None, InlineQueue())  # type: ignore[arg-type]
+    _state, log, service, plain = services(client, redis_prefix)
     batches = agent_run(6)
     # The first entries were counted under another encoding (another deployment's default)
     first = [m for batch in batches[:4] for m in batch]
