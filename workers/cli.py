@@ -91,9 +91,8 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         limit=args.limit,
         ids=args.ids.split(",") if args.ids else None,
         step_stride=args.step_stride,
-        keep_recent_messages=settings.engine.keep_recent_messages,
-        trigger_ratio=settings.service.trigger_ratio,
-        target_ratio=settings.service.target_ratio,
+        settings=settings,
+        lag=args.lag,
         model=build_model(settings.model, counter),
         counter=counter,
     )
@@ -356,6 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="a window every N assistant steps without a user message",
+    )
+    ev.add_argument(
+        "--lag",
+        type=int,
+        default=0,
+        metavar="N",
+        help="full's compactions land N windows after they were asked for (a lagging worker; "
+        "the windows between are served by the fast path's rules); 0: before the window",
     )
     ev.add_argument("--model", default=None, help=model_help)
     ev.add_argument("--quiet", action="store_true", help="print the overall row only")

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxcore.eval.harness import ConversationResult
+from ctxcore.eval.next_step import reference_figures, spend_figures
 from ctxcore.eval.probes import PROBES
 from ctxcore.eval.readability import pooled
 from ctxcore.eval.scoring import QATally
@@ -177,6 +178,10 @@ def aggregate(
             "query_p50_ms": round(statistics.median(queries), 3),
         }
     out["readability"] = pooled(r.readability for r in results)
+    if any(r.checkpoints for r in results):
+        out["references"] = reference_figures(results, baseline if not reference else None)
+    if windows:
+        out["spend"] = spend_figures(results, baseline if not reference else None)
     probes = _probes(results)
     if probes:
         out["probes"] = probes

@@ -103,9 +103,15 @@ def _cut(text: str, keep: int) -> str:
 
 
 class StepsPolicy(_Recorder):
-    """Anchors, then the newest whole steps that fit (a correct truncation)."""
+    """Anchors, then the newest whole steps that fit (a correct truncation).
+
+    With ``fill`` (the matched-fill control, never the ``steps`` baseline) the room the whole
+    steps leave goes to the next older step with its outputs cut, so the window's fill
+    matches its budget to within a few tokens.
+    """
 
     name = "steps"
+    fill = False
 
     def source(self) -> list[AnyMessage]:
         """The messages windows are built from."""
@@ -140,7 +146,7 @@ class StepsPolicy(_Recorder):
             if cost <= room:
                 chosen.update((i, messages[i]) for i in members)
                 room -= cost
-            elif first:
+            elif first or self.fill:
                 chosen.update(self._fit(messages, members, room, priming))
                 break
             else:

@@ -15,16 +15,19 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ctxcore.config import Settings
 from ctxcore.errors import BudgetExceeded, InvalidWindowError
-from ctxcore.eval.baselines import truncate_window
+from ctxcore.eval.accounting import CacheTracker, RawMessages, WindowCosts, parts, tools_key
+from ctxcore.eval.baselines import StepsPolicy, truncate_window
 from ctxcore.eval.data import Conversation, QAItem, groups, window_points
 from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy
-from ctxcore.eval.policy_base import Policy
+from ctxcore.eval.policy_base import Policy, message_cost, priming_tokens
 from ctxcore.eval.probes import Probes, ProbeTracker, WindowText, score_probes
 from ctxcore.eval.readability import readability
+from ctxcore.eval.references import Checkpoint, checkpoints, held, window_text
 from ctxcore.eval.scoring import (
     QATally,
     anchors_verbatim,
@@ -37,10 +40,12 @@ from ctxcore.eval.scoring import (
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.model import ModelClient
 from ctxcore.tokens import TokenCounter
-from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
+from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, anchors
 
 __all__ = [
+    "MATCHED_FILL",
     "REFERENCE_POLICY",
+    "CheckpointScore",
     "ConversationResult",
     "FinalWindow",
     "conversation_tokens",
@@ -52,6 +57,35 @@ logger = logging.getLogger(__name__)
 # The compacted questions of a conversation are those ``full`` compacted: one fixed set
 # for every policy of the run.
 REFERENCE_POLICY = "full"
+# The matched-fill control: ``steps`` at each checkpoint given the tokens ``full`` served there
+# as its budget (does ``full`` win by what it keeps, or lose by what it leaves unused?).
+MATCHED_FILL = "steps@full-fill"
+
+
+@dataclass
+class CheckpointScore:
+    """One checkpoint's window under one policy: the references it holds (``hits``, in the
+    order of ``checkpoint.references``), its tokens (None: the window raised), and whether the
+    run up to there is over the budget by at least its newest step (``pressed``: the window
+    must leave something out)."""
+
+    checkpoint: Checkpoint
+    hits: tuple[bool, ...]
+    tokens: int | None
+    budget: int
+    pressed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready record: the references held and missed by kind."""
+        refs = self.checkpoint.references
+        return {
+            "share": self.checkpoint.share,
+            "message": self.checkpoint.index,
+            "references": len(refs),
+            "held": sum(self.hits),
+            "missed": [r.text for r, hit in zip(refs, self.hits, strict=True) if not hit][:20],
+            "fill": None if self.tokens is None else round(self.tokens / self.budget, 4),
+        }
 
 
 @dataclass
@@ -109,6 +143,15 @@ class ConversationResult:
     final: FinalWindow = field(default_factory=FinalWindow)
     # Summary lines of the final window's blocks (``ctxcore.eval.readability``).
     readability: dict[str, int] = field(default_factory=dict)
+    checkpoints: list[CheckpointScore] = field(default_factory=list)
+    # Tokens of each part of the budget summed over the served windows that had to leave
+    # something out (``accounting.PARTS``; ``_Replay.pressed``), and how many there were.
+    parts: Counter[str] = field(default_factory=Counter)
+    pressed_windows: int = 0
+    # Input tokens of every served window, and how many of them repeat the previous window's
+    # leading messages exactly (what a prefix cache serves).
+    input_tokens: int = 0
+    cached_tokens: int = 0
 
     @property
     def budget_exceeded(self) -> int:
@@ -171,6 +214,12 @@ class ConversationResult:
             out["malformed_calls"] = self.malformed_calls
         if self.readability:
             out["readability"] = dict(self.readability)
+        if self.checkpoints:
+            out["checkpoints"] = [c.as_dict() for c in self.checkpoints]
+        out["window_input_tokens"] = self.input_tokens
+        out["cached_tokens"] = self.cached_tokens
+        out["parts"] = dict(self.parts)
+        out["pressed_windows"] = self.pressed_windows
         return out
 
 
@@ -188,11 +237,38 @@ class _Replay:
     points: list[int]
     # Probes of the raw run up to each window point (empty for a run without tools).
     probes: dict[int, Probes]
+    # The checkpoints, by the group after which their window is taken.
+    checkpoints: dict[int, Checkpoint]
+    # The raw run's tokens up to each group (system and tools included) and each group's own.
+    raw_tokens: list[int]
+    unit_tokens: list[int]
 
     @classmethod
-    def of(cls, conv: Conversation, step_stride: int, detector: UserDetector) -> _Replay:
+    def of(
+        cls, conv: Conversation, step_stride: int, detector: UserDetector, counter: TokenCounter
+    ) -> _Replay:
         units = groups(conv.messages)
         points = window_points(units, step_stride=step_stride, detector=detector)
+        priming = priming_tokens(counter)
+        unit_tokens = [sum(message_cost(counter, m, priming) for m in unit) for unit in units]
+        total = counter.count_messages(list(conv.system)) + counter.count_tools(list(conv.tools))
+        total += 0 if conv.system else priming
+        raw_tokens: list[int] = []
+        starts: dict[int, int] = {}
+        at = 0
+        for i, unit in enumerate(units):
+            starts[at] = i
+            at += len(unit)
+            total += unit_tokens[i]
+            raw_tokens.append(total)
+        found: dict[int, Checkpoint] = {}
+        for checkpoint in checkpoints(conv.messages, conv.system):
+            at_unit = starts[checkpoint.index]
+            if at_unit > 0:  # with nothing before it no window is asked for
+                found[at_unit - 1] = checkpoint
+        # The agent asks for a window before every model call: a checkpoint's is taken
+        # whatever the stride.
+        points = sorted({*points, *found})
         probes: dict[int, Probes] = {}
         if conv.has_tools:
             tracker = ProbeTracker()
@@ -202,7 +278,21 @@ class _Replay:
                     tracker.add(message)
                 if i in wanted:
                     probes[i] = tracker.snapshot()
-        return cls(conv, units, points, probes)
+        return cls(conv, units, points, probes, found, raw_tokens, unit_tokens)
+
+    def pressed(self, unit: int, budget: int) -> bool:
+        """The run up to ``unit`` exceeds ``budget`` by at least its newest group: a window
+        there must leave something out."""
+        return self.raw_tokens[unit] >= budget + self.unit_tokens[unit]
+
+
+def score_checkpoint(
+    checkpoint: Checkpoint, window: Sequence[AnyMessage], tokens: int, budget: int, pressed: bool
+) -> CheckpointScore:
+    """Which of the checkpoint's references ``window`` holds."""
+    text = window_text(window)
+    hits = tuple(held(r, text) for r in checkpoint.references)
+    return CheckpointScore(checkpoint, hits, tokens, budget, pressed)
 
 
 def _failure_kind(exc: Exception) -> str:
@@ -232,13 +322,19 @@ def _replay_policy(
     history: list[AnyMessage] = []
     stages: Counter[str] = Counter()
     window_scores: dict[str, list[float]] = {}
+    raw = RawMessages()
+    cache = CacheTracker()
+    priming = priming_tokens(counter)
     for i, unit in enumerate(replay.units):
         policy.append(unit)
         history.extend(unit)
+        raw.add(unit)
         if i not in points:
             continue
         result.windows += 1
         probes = replay.probes.get(i)
+        checkpoint = replay.checkpoints.get(i)
+        pressed = replay.pressed(i, setup.budget)
         try:
             served = policy.window()
         except Exception as exc:  # every failure is a row of the report, never a skipped window
@@ -253,9 +349,28 @@ def _replay_policy(
             if probes is not None:
                 for probe, score in score_probes(None, probes).items():
                     window_scores.setdefault(probe, []).append(score)
+            if checkpoint is not None:
+                misses = (False,) * len(checkpoint.references)
+                result.checkpoints.append(CheckpointScore(checkpoint, misses, None, setup.budget, pressed))
             continue
         window = served.messages
-        tokens = counter.count_messages(window) + counter.count_tools(list(served.tools))
+        tools_tokens = counter.count_tools(list(served.tools))
+        tokens = counter.count_messages(window) + tools_tokens
+        costs = WindowCosts(
+            window,
+            [message_cost(counter, m, priming) for m in window],
+            tools_tokens,
+            tokens,
+            tools_key(served.tools),
+        )
+        if pressed:
+            raw.set_anchors(history[k] for k in anchors(history, setup.detector).indices())
+            result.parts.update(parts(costs, raw, setup.budget))
+            result.pressed_windows += 1
+        result.input_tokens += tokens
+        result.cached_tokens += cache.shared(costs)
+        if checkpoint is not None:
+            result.checkpoints.append(score_checkpoint(checkpoint, window, tokens, setup.budget, pressed))
         result.final = FinalWindow(window, list(served.tools), tokens)
         result.series.append((len(history), tokens))
         result.violations += violations(window)
@@ -295,17 +410,20 @@ def evaluate_conversation(
     counter: TokenCounter,
     detector: UserDetector = DEFAULT_DETECTOR,
     step_stride: int = 1,
-    keep_recent_messages: int = 6,
-    trigger_ratio: float = 1.0,
-    target_ratio: float = 0.8,
+    settings: Settings | None = None,
+    lag: int = 0,
     control_qa: Sequence[QAItem] = (),
 ) -> dict[str, ConversationResult]:
     """Replay ``conv`` through each policy and score its windows (see the module docstring).
 
     With QA, ``full`` is replayed first (listed or not): its final window fixes the
-    compacted questions every policy is scored on.
+    compacted questions every policy is scored on. ``settings`` are the service's (the
+    ``Settings()`` defaults when None); ``lag`` delays ``full``'s compactions by that many
+    windows. When ``full`` and ``steps`` both run, the result also holds ``MATCHED_FILL``:
+    ``steps`` at each checkpoint within the tokens ``full`` served there.
     """
-    replay = _Replay.of(conv, step_stride, detector)
+    settings = settings or Settings()
+    replay = _Replay.of(conv, step_stride, detector, counter)
     order = list(dict.fromkeys(policies))
     if conv.qa and REFERENCE_POLICY not in order:
         order.insert(0, REFERENCE_POLICY)
@@ -325,9 +443,8 @@ def evaluate_conversation(
             counter=counter,
             model=counting,
             detector=detector,
-            keep_recent_messages=keep_recent_messages,
-            trigger_ratio=trigger_ratio,
-            target_ratio=target_ratio,
+            settings=settings,
+            lag=lag,
         )
         result, history, policy = _replay_policy(replay, name, setup)
         result.summariser_calls = counting.calls
@@ -351,4 +468,43 @@ def evaluate_conversation(
                 result.control_tool = score_qa_asking(final, control_qa, every, asked_control)
         result.elapsed_seconds = time.perf_counter() - started
         results[name] = result
-    return {name: results[name] for name in dict.fromkeys(policies)}
+    ordered = {name: results[name] for name in dict.fromkeys(policies)}
+    if REFERENCE_POLICY in ordered and "steps" in ordered:
+        ordered[MATCHED_FILL] = matched_fill(replay, ordered[REFERENCE_POLICY], setup)
+    return ordered
+
+
+def matched_fill(replay: _Replay, reference: ConversationResult, setup: PolicySetup) -> ConversationResult:
+    """``steps`` (filling its room) at each checkpoint, given the tokens ``reference`` served
+    there as its budget; a checkpoint where ``reference`` failed is failed here too."""
+    conv = replay.conv
+    result = ConversationResult(
+        id=conv.id,
+        policy=MATCHED_FILL,
+        budget=setup.budget,
+        messages=len(conv.messages),
+        raw_tokens=reference.raw_tokens,
+    )
+    served = {c.checkpoint.index: c.tokens for c in reference.checkpoints}
+    history: list[AnyMessage] = []
+    for i, unit in enumerate(replay.units):
+        history.extend(unit)
+        cp = replay.checkpoints.get(i)
+        if cp is None:
+            continue
+        tokens = served.get(cp.index)
+        pressed = replay.pressed(i, setup.budget)
+        result.windows += 1
+        if tokens is None:
+            result.failed += 1
+            result.checkpoints.append(
+                CheckpointScore(cp, (False,) * len(cp.references), None, setup.budget, pressed)
+            )
+            continue
+        policy = StepsPolicy(replace(setup, budget=tokens))
+        policy.fill = True
+        policy.append(history)
+        window = policy.window()
+        used = setup.counter.count_messages(window.messages) + setup.counter.count_tools(list(window.tools))
+        result.checkpoints.append(score_checkpoint(cp, window.messages, used, setup.budget, pressed))
+    return result

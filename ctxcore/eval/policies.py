@@ -4,11 +4,13 @@ The baselines (``truncate``, ``steps``, ``mask``, ``lossless``) live in ``baseli
 
 * ``rules``: the default rule chain on the whole log, served by ``assemble_window`` (whose
   deterministic fallback leaves out the oldest steps when the rules are not enough).
-* ``full``: what the distributed service runs. Every window comes from ``assemble_window``
-  with the default rule chain on the raw tail after the cursor; when the view is over the
-  trigger (the budget itself) the compaction pipeline runs first, synchronously, stage by
-  stage through a ``Coordinator`` on memory stores (target 0.75 of the budget), exactly as
-  the workers loop ``plan`` / ``run_stage``.
+* ``full``: what the distributed service runs, with the service's settings (``Settings()``
+  defaults unless told otherwise). Every window comes from ``assemble_window`` with the
+  configured rule chain on the raw tail after the cursor; when the view is over the trigger
+  the compaction pipeline runs, stage by stage through a ``Coordinator`` on memory stores,
+  exactly as the workers loop ``plan`` / ``run_stage``: before the window is served, or
+  ``lag`` windows later (a worker that lags; the windows between are served as the fast
+  path serves them).
 * ``round_level``, ``current_round``, ``dialogue``: the embedded LLM compressors through a
   ``ContextEngine`` (no rule chain), triggered at 0.9 of the budget (their own default).
 """
@@ -16,7 +18,7 @@ The baselines (``truncate``, ``steps``, ``mask``, ``lossless``) live in ``baseli
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from ctxcore.assemble import RuleFn, assemble_window
@@ -33,12 +35,7 @@ from ctxcore.eval.policy_base import (
     conversation_key,
 )
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
-from ctxcore.processors.chain import (
-    DEFAULT_MAX_RESULT_RATIO,
-    apply_rules,
-    build_rule_chain,
-    default_rule_chain,
-)
+from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
 from ctxcore.processors.recall_tool import (
@@ -66,9 +63,12 @@ __all__ = [
 MAX_STAGES = 32
 
 
-def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadStore) -> RuleFn:
-    # Built once per policy instance, as the service caches one chain per budget.
-    chain = build_rule_chain(default_rule_chain(setup.budget))
+def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadStore) -> RuleFn | None:
+    # As ``ContextService`` builds it from ``engine.rule_chain`` and ``engine.max_result_ratio``.
+    engine = setup.settings.engine
+    if engine.rule_chain == "none":
+        return None
+    chain = build_rule_chain(default_rule_chain(setup.budget, max_result_ratio=engine.max_result_ratio))
 
     def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None) -> list[AnyMessage]:
         return apply_rules(
@@ -137,8 +137,15 @@ class FullPolicy(Policy):
             default_budget=setup.budget,
             keep_recent_messages=setup.keep_recent_messages,
             detector=setup.detector,
-            max_result_ratio=DEFAULT_MAX_RESULT_RATIO,
+            max_result_ratio=(
+                setup.settings.engine.max_result_ratio
+                if setup.settings.engine.rule_chain == "default"
+                else None
+            ),
         )
+        # The window at which the pending compaction was asked for (``setup.lag`` > 0).
+        self.windows = 0
+        self.pending: int | None = None
 
     def append(self, messages: Sequence[AnyMessage]) -> None:
         """Log the messages (as ``ContextService.append`` does after validation)."""
@@ -168,15 +175,31 @@ class FullPolicy(Policy):
                 exhausted.append(stage.kind)
         return done, failures
 
-    def window(self) -> PolicyWindow:
-        """Record the budget, compact synchronously when over trigger, then serve."""
+    def maybe_compact(self, tools: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+        """Record the budget; land a pending compaction that is due, and ask for one when the
+        view is over the trigger (landing at once without lag, ``setup.lag`` windows later
+        with it: the windows between are served from the state as it is, as the fast path
+        serves them while a worker lags). One job at a time, as the scheduler coalesces."""
         s = self.setup
+        self.windows += 1
         self.states.set_budget(self.key, s.budget)
-        view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in s.tools])
-        stages: list[str] = []
-        failures: list[str] = []
-        if view.tokens(s.counter) > int(s.budget * s.trigger_ratio):
-            stages, failures = self.compact()
+        if self.pending is not None:
+            if self.windows - self.pending < s.lag:
+                return [], []
+            self.pending = None
+            return self.compact()
+        view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in tools])
+        if view.tokens(s.counter) <= int(s.budget * s.trigger_ratio):
+            return [], []
+        if s.lag == 0:
+            return self.compact()
+        self.pending = self.windows
+        return [], []
+
+    def window(self) -> PolicyWindow:
+        """Compact when due (``maybe_compact``), then serve."""
+        s = self.setup
+        stages, failures = self.maybe_compact(s.tools)
         state = self.states.load(self.key) or CompressionState()
         pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]
         result = assemble_window(
@@ -209,12 +232,7 @@ class FullRecallPolicy(FullPolicy):
         """``full``'s window with the recall tool counted and auto-recall applied."""
         s = self.setup
         tools: list[dict[str, Any]] = [*(dict(t) for t in s.tools), recall_tool_definition()]
-        self.states.set_budget(self.key, s.budget)
-        view = self.coordinator.view(self.key, system=list(s.system), tools=tools)
-        stages: list[str] = []
-        failures: list[str] = []
-        if view.tokens(s.counter) > int(s.budget * s.trigger_ratio):
-            stages, failures = self.compact()
+        stages, failures = self.maybe_compact(tools)
         state = self.states.load(self.key) or CompressionState()
         index = self.indexes.get(self.key, state.archive_version, lambda: self.states.load_archive(self.key))
         pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]

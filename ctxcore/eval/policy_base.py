@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.recall.auto import RecallStats
 from ctxcore.state import ConversationKey
@@ -25,11 +26,8 @@ __all__ = [
     "priming_tokens",
 ]
 
-TRIGGER_RATIO = 1.0
 # The embedded compressors keep the reference's own trigger (their configs need it < 1).
 EMBEDDED_TRIGGER_RATIO = 0.9
-TARGET_RATIO = 0.8
-KEEP_RECENT_MESSAGES = 6
 
 
 class CountingModel:
@@ -60,7 +58,13 @@ class CountingModel:
 
 @dataclass
 class PolicySetup:
-    """What every policy of one conversation shares."""
+    """What every policy of one conversation shares.
+
+    ``settings`` are the service's: ``full`` takes its trigger, target, keep-recent and rule
+    chain from them (``Settings()`` defaults unless told otherwise), never from constants of
+    its own. ``lag`` is how many windows after its trigger a compaction lands (a worker that
+    lags; 0: before the window that triggered it is served, as a synchronous compaction).
+    """
 
     conversation_id: str
     budget: int
@@ -69,9 +73,23 @@ class PolicySetup:
     counter: TokenCounter
     model: CountingModel
     detector: UserDetector
-    keep_recent_messages: int = KEEP_RECENT_MESSAGES
-    trigger_ratio: float = TRIGGER_RATIO
-    target_ratio: float = TARGET_RATIO
+    settings: Settings = field(default_factory=Settings)
+    lag: int = 0
+
+    @property
+    def keep_recent_messages(self) -> int:
+        """``engine.keep_recent_messages``."""
+        return self.settings.engine.keep_recent_messages
+
+    @property
+    def trigger_ratio(self) -> float:
+        """``service.trigger_ratio``."""
+        return self.settings.service.trigger_ratio
+
+    @property
+    def target_ratio(self) -> float:
+        """``service.target_ratio``."""
+        return self.settings.service.target_ratio
 
 
 @dataclass

@@ -13,7 +13,15 @@ from typing import Any
 from ctxcore.errors import CtxcoreError
 from ctxcore.eval.probes import PROBES
 
-__all__ = ["format_report", "format_row", "plot_report", "policy_reports", "summary_columns"]
+__all__ = [
+    "format_report",
+    "format_row",
+    "plot_report",
+    "policy_reports",
+    "reference_columns",
+    "spend_columns",
+    "summary_columns",
+]
 
 PROBE_COLUMNS = {
     "edited_files": "edited",
@@ -125,6 +133,41 @@ def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
     return cols
 
 
+def reference_columns(overall: Mapping[str, Any]) -> dict[str, str] | None:
+    """The next-step reference figures of an ``overall`` object (None when it has none)."""
+    refs = overall.get("references")
+    if not refs:
+        return None
+    kinds = refs.get("by_kind") or {}
+    fill = refs.get("fill") or {}
+    cols = {
+        "overall": _fmt(refs.get("overall")),
+        "recent": _fmt(refs.get("recent")),
+        "stale": _fmt(refs.get("stale")),
+        **{kind: _fmt(kinds.get(kind)) for kind in kinds},
+        "refs": _fmt(refs.get("references")),
+        "checkpoints": f"{refs.get('checkpoints')} ({refs.get('checkpoints_without_reference')} none)",
+        "fill": _fmt(fill.get("mean"), 2),
+        "fill_over": _fmt(fill.get("median_over_budget"), 2),
+    }
+    for key, label in (("vs_baseline", "W/L (p)"), ("vs_matched_fill", "W/L fill (p)")):
+        wl = refs.get(key)
+        cols[label] = f"{wl['win']}/{wl['loss']} ({_fmt(wl['sign_test_p'], 2)})" if wl else "-"
+    return cols
+
+
+def spend_columns(overall: Mapping[str, Any]) -> dict[str, str] | None:
+    """Budget parts (mean share of the budget), prompt-cache share and run cost."""
+    spend = overall.get("spend")
+    if not spend:
+        return None
+    cols = {part: _fmt(share, 2) for part, share in (spend.get("parts") or {}).items()}
+    cols["cache"] = _fmt(spend.get("cache_share"), 2)
+    cols["cost"] = _fmt(spend.get("run_cost"))
+    cols["cost/base"] = _fmt(spend.get("cost_vs_baseline"), 2)
+    return cols
+
+
 def _conversation_columns(conv: Mapping[str, Any]) -> dict[str, str]:
     cols = {
         "conversation": str(conv["id"]),
@@ -193,6 +236,25 @@ def format_report(report: Mapping[str, Any], *, per_conversation: bool = True) -
         head += f", baseline {baseline} (W/L/T: conversations where more probes beat / trail it)"
     rows = [{"policy": str(rep["policy"]), **summary_columns(rep["overall"])} for rep in reports]
     out.append(f"{head}\n{format_row(rows)}\n")
+    refs = [(rep["policy"], reference_columns(rep["overall"])) for rep in reports]
+    for rep in reports:
+        matched = (rep["overall"].get("references") or {}).get("matched_fill")
+        if matched:
+            refs.append((f"steps at {rep['policy']}'s fill", reference_columns({"references": matched})))
+    ref_rows = [{"policy": str(name), **cols} for name, cols in refs if cols]
+    if ref_rows:
+        out.append(
+            "next-step references held (share; W/L: runs whose share beats / trails the baseline's, "
+            f"sign test p)\n{format_row(ref_rows)}\n"
+        )
+    spend = [(rep["policy"], spend_columns(rep["overall"])) for rep in reports]
+    spend_rows = [{"policy": str(name), **cols} for name, cols in spend if cols]
+    if spend_rows:
+        out.append(
+            "where the budget goes (mean share over windows whose run exceeds the budget by a step), "
+            "prompt-cache share, run cost "
+            f"(cached input x0.1, summariser output x4)\n{format_row(spend_rows)}\n"
+        )
     failures = _failure_rows(reports)
     if failures:
         out.append(f"failure rows (windows that raised)\n{format_row(failures)}\n")

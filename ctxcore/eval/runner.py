@@ -16,10 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
 from ctxcore.eval.aggregate import aggregate
-from ctxcore.eval.data import load_conversations
-from ctxcore.eval.harness import ConversationResult, conversation_tokens, evaluate_conversation
+from ctxcore.eval.data import Conversation, groups, load_conversations, window_points
+from ctxcore.eval.harness import (
+    MATCHED_FILL,
+    REFERENCE_POLICY,
+    ConversationResult,
+    conversation_tokens,
+    evaluate_conversation,
+)
+from ctxcore.eval.next_step import reference_figures
 from ctxcore.eval.policies import POLICIES
 from ctxcore.messages import to_openai
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -61,9 +69,11 @@ class EvalConfig:
     limit: int | None = None
     ids: Sequence[str] | None = None
     step_stride: int = 1
-    keep_recent_messages: int = 6
-    trigger_ratio: float = 1.0
-    target_ratio: float = 0.8
+    # The service's settings: ``full`` runs with their trigger, target, keep-recent and rule
+    # chain (the defaults of ``Settings()`` unless given).
+    settings: Settings = field(default_factory=Settings)
+    # ``full``'s compactions land this many windows after they were asked for.
+    lag: int = 0
     model: ModelClient | None = None
     counter: TokenCounter | None = None
     detector: UserDetector | None = None
@@ -79,6 +89,8 @@ class EvalConfig:
             raise ConfigError(f"budget must be > 0, got {self.budget}")
         if self.budget_ratio is not None and self.budget_ratio <= 0:
             raise ConfigError(f"budget_ratio must be > 0, got {self.budget_ratio}")
+        if self.lag < 0:
+            raise ConfigError(f"lag must be >= 0 windows, got {self.lag}")
         if self.step_stride < 1:
             raise ConfigError(f"step_stride must be >= 1, got {self.step_stride}")
         if self.limit is not None and self.limit < 1:
@@ -141,6 +153,18 @@ def _window_row(result: ConversationResult) -> dict[str, Any]:
     }
 
 
+def _check_lag(lag: int, convs: Sequence[Conversation], stride: int, detector: UserDetector) -> None:
+    longest = max(
+        (len(window_points(groups(c.messages), step_stride=stride, detector=detector)) for c in convs),
+        default=0,
+    )
+    if lag >= longest:
+        raise ConfigError(
+            f"lag {lag} is not below the windows of any selected run (the longest has {longest}): "
+            "no compaction would ever land; give a smaller lag"
+        )
+
+
 def evaluate_file(
     path: str | Path,
     config: EvalConfig,
@@ -161,14 +185,13 @@ def evaluate_file(
         if unknown:
             raise ConfigError(f"{path}: no conversation with id {', '.join(map(repr, unknown))}")
     wanted = set(config.ids) if config.ids else None
+    selected = [(n, c) for n, c in enumerate(convs) if wanted is None or c.id in wanted][: config.limit]
+    if config.lag:
+        _check_lag(config.lag, [c for _, c in selected], config.step_stride, detector)
     by_policy: dict[str, list[ConversationResult]] = {p: [] for p in config.run_policies}
     started = time.perf_counter()
     done = 0
-    for n, conv in enumerate(convs):
-        if config.limit is not None and done >= config.limit:
-            break
-        if wanted is not None and conv.id not in wanted:
-            continue
+    for n, conv in selected:
         other = convs[(n + 1) % len(convs)] if len(convs) > 1 else None
         control = other.qa if other is not None and conv.qa and other.qa else ()
         if config.budget is not None:
@@ -184,13 +207,12 @@ def evaluate_file(
             counter=counter,
             detector=detector,
             step_stride=config.step_stride,
-            keep_recent_messages=config.keep_recent_messages,
-            trigger_ratio=config.trigger_ratio,
-            target_ratio=config.target_ratio,
+            settings=config.settings,
+            lag=config.lag,
             control_qa=control,
         )
         for name, result in results.items():
-            by_policy[name].append(result)
+            by_policy.setdefault(name, []).append(result)
             if progress is not None:
                 progress(result)
         done += 1
@@ -198,18 +220,33 @@ def evaluate_file(
         rows = [_window_row(by_policy[name][i]) for i in range(done) for name in config.run_policies]
         _write_windows(Path(config.windows_out), rows)
     baseline = {r.id: r for r in by_policy[config.baseline]} if config.baseline else None
+    matched_runs = by_policy.pop(MATCHED_FILL, None)
     reports = [
         _report(name, by_policy[name], baseline if name != config.baseline else None)
         for name in config.run_policies
     ]
+    if matched_runs is not None:
+        # ``steps`` given ``full``'s fill at each checkpoint: its figures beside ``full``'s, and
+        # ``full``'s wins and losses against it.
+        for rep in reports:
+            refs = rep["overall"].get("references")
+            if rep["policy"] == REFERENCE_POLICY and refs is not None:
+                matched = reference_figures(matched_runs, None)
+                refs["matched_fill"] = matched
+                refs["vs_matched_fill"] = reference_figures(
+                    by_policy[REFERENCE_POLICY], {r.id: r for r in matched_runs}
+                )["vs_baseline"]
     head: dict[str, Any] = {
         "file": str(path),
         "budget": config.budget,
         "budget_ratio": config.budget_ratio,
         "settings": {
-            "trigger_ratio": config.trigger_ratio,
-            "target_ratio": config.target_ratio,
-            "keep_recent_messages": config.keep_recent_messages,
+            "trigger_ratio": config.settings.service.trigger_ratio,
+            "target_ratio": config.settings.service.target_ratio,
+            "keep_recent_messages": config.settings.engine.keep_recent_messages,
+            "rule_chain": config.settings.engine.rule_chain,
+            "max_result_ratio": config.settings.engine.max_result_ratio,
+            "lag": config.lag,
             "step_stride": config.step_stride,
             "summariser": model.name,
             "tokenizer": getattr(counter, "encoding_name", type(counter).__name__),

@@ -400,6 +400,8 @@ def test_several_policies_side_by_side_with_the_baseline(data_file: Path, tmp_pa
     assert report["baseline"] == "steps" and report["policies"] == ["full", "lossless", "steps"]
     by = {r["policy"]: r["overall"] for r in report["reports"]}
     assert set(by) == {"full", "lossless", "steps"}
+    # With full and steps, the matched-fill control comes along in full's reference figures.
+    assert "vs_matched_fill" in by["full"]["references"] and "matched_fill" in by["full"]["references"]
     assert sum(by["full"]["vs_baseline"].values()) == 3
     assert "vs_baseline" not in by["steps"] and "vs_baseline" not in by["lossless"]
     # The reference row is outside over-budget counts; it serves everything.
@@ -433,6 +435,9 @@ def test_a_task_over_the_budget_is_a_failure_row_in_every_policy(tmp_path: Path)
     for rep in report["reports"]:
         overall, conv = rep["overall"], rep["conversations"][0]
         assert overall["failed"] == overall["windows"] > 0, rep["policy"]
+        # Its checkpoints' references all count as missed (a window that raised holds none).
+        refs = overall["references"]
+        assert refs["checkpoints"] > 0 and refs["overall"] in (None, 0.0)
         assert overall["failure_kinds"] == {"budget_exceeded": overall["windows"]}
         assert conv["failure_row"] == {"budget_exceeded": overall["windows"]}
         # Failed windows stay in the denominators and score 0: never a perfect rate.

@@ -20,6 +20,7 @@ MIN_CHARS = 12
 ALLOWED: dict[str, str] = {
     "Traceback (most recent call last):": "Python's own traceback header, printed by every tool run",
     "budget_ratio": "the name of a setting both sides take (a key, not a pattern)",
+    "max_result_ratio": "the name of a setting both sides take (a key, not a pattern)",
 }
 
 

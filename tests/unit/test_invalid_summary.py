@@ -140,6 +140,7 @@ def test_compress_until_target_skips_a_breaking_result_and_exhausts_the_stage() 
 
 
 def test_the_eval_counts_a_rejected_stage_in_failures() -> None:
+    from ctxcore.config import Settings
     from ctxcore.eval.policies import CountingModel, FullPolicy, PolicySetup
     from ctxcore.turns import UserDetector
 
@@ -151,7 +152,7 @@ def test_the_eval_counts_a_rejected_stage_in_failures() -> None:
         counter=COUNTER,
         model=CountingModel(ExtractiveModel(COUNTER), COUNTER),
         detector=UserDetector(),
-        keep_recent_messages=0,
+        settings=Settings.load({"engine": {"keep_recent_messages": 0}}),
     )
     policy = FullPolicy(setup)
     policy.coordinator.summarizer = BrokenSummarizer(BROKEN_OUTPUTS["orphan tool result"])
