@@ -1,19 +1,24 @@
-"""Benchmark: what every context policy keeps, side by side in one run per file and budget.
+"""Benchmark: what each policy's windows let the agent do next, on both development halves.
 
-Each (file, budget) is one ``ctxcore eval`` run of all nine policies (truncate, steps, mask,
-lossless, rules, current_round, dialogue, round_level, full) with ``steps`` as the baseline
-and ``ExtractiveModel`` as the summariser, exactly as
+For every development half (``bench/dev_split.json``: the 22 mini-swe-agent runs, sorted by
+id and dealt alternately to A and B, fixed), every budget and every lag, one
+``ctxcore eval`` run of the policies side by side with ``steps`` as the baseline and
+``ExtractiveModel`` as the summariser, as
 
-    ctxcore eval FILE --policy truncate,steps,mask,lossless,rules,current_round,dialogue,round_level,full \\
-        (--budget N | --budget-ratio R)
+    ctxcore eval minisweagent_dev.jsonl --ids <half> --policy truncate,steps,mask,full \\
+        --budget 8000|16000|32000 --lag 0|5
 
-does. The mini-swe-agent runs are measured at 8k, 16k and 32k tokens (probes of the raw run,
-final / mean over windows), LoCoMo at 0.25 of each conversation's tokens (QA on the fixed
-compacted set). It prints one table per run and asserts nothing.
+does. Per policy it prints the next-step references held (overall / recent / stale / by
+kind, wins and losses per run against ``steps`` with a sign test, and ``full`` against
+``steps`` given ``full``'s fill), the fill of the checkpoint windows that had to leave
+something out, where the budget goes, the prompt-cache share and the run cost (cached input
+at 0.1, summariser input 1, output 4) against ``steps``'s, the summariser's calls and
+sent/raw, and the validity counts. The same on tau-bench (JSON-argument tools) at 0.5 of
+each run's tokens, and optionally LoCoMo (QA). It asserts nothing.
 
-    .venv/bin/python bench/retention.py                       # every conversation (about 10 min)
-    .venv/bin/python bench/retention.py --quick               # 5 SWE runs, 3 LoCoMo conversations
-    .venv/bin/python bench/retention.py --swe-budgets 16000 --locomo-ratios --json out.json
+    .venv/bin/python bench/retention.py                       # both halves, 8k/16k/32k, lag 0 and 5
+    .venv/bin/python bench/retention.py --quick               # 3 runs per half, 16k, lag 0 and 5
+    .venv/bin/python bench/retention.py --budgets 16000 --lags 0 --json out.json
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """
@@ -25,120 +30,130 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ctxcore.eval import POLICIES, EvalConfig, evaluate_file
-from ctxcore.eval.report import format_report
+from ctxcore.eval.report import format_row
 
-DEFAULT_DATA = Path(
-    os.environ.get("CTXCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
-ORDER = ["truncate", "steps", "mask", "lossless", "rules", "current_round", "dialogue", "round_level", "full"]
+HERE = Path(__file__).resolve().parent
+DEFAULT_DATA = Path(os.environ.get("CTXCORE_DATA_DIR", HERE.parents[1] / "shared" / "data"))
+SPLIT = HERE / "dev_split.json"
+ORDER = ["truncate", "steps", "mask", "full"]
 
 
-def run(
-    path: Path, policies: list[str], budget: float, limit: int | None, ratio: bool, windows_out: Path | None
-) -> dict[str, Any]:
-    config = EvalConfig(
-        policies=policies,
-        budget=None if ratio else int(budget),
-        budget_ratio=budget if ratio else None,
-        limit=limit,
-        windows_out=windows_out,
-    )
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def row(policy: str, overall: Mapping[str, Any]) -> dict[str, str]:
+    """One policy's figures as table columns."""
+    refs = overall.get("references") or {}
+    kinds = refs.get("by_kind") or {}
+    spend = overall.get("spend") or {}
+    parts = spend.get("parts") or {}
+    wl = refs.get("vs_baseline")
+    out = {
+        "policy": policy,
+        "refs": _f(refs.get("overall")),
+        "recent": _f(refs.get("recent")),
+        "stale": _f(refs.get("stale")),
+        "path": _f(kinds.get("path")),
+        "ident": _f(kinds.get("identifier")),
+        "number": _f(kinds.get("number")),
+        "quoted": _f(kinds.get("quoted")),
+        "W/L (p)": f"{wl['win']}/{wl['loss']} ({_f(wl['sign_test_p'], 2)})" if wl else "-",
+        "fill": _f((refs.get("fill") or {}).get("median_over_budget"), 2),
+        "sys+tools": _f(parts.get("system_tools"), 2),
+        "anchors": _f(parts.get("anchors"), 2),
+        "blocks": _f(parts.get("blocks"), 2),
+        "raw": _f(parts.get("raw"), 2),
+        "rewritten": _f(parts.get("rewritten"), 2),
+        "unused": _f(parts.get("unused"), 2),
+        "cache": _f(spend.get("cache_share"), 2),
+        "cost/steps": _f(spend.get("cost_vs_baseline"), 2),
+        "calls": _f(overall.get("summariser_calls")),
+        "sent/raw": _f(overall.get("summariser_input_ratio"), 2),
+        "viol": _f(overall.get("violations")),
+        "anchor": _f(overall.get("anchor_rate"), 2),
+        "over": _f(overall.get("over_budget_windows")),
+    }
+    return out
+
+
+def table(report: Mapping[str, Any]) -> str:
+    """The report's policies, and ``steps`` at ``full``'s fill, as one table."""
+    rows: list[dict[str, str]] = []
+    for rep in report.get("reports", [report]):
+        overall = rep["overall"]
+        rows.append(row(rep["policy"], overall))
+        refs = overall.get("references") or {}
+        if "matched_fill" in refs:
+            matched = {"references": {**refs["matched_fill"], "vs_baseline": refs["vs_matched_fill"]}}
+            rows.append(row(f"steps at {rep['policy']}'s fill (W/L: {rep['policy']} vs it)", matched))
+    return format_row(rows)
+
+
+def run(path: Path, label: str, config: EvalConfig) -> dict[str, Any]:
     started = time.perf_counter()
-    report = evaluate_file(
-        path,
-        config,
-        progress=lambda r: print(
-            f"  {r.id} {r.policy}: {r.elapsed_seconds:.1f} s", file=sys.stderr, flush=True
-        ),
-    )
-    print(format_report(report, per_conversation=False))
-    print(f"({time.perf_counter() - started:.0f} s)\n", flush=True)
+    report = evaluate_file(path, config)
+    seconds = time.perf_counter() - started
+    print(f"### {label} ({seconds:.0f} s)\n\n{table(report)}\n", flush=True)
     for rep in report.get("reports", [report]):
         rep.pop("conversations", None)
+    report["label"] = label
     return report
-
-
-def plot(reports: list[dict[str, Any]], path: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "plot skipped: matplotlib is not installed (pip install 'ctxcore[plot]')"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy in ORDER:
-        points = []
-        for report in reports:
-            if report.get("budget") is None:
-                continue
-            for rep in report.get("reports", [report]):
-                probes = rep["overall"].get("probes")
-                if rep["policy"] == policy and probes:
-                    values = [p["final"] for p in probes.values()]
-                    points.append((report["budget"], sum(values) / len(values)))
-        if points:
-            points.sort()
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=policy)
-    ax.set_xlabel("budget (tokens)")
-    ax.set_ylabel("mean probe retention, final windows")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("mini-swe-agent runs: retention vs budget")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return f"wrote {path}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 SWE runs and 3 LoCoMo conversations")
-    parser.add_argument("--locomo-ratios", type=float, nargs="*", default=[0.25], help="LoCoMo budget ratios")
-    parser.add_argument(
-        "--swe-budgets", type=int, nargs="*", default=[8000, 16000, 32000], help="SWE budgets"
-    )
+    parser.add_argument("--quick", action="store_true", help="3 runs per half at 16k, 20 tau-bench runs")
+    parser.add_argument("--budgets", type=int, nargs="*", default=[8000, 16000, 32000])
+    parser.add_argument("--lags", type=int, nargs="*", default=[0, 5])
+    parser.add_argument("--halves", default="A,B")
     parser.add_argument("--policies", default=",".join(ORDER))
+    parser.add_argument(
+        "--tau-runs", type=int, default=60, help="tau-bench runs at 0.5 of their tokens (0: none)"
+    )
+    parser.add_argument(
+        "--locomo-ratios", type=float, nargs="*", default=[], help="LoCoMo budget ratios (QA)"
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
-    parser.add_argument("--windows-out", type=Path, help="a folder for each run's final windows (JSONL)")
-    parser.add_argument("--plot", help="write SWE retention vs budget here (PNG, needs matplotlib)")
     args = parser.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     for p in policies:
         if p not in POLICIES:
             raise SystemExit(f"unknown policy {p!r}; choices: {', '.join(POLICIES)}")
-    locomo, swe = args.data / "locomo.jsonl", args.data / "minisweagent_dev.jsonl"
-    if not swe.exists() or (args.locomo_ratios and not locomo.exists()):
+    swe, tau, locomo = (args.data / n for n in ("minisweagent_dev.jsonl", "tau_bench.jsonl", "locomo.jsonl"))
+    if not swe.exists():
         raise SystemExit(f"no data in {args.data} (set CTXCORE_DATA_DIR)")
+    split = json.loads(SPLIT.read_text())
+    budgets = [16000] if args.quick else args.budgets
     started = time.perf_counter()
     reports: list[dict[str, Any]] = []
-
-    def out_file(label: str) -> Path | None:
-        if args.windows_out is None:
-            return None
-        args.windows_out.mkdir(parents=True, exist_ok=True)
-        return args.windows_out / f"{label}.jsonl"
-
-    for budget in args.swe_budgets:
-        print(f"## {swe.name}, budget {budget} tokens\n", flush=True)
-        reports.append(
-            run(swe, policies, budget, 5 if args.quick else None, False, out_file(f"swe-{budget}"))
-        )
+    for half in args.halves.split(","):
+        ids = split[half][:3] if args.quick else split[half]
+        for budget in budgets:
+            for lag in args.lags:
+                config = EvalConfig(policies=policies, budget=budget, ids=ids, lag=lag)
+                reports.append(run(swe, f"half {half} ({len(ids)} runs), {budget} tokens, lag {lag}", config))
+    tau_runs = min(20, args.tau_runs) if args.quick else args.tau_runs
+    if tau_runs and tau.exists():
+        for lag in args.lags:
+            config = EvalConfig(policies=policies, budget_ratio=0.5, limit=tau_runs, lag=lag)
+            reports.append(run(tau, f"tau-bench ({tau_runs} runs), 0.5 of each run, lag {lag}", config))
     for ratio in args.locomo_ratios:
-        print(f"## {locomo.name}, budget {ratio} of each conversation\n", flush=True)
-        reports.append(
-            run(locomo, policies, ratio, 3 if args.quick else None, True, out_file(f"locomo-{ratio}"))
-        )
-    print(f"{time.perf_counter() - started:.0f} s in total")
+        config = EvalConfig(policies=policies, budget_ratio=ratio)
+        reports.append(run(locomo, f"LoCoMo, {ratio} of each conversation", config))
+    print(f"{time.perf_counter() - started:.0f} s in total", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=1))
-    if args.plot:
-        print(plot(reports, args.plot))
 
 
 if __name__ == "__main__":
