@@ -53,7 +53,7 @@ if [[ $LONG -eq 1 ]]; then
     run throughput bench/throughput.py --long
     run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
     run proxy bench/proxy.py --long
-    run retention bench/retention.py --plot "$OUT/retention.png" --json "$OUT/retention.json"
+    run retention bench/retention.py --locomo-ratios 0.25 --json "$OUT/retention.json"
 else
     run rule_processors bench/rule_processors.py
     run store_latency bench/store_latency.py
@@ -69,7 +69,7 @@ else
     run throughput bench/throughput.py
     run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"
     run proxy bench/proxy.py
-    run retention bench/retention.py --quick --plot "$OUT/retention.png" --json "$OUT/retention.json"
+    run retention bench/retention.py --quick --json "$OUT/retention.json"
 fi
 
 if [[ -n "$STARTED_REDIS" ]]; then
