@@ -83,6 +83,7 @@ def assemble_window(
     detector: UserDetector | None = None,
     truncate_head_ratio: float = 0.2,
     auto_recall: AutoRecall | None = None,
+    rule_chunk_tokens: int = 0,
 ) -> WindowResult:
     """Serve ``state`` + ``tail`` within ``budget_tokens`` (see the module docstring).
 
@@ -90,6 +91,12 @@ def assemble_window(
     messages named by ``state.pinned``; ``rules`` is the cheap rule chain applied to the tail.
     With ``auto_recall`` the room left (at most its share of the budget) holds archived
     passages near the intent (``ctxcore.recall.auto``), unless the fallback applied.
+
+    ``rule_chunk_tokens`` (> 0) makes the rules free room in chunks of that size while the
+    view is over the budget (a worker lagging behind): the room they are given is lowered to
+    a whole number of chunks below the view, so the windows that follow, each one step
+    longer, ask the rules for the same saving and get the same rewritten prefix until the
+    next chunk is due, and a provider's prompt cache keeps serving it.
     """
     counter = tolerant(counter)  # a counter that raises must not stop the window being served
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
@@ -107,6 +114,9 @@ def assemble_window(
     # results are part of what is served and counted.
     closed_tail = close_interrupted_tool_calls(tail)
     tail_budget_tokens = budget_tokens - replace(view, tail=()).tokens(counter)
+    over = raw_tokens - budget_tokens
+    if rule_chunk_tokens > 0 and over > 0:
+        tail_budget_tokens -= -(-over // rule_chunk_tokens) * rule_chunk_tokens - over
     ruled_tail = list(rules(closed_tail, tail_budget_tokens)) if rules is not None else closed_tail
     unchanged = len(ruled_tail) == len(tail) and all(a is b for a, b in zip(ruled_tail, tail, strict=True))
     # The usual window (the tail fits): the view itself, whose sizes are counted already.

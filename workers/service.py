@@ -354,6 +354,7 @@ class ContextService:
             pinned=pinned,
             detector=self.detector,
             auto_recall=auto,
+            rule_chunk_tokens=self.settings.service.chunk_tokens(budget_tokens),
         )
         if read.elided:
             # The older tail was left unread behind markers: the fallback applied, and the

@@ -32,6 +32,12 @@ class ServiceSettings(BaseModel):
     # (None: never). Tenants may override it.
     retention_days: int | None = Field(default=None, gt=0)
 
+    def chunk_tokens(self, budget: int) -> int:
+        """What one re-base frees at ``budget``: the room between trigger and target. The fast
+        path's rules free room in chunks of this size too while a worker lags (0: one result
+        at a time, as far as needed)."""
+        return int(budget * (self.trigger_ratio - self.target_ratio))
+
     @model_validator(mode="after")
     def _ratios(self) -> Self:
         if self.target_ratio > self.trigger_ratio:

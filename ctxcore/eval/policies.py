@@ -212,6 +212,7 @@ class FullPolicy(Policy):
             s.counter,
             pinned=pinned,
             detector=s.detector,
+            rule_chunk_tokens=s.settings.service.chunk_tokens(s.budget),
         )
         return PolicyWindow(result.messages, list(s.tools), result.fallback_applied, stages, failures)
 
@@ -246,6 +247,7 @@ class FullRecallPolicy(FullPolicy):
             s.counter,
             pinned=pinned,
             detector=s.detector,
+            rule_chunk_tokens=s.settings.service.chunk_tokens(s.budget),
             auto_recall=AutoRecall(index) if index is not None else None,
         )
         return PolicyWindow(

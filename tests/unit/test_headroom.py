@@ -227,3 +227,38 @@ def test_the_engine_setting_validates_the_cap_ratio() -> None:
     with pytest.raises(ConfigError, match="max_result_ratio"):
         Settings.load({"engine": {"max_result_ratio": 1.5}})
     assert Settings.load({"engine": {"max_result_ratio": 0.5}}).engine.max_result_ratio == 0.5
+
+
+def prefix_breaks(chunk: int, budget: int, windows: int = 24) -> tuple[int, int]:
+    """Windows of a tail growing one step each while no compaction lands: how many rewrote a
+    message the window before had served (a broken prompt-cache prefix), and the most
+    tokens any window served."""
+    tail = run(30 + windows, 120)
+    store = MemoryOffloadStore()
+    apply = rules(budget, store)
+    previous: list[AnyMessage] = []
+    breaks = peak = 0
+    for n in range(windows):
+        served = assemble_window(
+            CompressionState(), tail[: 61 + 2 * n], budget, SYSTEM, [], apply, COUNTER, rule_chunk_tokens=chunk
+        ).messages
+        peak = max(peak, COUNTER.count_messages(served))
+        shared = 0
+        for a, b in zip(served, previous, strict=False):
+            if a != b:
+                break
+            shared += 1
+        breaks += int(bool(previous) and shared < len(previous))
+        previous = served
+    return breaks, peak
+
+
+def test_while_a_worker_lags_the_rules_free_room_in_chunks_so_prefixes_stay() -> None:
+    budget = COUNTER.count_messages([*SYSTEM, *run(30, 120)])
+    one_at_a_time, peak_plain = prefix_breaks(0, budget)
+    chunked, peak_chunked = prefix_breaks(budget // 5, budget)
+    # Without chunks nearly every window rewrites one more old result; with a chunk of a
+    # fifth of the budget (~8 steps here) a rewrite comes every few windows only.
+    assert one_at_a_time >= 20
+    assert 1 <= chunked <= 6
+    assert peak_plain <= budget and peak_chunked <= budget
