@@ -240,7 +240,14 @@ def prefix_breaks(chunk: int, budget: int, windows: int = 24) -> tuple[int, int]
     breaks = peak = 0
     for n in range(windows):
         served = assemble_window(
-            CompressionState(), tail[: 61 + 2 * n], budget, SYSTEM, [], apply, COUNTER, rule_chunk_tokens=chunk
+            CompressionState(),
+            tail[: 61 + 2 * n],
+            budget,
+            SYSTEM,
+            [],
+            apply,
+            COUNTER,
+            rule_chunk_tokens=chunk,
         ).messages
         peak = max(peak, COUNTER.count_messages(served))
         shared = 0
