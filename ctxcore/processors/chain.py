@@ -54,15 +54,15 @@ def default_rule_chain(
 ) -> list[tuple[str, dict[str, Any]]]:
     """The default chain as (name, config) pairs, scaled to the model's window: headroom first.
 
-    ``ToolResultCap -> ToolResultBudgetProcessor -> MicroCompactProcessor ->
-    CompactCompletedToolTurns``. The cap holds every tool result to ``max_result_ratio`` of
-    the window (head and tail kept, the original offloaded); the other three run with
-    ``act_only_over_budget``: while the messages fit ``RuleEnv.tail_budget_tokens`` they
-    are served verbatim, and once over, each rule works oldest first and stops as soon as
-    they fit (large results offloaded to a preview, then results cleared one at a time,
-    then old completed tool turns reduced to request and answer). Only the cap touches the
-    newest step. Pass the same window to ``apply_rules(context_max=...)`` and the room the
-    messages have as ``tail_budget_tokens``; without it those three do nothing.
+    ``ToolResultBudgetProcessor -> MicroCompactProcessor -> CompactCompletedToolTurns ->
+    ToolResultCap``, all with ``act_only_over_budget``: while the messages fit
+    ``RuleEnv.tail_budget_tokens`` they are served verbatim, and once over, each rule works
+    oldest first and stops as soon as they fit (large results offloaded to a preview, then
+    results cleared one at a time, then old completed tool turns reduced to request and
+    answer, then results over ``max_result_ratio`` of the window cut to their head and tail,
+    the original offloaded). Only the cap touches the newest step, and only when the rest
+    could not free enough. Pass the same window to ``apply_rules(context_max=...)`` and the
+    room the messages have as ``tail_budget_tokens``; without it the chain does nothing.
 
     Raises:
         ConfigError: ``max_result_ratio`` outside (0, 1].
@@ -72,7 +72,6 @@ def default_rule_chain(
     m = context_window_tokens
     large = max(m // 20, 2)
     return [
-        ("ToolResultCap", {"max_result_ratio": max_result_ratio}),
         (
             "ToolResultBudgetProcessor",
             {
@@ -83,6 +82,7 @@ def default_rule_chain(
         ),
         ("MicroCompactProcessor", {"compactable_tool_names": ["*"], "act_only_over_budget": True}),
         ("CompactCompletedToolTurns", {"act_only_over_budget": True}),
+        ("ToolResultCap", {"max_result_ratio": max_result_ratio, "act_only_over_budget": True}),
     ]
 
 

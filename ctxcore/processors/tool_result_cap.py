@@ -8,8 +8,16 @@ reads first, and everything else stays one reload away. Text is taken from the o
 logged (list content by its text parts), so a result capped for a large window is capped
 again, from the original, for a smaller one.
 
-ctxcore's own processor (not in the reference); it is the first rule of the default chain
-and the only one that touches the newest step.
+With ``act_only_over_budget`` (the default chain's mode) the cap is headroom-aware: a result
+is served whole while the window fits, and once it does not, results over the cap are cut
+oldest first and only until the messages fit their room. The default chain runs it last, so
+older results are previewed, cleared or reduced first and the cap is what cuts the newest
+step's output when nothing else frees enough. A cap that cut every large result whatever
+the room served a 3,000-token file view at 8k as its head and tail while a plain truncation
+served it whole (issue 32); compaction still plans each result at the cap (it does not
+summarise history to make room for an output the window would cut when tight).
+
+ctxcore's own processor (not in the reference); the only rule that touches the newest step.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from ctxcore.messages import AnyMessage, message_text
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
-from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult
+from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 
 __all__ = ["ToolResultCap", "ToolResultCapConfig", "apply", "capped_text", "triggers"]
 
@@ -35,10 +43,12 @@ class ToolResultCapConfig(ProcessorConfig):
     Attributes:
         max_result_ratio: the most of the window one tool result may use, in (0, 1].
         head_ratio: the share of the kept text taken from the head, in [0, 1].
+        act_only_over_budget: headroom-aware mode (see the module docstring).
     """
 
     max_result_ratio: float = Field(default=0.25, gt=0, le=1)
     head_ratio: float = Field(default=0.5, ge=0, le=1)
+    act_only_over_budget: bool = False
 
 
 def _cap(config: ToolResultCapConfig, env: RuleEnv) -> int:
@@ -81,10 +91,14 @@ def triggers(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleE
 def apply(
     messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv, *, force: bool = False
 ) -> RuleResult:
-    """Cap every tool result over ``max_result_ratio`` of the window (``force`` is moot)."""
+    """Cap every tool result over ``max_result_ratio`` of the window (headroom mode: the oldest
+    first, while the messages are over their room; ``force`` is moot)."""
     rewrite = Rewrite(messages)
     cap = _cap(config, env)
+    budget = HeadroomBudget(messages, env)
     for i in _over(messages, config, env):
+        if config.act_only_over_budget and not budget.over:
+            break
         original = env.original(messages[i])
         text = message_text(original)
         keep = int(len(text) * max(cap - _NOTE_TOKENS, 1) / max(env.tokens(original), 1))
@@ -104,6 +118,7 @@ def apply(
             keep = int(keep * 0.85)
             content = capped_text(text, keep, config.head_ratio, markers[0])
             rewrite.replace(i, current.model_copy(update={"content": content}))
+        budget.saved(messages[i], rewrite.current(i))
     return rewrite.result()
 
 
@@ -115,8 +130,10 @@ class ToolResultCap(RuleProcessor[ToolResultCapConfig]):
     kind = "offloader"
 
     def idle_for(self, tokens: int, tail_budget_tokens: int | None, context_max: int) -> bool:
-        """No result can be over the cap while all the messages together are not."""
-        return tokens <= max(int(self.config.max_result_ratio * context_max), 1)
+        """No result can be over the cap while all the messages together are not; in headroom
+        mode, nothing is cut while they fit their room either."""
+        within_cap = tokens <= max(int(self.config.max_result_ratio * context_max), 1)
+        return within_cap or super().idle_for(tokens, tail_budget_tokens, context_max)
 
     def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
         """See ``triggers``."""

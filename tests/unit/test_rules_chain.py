@@ -112,17 +112,22 @@ def assert_sound(
 def test_default_chain_order_and_scaling() -> None:
     chain = default_rule_chain()
     assert [name for name, _ in chain] == [
-        "ToolResultCap",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
         "CompactCompletedToolTurns",
+        "ToolResultCap",
     ]
     big, small = dict(default_rule_chain(200_000)), dict(default_rule_chain(16_000))
     assert big["ToolResultCap"]["max_result_ratio"] == 0.25
     assert dict(default_rule_chain(16_000, max_result_ratio=0.5))["ToolResultCap"]["max_result_ratio"] == 0.5
     assert small["ToolResultBudgetProcessor"]["large_message_threshold"] == 800
     assert big["ToolResultBudgetProcessor"]["large_message_threshold"] == 10_000
-    for name in ("ToolResultBudgetProcessor", "MicroCompactProcessor", "CompactCompletedToolTurns"):
+    for name in (
+        "ToolResultBudgetProcessor",
+        "MicroCompactProcessor",
+        "CompactCompletedToolTurns",
+        "ToolResultCap",
+    ):
         assert small[name]["act_only_over_budget"] is True
 
 
