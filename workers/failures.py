@@ -209,9 +209,7 @@ class FailureStore:
 
     def job_started(self, key: ConversationKey) -> None:
         """A job of ``key`` starts: no failure and no saved version in it yet."""
-        self._call(
-            "starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved")
-        )
+        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved"))
 
     def version_saved(self, key: ConversationKey) -> None:
         """A stage of the running job saved a new state version."""
