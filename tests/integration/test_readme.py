@@ -17,7 +17,8 @@ import redis
 
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey
-from tests.readme_runner import SKIPPED, ReadmeRunFailed, check_declarations, parse_sections, run_readme
+from tests.readme_declarations import SKIPPED, ReadmeRunFailed, check_declarations, parse_sections
+from tests.readme_runner import run_readme
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 
