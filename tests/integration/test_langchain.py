@@ -166,3 +166,26 @@ def test_the_final_reply_is_logged_when_the_agent_finishes_async_and_on_a_second
     assert after_first == ["one", "first answer"]
     # Each message once, though the second turn's state holds the first turn again
     assert after_second == ["one", "first answer", "two", "second answer"] == [m.text for m in state]
+
+
+def test_the_final_reply_is_logged_over_the_async_client(live: LiveApi) -> None:
+    import asyncio
+
+    from ctxcore.client import AsyncCtxcoreClient
+
+    conv = f"lc-async-{uuid.uuid4().hex[:8]}"
+    model = Replay(messages=iter([AIMessage(content="done, asynchronously")]))
+
+    async def run() -> tuple[list[str], list[str]]:
+        async with AsyncCtxcoreClient(live.url, TOKEN) as client:
+            middleware = CtxcoreMiddleware(client=client, budget_tokens=4000)
+            agent = create_agent(model, tools=[], middleware=[middleware])
+            state = await agent.ainvoke(
+                {"messages": [HumanMessage("finish this", id="a1")]},
+                config={"configurable": {"thread_id": conv}},
+            )
+            logged = [m.text async for m in client.messages(conv)]
+        return logged, [m.text for m in state["messages"]]
+
+    logged, state = asyncio.run(run())
+    assert logged == state == ["finish this", "done, asynchronously"]
