@@ -36,9 +36,10 @@ from celery.signals import (
     celeryd_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
 )
 
-from ctxcore.config import Settings
+from ctxcore.config import ModelSettings, Settings
 from workers.broker import QueueNames, amqp_queues, broker_url, queue_names, result_backend_url, uses_amqp
 from workers.logs import JsonFormatter, TaskJsonFormatter, apply_log_format
 
@@ -198,3 +199,32 @@ def _json_logs(logger: logging.Logger, **_: Any) -> None:
 def _json_task_logs(logger: logging.Logger, **_: Any) -> None:
     if _state.settings is not None:
         apply_log_format(_state.settings, [logger], TaskJsonFormatter)
+
+
+def summariser_description(settings: Settings) -> str:
+    """What summarises this deployment's conversations, for the worker's start-up line: the
+    offline ``ExtractiveModel`` when ``model.base_url`` is unset (whatever model endpoint
+    the agents use), else the model and its endpoint (never credentials)."""
+    from workers.failures import public_endpoint
+
+    def one(cfg: ModelSettings) -> str:
+        if cfg.base_url is None:
+            return "the offline ExtractiveModel (model.base_url is unset: CTXCORE_MODEL_BASE_URL)"
+        return f"{cfg.name} at {public_endpoint(cfg.base_url)}"
+
+    text = f"summarising with {one(settings.model)}"
+    own = sorted(t for t, tenant in settings.tenants.items() if tenant.model is not None)
+    if own:
+        text += "; tenants with a model of their own: " + ", ".join(
+            f"{t} ({one(m)})" for t in own if (m := settings.tenants[t].model) is not None
+        )
+    return text
+
+
+@worker_ready.connect
+def _say_what_summarises(**_: Any) -> None:
+    # A worker without a model endpoint still compacts, extractively: say so at start-up.
+    if _state.settings is not None:
+        logging.getLogger("ctxcore.worker").info(
+            "ctxcore worker: %s", summariser_description(_state.settings)
+        )

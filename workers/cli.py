@@ -17,12 +17,13 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from ctxcore import __version__
 from ctxcore.config import environment_variables
 from ctxcore.errors import CtxcoreError
 from workers import commands
+from workers.cli_parser import Parser
 from workers.commands import bundled_sample, counter_for, settings_for
 
 __all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
@@ -120,13 +121,6 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line naming the argument, and where to find the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows each option's default; an option whose default is computed (None here) says in
     its help what it is, so no "(default: None)" is printed."""
@@ -183,7 +177,7 @@ def environment_epilog() -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The argument parser with every subcommand."""
     common = Parser(add_help=False)
     common.add_argument(
@@ -205,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, text: str, func: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
         p.set_defaults(func=func)
+        parser.commands.append((name, text))
         return p
 
     model_help = "model name picking the tokenizer (default: engine.tokenizer_model, else cl100k_base)"
@@ -387,8 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 0
+        parser.missing_command()
     try:
         return int(args.func(args, sys.stdout))
     except (CtxcoreError, OSError) as exc:

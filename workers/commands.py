@@ -20,6 +20,7 @@ from ctxcore.messages import from_openai
 from ctxcore.state.keys import validate_id
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window import check_window
+from workers.table_cells import cell
 
 if TYPE_CHECKING:
     from workers.broker import NodeKind
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("ctxcore.cli")
+
+# The widest id column of ``count``'s table; longer ids end with an ellipsis (--json: whole).
+ID_COLUMN_MAX = 40
 
 
 def bundled_sample() -> Path:
@@ -77,10 +81,10 @@ def cmd_count(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(rows, out, indent=2)
         out.write("\n")
         return 0
-    width = max([len(r["id"]) for r in rows] + [12])
+    width = min(max([len(r["id"]) for r in rows] + [12]), ID_COLUMN_MAX)
     out.write(f"{'conversation':<{width}}  {'messages':>8}  {'tokens':>8}  {'violations':>10}\n")
     for r in rows:
-        out.write(f"{r['id']:<{width}}  {r['messages']:>8}  {r['tokens']:>8}  {r['violations']:>10}\n")
+        out.write(f"{cell(r['id'], width)}  {r['messages']:>8}  {r['tokens']:>8}  {r['violations']:>10}\n")
     total = sum(r["tokens"] for r in rows)
     out.write(f"{'total':<{width}}  {sum(r['messages'] for r in rows):>8}  {total:>8}\n")
     out.write(f"encoding: {counter.encoding_name} ({path})\n")

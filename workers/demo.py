@@ -25,6 +25,7 @@ from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey
 from ctxcore.turns import anchors
 from ctxcore.window import check_window
+from workers.table_cells import cell
 
 __all__ = ["run_demo"]
 
@@ -61,7 +62,7 @@ def _steps(messages: Sequence[AnyMessage]) -> list[list[AnyMessage]]:
     return out
 
 
-def _load(path: str, prefix: str) -> list[Track]:
+def _load(path: str) -> list[Track]:
     tracks = []
     with open(path, encoding="utf-8") as fh:
         records = [json.loads(line) for line in fh if line.strip()]
@@ -69,7 +70,8 @@ def _load(path: str, prefix: str) -> list[Track]:
         messages = from_openai(record["messages"])
         system: list[AnyMessage] = [m for m in messages if isinstance(m, SystemMessage)]
         rest = [m for m in messages if not isinstance(m, SystemMessage)]
-        conv_id = f"{prefix}-{record['id']}"[:128].replace("/", "-")
+        # The run's own key prefix keeps it apart from other runs: the id is the record's.
+        conv_id = str(record["id"])[:128].replace("/", "-")
         # Budgets small enough that every run needs compaction.
         budget = 3500 if str(record["id"]).startswith("tau") else 8000
         tracks.append(
@@ -186,7 +188,7 @@ def _run(
         stack.callback(_wait_for_running_tasks, worker)
         rt = runtime()
         service = build_service(rt, CeleryQueue())
-        tracks = _load(sample_path, settings.redis.key_prefix)
+        tracks = _load(sample_path)
         out.write(
             f"replaying {len(tracks)} agent runs for tenants {', '.join(TENANTS)}; model: "
             f"{'ExtractiveModel (offline)' if settings.model.offline else settings.model.name}\n\n"
@@ -252,7 +254,7 @@ def _replay(
             if version != last_version.get(track.key, 0):
                 last_version[track.key] = version
                 line = (
-                    f"{track.key.tenant_id:<8} {track.key.conversation_id[-28:]:<28} state v{version:<3} "
+                    f"{cell(track.key.tenant_id, 8)} {cell(track.key.conversation_id, 28)} state v{version:<3} "
                     f"window {result.stats.total_tokens:>6,}/{track.budget:,} tok  raw {track.raw_tokens:>7,} tok  "
                     f"compaction {result.compaction}"
                 )
@@ -286,7 +288,7 @@ def _summary(rt: Any, tracks: list[Track], out: TextIO, elapsed: float) -> None:
         ratio = t.raw_tokens / t.last_window if t.last_window else 0.0
         ok = "yes" if _valid(t) else "NO"
         out.write(
-            f"{t.key.tenant_id:<8} {t.key.conversation_id[-30:]:<30} {msgs:>5} {t.raw_tokens:>8,} {t.last_window:>7,} "
+            f"{cell(t.key.tenant_id, 8)} {cell(t.key.conversation_id, 30)} {msgs:>5} {t.raw_tokens:>8,} {t.last_window:>7,} "
             f"{t.budget:>6,} {ratio:>5.1f}x {version:>4} {blocks:>6} {t.fallbacks:>4}/{t.windows:<3} {ok:>3}\n"
         )
     out.write(

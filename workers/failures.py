@@ -5,8 +5,10 @@ the conversation's hash tag, deleted with it), written by workers without CAS li
 budget (one job per conversation runs at a time):
 
 - ``last_error``: JSON ``{"kind", "message", "stage", "at"}`` of the last stage that failed
-  for good; ``last_success_at``: ISO time of the last job that ended without one;
-- ``run_failed``: set while the running job has had such a failure;
+  for good; ``last_success_at``: ISO time of the last job that ended without one and saved
+  a state version (a job with nothing to do is no success: it saved nothing);
+- ``run_failed``: set while the running job has had such a failure; ``run_saved``: set
+  once a stage of the running job saved a version;
 - ``sched`` / ``sched_seq``: the scheduler's status of the conversation, mirrored here by
   ``FairScheduler`` on every change (ordered by its ring's counter), so the fast path reads
   it with this record in one call to the conversation's slot;
@@ -206,8 +208,12 @@ class FailureStore:
         return self.get(key).detail
 
     def job_started(self, key: ConversationKey) -> None:
-        """A job of ``key`` starts: no failure in it yet."""
-        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed"))
+        """A job of ``key`` starts: no failure and no saved version in it yet."""
+        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved"))
+
+    def version_saved(self, key: ConversationKey) -> None:
+        """A stage of the running job saved a new state version."""
+        self._call("recording a saved version", key, lambda: self._write(key, put={"run_saved": "1"}))
 
     def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
         """Record a stage's final failure as ``last_error`` of the running job."""
@@ -230,8 +236,9 @@ class FailureStore:
         )
 
     def job_finished(self, key: ConversationKey, failed: bool) -> float | None:
-        """Close the job's record: a failed job extends the backoff (returns its seconds), a
-        successful one clears ``last_error`` and the backoff and stamps ``last_success_at``."""
+        """Close the job's record: a failed job extends the backoff (returns its seconds); one
+        without a failed stage clears ``last_error`` and the backoff, and stamps
+        ``last_success_at`` only when it saved a version (``version_saved``)."""
         if failed:
             count = int(self._call("counting failed jobs", key, lambda: self._write(key, incr="failures")))
             pause = min(self.backoff_seconds * float(2 ** min(count - 1, 32)), self.backoff_max_seconds)
@@ -239,17 +246,20 @@ class FailureStore:
             self._call(
                 "starting the backoff",
                 key,
-                lambda: self._write(key, put={"retry_at": retry_at}, remove=("run_failed",)),
+                lambda: self._write(key, put={"retry_at": retry_at}, remove=("run_failed", "run_saved")),
             )
             return pause
-        now = datetime.now(UTC).isoformat()
+        saved = self._call(
+            "reading the job's saves", key, lambda: self.client.hexists(self.key(key), "run_saved")
+        )
+        stamp = {"last_success_at": datetime.now(UTC).isoformat()} if saved else None
         self._call(
-            "recording a success",
+            "ending a job without a failure",
             key,
             lambda: self._write(
                 key,
-                put={"last_success_at": now},
-                remove=("last_error", "failures", "retry_at", "run_failed"),
+                put=stamp,
+                remove=("last_error", "failures", "retry_at", "run_failed", "run_saved"),
             ),
         )
         return None

@@ -254,6 +254,7 @@ def _run_stage(
         "tokens_after": result.tokens_after,
     }
     if result.outcome == "compressed":
+        rt.failures.version_saved(key)
         metrics.tokens_saved.inc(max(result.tokens_before - result.tokens_after, 0))
         summary["next"] = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":

@@ -162,7 +162,9 @@ class CompactionDetailOut(_Response):
     """Why ``compaction`` says ``failing``: set until a later job succeeds."""
 
     last_error: LastErrorOut | None
-    last_success_at: datetime | None = Field(description="When a job last ended without a failed stage (UTC)")
+    last_success_at: datetime | None = Field(
+        description="When a compaction job last saved a state version and ended without a failed stage (UTC)"
+    )
 
 
 class WindowResponse(_Response):

@@ -5,7 +5,9 @@
 call the middleware logs the state's messages that are not logged yet (LangChain's ``id``
 is the ``message_id``) and calls the model with ctxcore's window instead of the whole
 history, through ``request.override(messages=...)``: the graph state (and its checkpoints)
-keep every message unchanged, only what the model sees is compacted.
+keep every message unchanged, only what the model sees is compacted. When the agent
+finishes (the ``after_agent`` hook), the messages no model call logged, its final reply
+above all, are logged too: the log holds the whole run as soon as ``invoke`` returns.
 
 Needs ``pip install 'ctxcore[langchain]'``.
 """
@@ -152,13 +154,14 @@ class CtxcoreMiddleware(AgentMiddleware):
 
     # --- the conversation and the request ------------------------------------------
 
-    def _conversation(self, request: ModelRequest[Any]) -> str:
+    def _conversation(self, runtime: Any) -> str:
+        """The conversation id (``runtime``: the request's or the hook's LangGraph runtime)."""
         if self.context is not None:
             inner = self.context.context if isinstance(self.context, AsyncModelContext) else self.context
             return inner.context_id
         if self.conversation_id is not None:
             return self.conversation_id
-        info = getattr(request.runtime, "execution_info", None)
+        info = getattr(runtime, "execution_info", None)
         thread = getattr(info, "thread_id", None)
         if thread is None:
             from langgraph.config import get_config
@@ -177,16 +180,21 @@ class CtxcoreMiddleware(AgentMiddleware):
     def _prepare(
         self, request: ModelRequest[Any]
     ) -> tuple[str, list[AnyMessage], list[AnyMessage], list[dict[str, Any]], list[BaseMessage]]:
-        conversation = self._conversation(request)
+        conversation = self._conversation(request.runtime)
         state: list[BaseMessage] = list(request.state.get("messages", []))
-        start = self._progress.new(conversation, state)
-        fresh, _ = from_langchain(state[start:], conversation, start)
+        fresh = self._unlogged(conversation, state)
         _, system = from_langchain([m for m in state if isinstance(m, SystemMessage)], conversation)
         if request.system_message is not None:
             (head,) = from_openai(convert_to_openai_messages([request.system_message]))
             system = [head, *system]
         tools = [convert_to_openai_tool(t) for t in request.tools]
         return conversation, fresh, system, tools, state
+
+    def _unlogged(self, conversation: str, state: Sequence[BaseMessage]) -> list[AnyMessage]:
+        """The state's messages not logged yet (since the last call's), as ctxcore messages."""
+        start = self._progress.new(conversation, state)
+        fresh, _ = from_langchain(state[start:], conversation, start)
+        return fresh
 
     def _override(self, request: ModelRequest[Any], window: Sequence[AnyMessage]) -> ModelRequest[Any]:
         served = list(window)
@@ -198,15 +206,10 @@ class CtxcoreMiddleware(AgentMiddleware):
 
     def _window_sync(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         conversation, fresh, system, tools, state = self._prepare(request)
+        self._log_sync(conversation, fresh)
         if isinstance(self.context, ModelContext):
-            logged = {m.message_id for m in self.context.get_raw_messages()}
-            new = [m for m in fresh if m.message_id not in logged]
-            if new:
-                self.context.add_messages(new)
             window = self.context.get_context_window(system_messages=system, tools=tools).get_messages()
         elif isinstance(self.client, CtxcoreClient):
-            if fresh:
-                self.client.append(conversation, fresh)
             served = self.client.window(
                 conversation,
                 self.budget_tokens,
@@ -216,12 +219,24 @@ class CtxcoreMiddleware(AgentMiddleware):
                 format="openai",
             )
             window = from_openai(served.messages)
+        self._progress.done(conversation, state)
+        return self._override(request, window)
+
+    def _log_sync(self, conversation: str, fresh: Sequence[AnyMessage]) -> None:
+        """Append ``fresh`` (an embedded context skips what it already holds; the server
+        recognises a logged ``message_id``)."""
+        if isinstance(self.context, ModelContext):
+            logged = {m.message_id for m in self.context.get_raw_messages()}
+            new = [m for m in fresh if m.message_id not in logged]
+            if new:
+                self.context.add_messages(new)
+        elif isinstance(self.client, CtxcoreClient):
+            if fresh:
+                self.client.append(conversation, fresh)
         else:
             raise ConfigError(
                 "CtxcoreMiddleware over an async context or client: run the agent with ainvoke/astream"
             )
-        self._progress.done(conversation, state)
-        return self._override(request, window)
 
     def wrap_model_call(
         self,
@@ -231,6 +246,14 @@ class CtxcoreMiddleware(AgentMiddleware):
         """Log the new state messages, then call the model with ctxcore's window."""
         return handler(self._window_sync(request))
 
+    def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """The agent finished: log what no model call logged (its final reply)."""
+        conversation = self._conversation(runtime)
+        messages: list[BaseMessage] = list(state.get("messages", []))
+        self._log_sync(conversation, self._unlogged(conversation, messages))
+        self._progress.done(conversation, messages)
+        return None
+
     # --- async ------------------------------------------------------------------------
 
     async def _window_async(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
@@ -239,17 +262,12 @@ class CtxcoreMiddleware(AgentMiddleware):
         ):
             return await asyncio.to_thread(self._window_sync, request)
         conversation, fresh, system, tools, state = self._prepare(request)
+        await self._log_async(conversation, fresh)
         if isinstance(self.context, AsyncModelContext):
-            logged = {m.message_id for m in await self.context.get_raw_messages()}
-            new = [m for m in fresh if m.message_id not in logged]
-            if new:
-                await self.context.add_messages(new)
             window = (
                 await self.context.get_context_window(system_messages=system, tools=tools)
             ).get_messages()
         elif isinstance(self.client, AsyncCtxcoreClient):
-            if fresh:
-                await self.client.append(conversation, fresh)
             served = await self.client.window(
                 conversation,
                 self.budget_tokens,
@@ -271,3 +289,24 @@ class CtxcoreMiddleware(AgentMiddleware):
     ) -> ModelResponse[Any]:
         """``wrap_model_call`` for ``ainvoke``/``astream``."""
         return await handler(await self._window_async(request))
+
+    async def _log_async(self, conversation: str, fresh: Sequence[AnyMessage]) -> None:
+        """``_log_sync`` over an async context or client."""
+        if isinstance(self.context, AsyncModelContext):
+            logged = {m.message_id for m in await self.context.get_raw_messages()}
+            new = [m for m in fresh if m.message_id not in logged]
+            if new:
+                await self.context.add_messages(new)
+        elif isinstance(self.client, AsyncCtxcoreClient):
+            if fresh:
+                await self.client.append(conversation, fresh)
+        else:
+            await asyncio.to_thread(self._log_sync, conversation, fresh)
+
+    async def aafter_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """``after_agent`` for ``ainvoke``/``astream``."""
+        conversation = self._conversation(runtime)
+        messages: list[BaseMessage] = list(state.get("messages", []))
+        await self._log_async(conversation, self._unlogged(conversation, messages))
+        self._progress.done(conversation, messages)
+        return None

@@ -15,6 +15,7 @@ import pytest
 from ctxcore.config import ModelSettings, ProxySettings, RecallSettings, Settings, TenantSettings
 from tests.datasets import require_data
 from workers import cli
+from workers import commands as cli_commands
 from workers.cli import build_parser, main
 
 
@@ -106,8 +107,54 @@ def test_version_and_bare_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("ctxcore 0.")
-    assert main([]) == 0
-    assert "usage: ctxcore" in capsys.readouterr().out
+
+
+def test_bare_ctxcore_prints_the_short_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert lines[0] == "usage: ctxcore COMMAND [options]"
+    commands = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert commands == [name.split()[1] for name in subcommands(build_parser()) if name.count(" ") == 1]
+    assert all(len(line) <= 100 for line in lines)  # one line each
+    assert "`ctxcore --help` for more" in lines[-2]
+    assert len(lines) < 20 and "CTXCORE_REDIS_URL" not in captured.err  # not the full help
+
+
+def test_an_unknown_command_is_exit_2_with_the_short_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["compcat", "runs.jsonl"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ctxcore COMMAND [options]")
+    assert "  compact " in err and "invalid choice: 'compcat'" in err.splitlines()[-1]
+
+
+def test_a_subcommand_error_stays_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["compact", "runs.jsonl"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err
+
+
+def test_tables_cut_long_ids_at_the_right_with_an_ellipsis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workers.table_cells import cell
+
+    assert cell("tau-airline-task0-trial0", 10) == "tau-airli…"
+    assert cell("short", 8) == "short   "
+    long_id = "a-conversation-id-far-longer-than-its-column-" + "x" * 40 + "-end"
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps({"id": long_id, "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert main(["count", str(runs)]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    shown = row.split()[0]
+    assert shown.endswith("…") and long_id.startswith(shown[:-1]) and len(shown) == cli_commands.ID_COLUMN_MAX
 
 
 def test_count_reads_the_tokenizer_from_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

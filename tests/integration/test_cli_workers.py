@@ -156,3 +156,28 @@ def test_inspect_shows_the_compaction_detail(redis_url: str) -> None:
         delete_prefixed_keys(client, prefix)
     finally:
         client.close()
+
+
+def test_a_worker_says_at_start_up_what_summarises(caplog: pytest.LogCaptureFixture) -> None:
+    from celery.signals import worker_ready
+
+    from workers.app import configure, summariser_description
+
+    offline = summariser_description(Settings())
+    assert offline.startswith("summarising with the offline ExtractiveModel") and "MODEL_BASE_URL" in offline
+    mixed = Settings.load(
+        {
+            "model": {"base_url": "https://user:sk-secret@api.example.com/v1", "name": "gpt-4o-mini"},
+            "tenants": {"acme": {"model": {"name": "local"}}},
+        }
+    )
+    text = summariser_description(mixed)
+    assert text.startswith("summarising with gpt-4o-mini at https://api.example.com/v1")
+    assert "acme (the offline ExtractiveModel" in text and "sk-secret" not in text
+    configure(Settings())
+    try:
+        with caplog.at_level("INFO", logger="ctxcore.worker"):
+            worker_ready.send(sender=None)
+        assert "ctxcore worker: summarising with the offline ExtractiveModel" in caplog.text
+    finally:
+        configure(Settings())

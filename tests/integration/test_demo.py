@@ -104,6 +104,10 @@ def test_demo_leaves_an_existing_database_as_it_found_it(
     out = demo.output()
     assert code == 0, out[-3000:]
     assert "windows served, every one within budget" in out and ": yes;" in out
+    # The summary table names each run whole (ids fit; a longer one would end with "…")
+    table = out.split("ok\n", 1)[1]
+    for run in ("tau-airline-task9-trial0", "sympy__sympy-20590"):
+        assert f" {run} " in table
     assert "using the Redis server" in out
     assert keys(client) == before  # ctxcore's, Celery's results and kombu's queues: all gone
     assert client.get(OTHERS_KEY) == b"kept"

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -221,3 +221,38 @@ def test_two_stage_runs_of_one_conversation_never_overlap(sched_redis: tuple[red
     assert busy == [True]
     with conversation_lock(client, prefix, key):
         pass
+
+
+def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {timeout}s")
+
+
+def test_last_success_at_only_after_a_job_saved_a_version(worker: Runtime) -> None:
+    from workers.tasks import CeleryQueue, request_compaction
+
+    rt = worker
+    service = build_service(rt, CeleryQueue())
+    key = ConversationKey("acme", f"quiet-{uuid.uuid4().hex[:6]}")
+    service.append(
+        key, from_openai([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    )
+    assert request_compaction(key, "manual") == "queued"
+    # The job runs and finds nothing to do: no version saved, so no success stamped.
+    _wait_for(lambda: rt.scheduler.status(key) == "idle", 30, "the job's end")
+    time.sleep(0.5)  # the job's record is closed just after the scheduler's
+    detail = rt.failures.detail(key)
+    assert rt.state_store.load(key) is None
+    assert detail.last_error is None and detail.last_success_at is None
+
+    conv = max(conversations("minisweagent.jsonl"), key=lambda c: len(c["messages"]))
+    msgs = [m for m in from_openai(conv["messages"]) if not isinstance(m, SystemMessage)]
+    service.append(key, msgs)
+    service.get_window(key, 6000)  # over the trigger: a job that saves versions
+    _wait_for(lambda: rt.failures.detail(key).last_success_at is not None, 60, "last_success_at")
+    state = rt.state_store.load(key)
+    assert state is not None and state.version >= 1

@@ -75,15 +75,29 @@ def test_failure_record_backoff_doubles_is_capped_and_a_success_resets_it(settin
     assert rt.redis.exists(
         f"{settings.redis.key_prefix}:{KEY.hash_tag}:compaction"
     )  # the conversation's slot
-    # A job without a failed stage clears the error and the backoff.
+    # A job without a failed stage clears the error and the backoff; with nothing to do it
+    # saved no version, so it is no success: last_success_at stays unset.
     store.job_started(KEY)
     assert store.job_finished(KEY, failed=False) is None
     detail = store.detail(KEY)
-    assert detail.last_error is None and detail.last_success_at is not None
-    assert not store.get(KEY).backing_off()
+    assert detail.last_error is None and detail.last_success_at is None
+    assert not store.get(KEY).backing_off() and not store.get(KEY).failing
+    # A job one of whose stages saved a version is a success.
     store.job_started(KEY)
+    store.version_saved(KEY)
+    assert store.job_finished(KEY, failed=False) is None
+    success = store.detail(KEY).last_success_at
+    assert success is not None
+    # The next job saves nothing: the stamp stays the last saving job's.
+    store.job_started(KEY)
+    store.job_finished(KEY, failed=False)
+    assert store.detail(KEY).last_success_at == success
+    # A job that saved a version and then failed is no success either.
+    store.job_started(KEY)
+    store.version_saved(KEY)
     store.record(KEY, "timeout", "slow", "recursive_merge")
     assert store.job_finished(KEY, failed=True) == 0.3  # the count started over
+    assert store.detail(KEY).last_success_at == success
     store.delete(KEY)
     assert store.get(KEY).detail.last_success_at is None
 
@@ -150,6 +164,7 @@ def test_the_api_shows_failing_and_holds_requests_back_until_the_backoff_passes(
         # The job then succeeds: the error is gone, the scheduler's status shows again.
         assert rt.scheduler.next_job() is not None
         rt.failures.job_started(KEY)
+        rt.failures.version_saved(KEY)
         rt.failures.job_finished(KEY, failed=False)
         window = client.post(f"{conv}/window", json={"budget_tokens": 100_000}, headers=AUTH).json()
         assert window["compaction"] == "running" and window["compaction_detail"]["last_error"] is None

@@ -99,7 +99,11 @@ def test_create_agent_replaying_a_swe_run_sees_ctxcore_windows_and_keeps_its_sta
         {"messages": [HumanMessage(task)]},
         config={"configurable": {"thread_id": conv}, "recursion_limit": 1000},
     )
+    # The final reply was logged when the agent finished (after_agent), not at a next call
+    logged_run = list(client.messages(conv))
     client.close()
+    assert [m.text for m in logged_run] == [m.text for m in result["messages"]]
+    assert logged_run[-1].role == "assistant" and logged_run[-1].text == "Submitted."
     # The graph state holds the run unchanged: every message, none compacted
     state = result["messages"]
     assert len(state) == len(raw) - 1 + 1  # the run without its system message, plus the final reply
@@ -124,8 +128,13 @@ def test_the_middleware_over_an_embedded_context_and_bad_input() -> None:
     ctx = ContextEngine({"context_window_tokens": 4000}).create_context("embedded")
     model = Replay(messages=iter([AIMessage(content="hello back")]))
     agent = create_agent(model, tools=[], system_prompt="Be brief.", middleware=[CtxcoreMiddleware(ctx)])
-    agent.invoke({"messages": [HumanMessage("hello", id="h1")]})
-    assert [(m.role, m.message_id) for m in ctx.get_raw_messages()] == [("user", "h1")]
+    result = agent.invoke({"messages": [HumanMessage("hello", id="h1")]})
+    # The final reply is logged once the agent finishes (after_agent), with its LangChain id
+    reply = result["messages"][-1]
+    assert [(m.role, m.message_id, m.text) for m in ctx.get_raw_messages()] == [
+        ("user", "h1", "hello"),
+        ("assistant", reply.id, "hello back"),
+    ]
     assert [type(m).__name__ for m in model._inputs[0]] == ["SystemMessage", "HumanMessage"]
     with pytest.raises(UnsupportedItemError, match="RemoveMessage"):
         from_langchain([HumanMessage("x"), RemoveMessage(id="h1")])
@@ -137,3 +146,46 @@ def test_the_middleware_over_an_embedded_context_and_bad_input() -> None:
         agent.invoke({"messages": [HumanMessage("hello")]})
     with pytest.raises(ConfigError):
         CtxcoreMiddleware(client=CtxcoreClient("http://127.0.0.1:9", TOKEN))
+
+
+def test_the_final_reply_is_logged_when_the_agent_finishes_async_and_on_a_second_turn() -> None:
+    import asyncio
+
+    engine = ContextEngine({"context_window_tokens": 4000})
+    ctx = engine.create_async_context("async-run")
+    model = Replay(messages=iter([AIMessage(content="first answer"), AIMessage(content="second answer")]))
+    agent = create_agent(model, tools=[], middleware=[CtxcoreMiddleware(ctx)])
+
+    async def run() -> list[Any]:
+        state = await agent.ainvoke({"messages": [HumanMessage("one", id="u1")]})
+        after_first = [m.text for m in await ctx.get_raw_messages()]
+        state = await agent.ainvoke({"messages": [*state["messages"], HumanMessage("two", id="u2")]})
+        return [after_first, [m.text for m in await ctx.get_raw_messages()], state["messages"]]
+
+    after_first, after_second, state = asyncio.run(run())
+    assert after_first == ["one", "first answer"]
+    # Each message once, though the second turn's state holds the first turn again
+    assert after_second == ["one", "first answer", "two", "second answer"] == [m.text for m in state]
+
+
+def test_the_final_reply_is_logged_over_the_async_client(live: LiveApi) -> None:
+    import asyncio
+
+    from ctxcore.client import AsyncCtxcoreClient
+
+    conv = f"lc-async-{uuid.uuid4().hex[:8]}"
+    model = Replay(messages=iter([AIMessage(content="done, asynchronously")]))
+
+    async def run() -> tuple[list[str], list[str]]:
+        async with AsyncCtxcoreClient(live.url, TOKEN) as client:
+            middleware = CtxcoreMiddleware(client=client, budget_tokens=4000)
+            agent = create_agent(model, tools=[], middleware=[middleware])
+            state = await agent.ainvoke(
+                {"messages": [HumanMessage("finish this", id="a1")]},
+                config={"configurable": {"thread_id": conv}},
+            )
+            logged = [m.text async for m in client.messages(conv)]
+        return logged, [m.text for m in state["messages"]]
+
+    logged, state = asyncio.run(run())
+    assert logged == state == ["finish this", "done, asynchronously"]

@@ -106,6 +106,8 @@ def test_every_key_of_a_conversation_expires(runtime: Runtime) -> None:
     rt.scheduler.request(key)
     _assert_all_expire(client, key, "the scheduler's mirror")
     client.delete(rt.failures.key(key))
+    rt.failures.version_saved(key)
+    _assert_all_expire(client, key, "a saved version")
     rt.failures.job_finished(key, failed=False)
     _assert_all_expire(client, key, "a success")
     index = HashIndex(rt.redis, rt.settings.redis.key_prefix, rt.retention)

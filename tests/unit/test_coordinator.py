@@ -180,6 +180,13 @@ def test_model_failure_in_stage_keeps_state() -> None:
     result = coord.run_stage(KEY, stage)
     assert result.outcome == "failed" and result.error_kind == "rate_limit"
     assert store.load(KEY) is None
+    # As the README says: with every model stage exhausted and no summary yet, there is no
+    # block for the hard truncate, so nothing is planned and the state stays at version 0.
+    from ctxcore.pipeline.models import STAGE_ORDER
+
+    model_stages = [k for k in STAGE_ORDER if k != "hard_truncate"]
+    assert coord.plan(KEY, exhausted=model_stages) is None
+    assert coord.view(KEY).version == 0
 
 
 class _BuggyModel:

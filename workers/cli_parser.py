@@ -1,0 +1,46 @@
+"""The ``ctxcore`` parser class: one-line usage errors, and the short usage of bare
+``ctxcore`` or an unknown command (each command on one line, then where the full help is).
+
+argparse's convention: a usage error, a missing command included, exits 2 on stderr; the
+full ``--help`` (every option and ``CTXCORE_*`` variable, over a hundred lines) only when
+asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn
+
+__all__ = ["Parser"]
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument, and where to find the usage; the
+    top-level parser also prints its short usage (``commands`` is filled by ``command``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: list[tuple[str, str]] = []
+
+    def short_usage(self) -> str:
+        """``usage:``, one line per command, and where the full help is."""
+        width = max((len(name) for name, _ in self.commands), default=0)
+        lines = [f"usage: {self.prog} COMMAND [options]", "", "commands:"]
+        # A command's first clause: its parenthesised details stay in its own --help.
+        lines += [f"  {name:<{width}}  {text.split(' (')[0]}" for name, text in self.commands]
+        lines += [
+            "",
+            f"`{self.prog} --help` for more: every option and CTXCORE_* variable;",
+            f"`{self.prog} COMMAND --help` for a command's options.",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def missing_command(self) -> NoReturn:
+        """Bare ``ctxcore``: the short usage on stderr, exit 2."""
+        self.exit(2, self.short_usage())
+
+    def error(self, message: str) -> NoReturn:
+        if self.commands:
+            sys.stderr.write(self.short_usage() + "\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
