@@ -269,3 +269,22 @@ def test_while_a_worker_lags_the_rules_free_room_in_chunks_so_prefixes_stay() ->
     assert one_at_a_time >= 20
     assert 1 <= chunked <= 6
     assert peak_plain <= budget and peak_chunked <= budget
+
+
+def test_a_result_over_the_cap_is_served_whole_while_the_window_fits() -> None:
+    tail = run(6, 60)
+    view = ToolMessage(
+        tool_call_id="c5", content="\n".join(f"{n}: value_{n} = compute({n})" for n in range(400))
+    )
+    tail[-1] = view.model_copy(update={"context_message_id": tail[-1].context_message_id})
+    budget = COUNTER.count_messages([*SYSTEM, *tail]) + 300
+    assert COUNTER.count_messages([tail[-1]]) > budget * 0.25  # over the default cap
+    store = MemoryOffloadStore()
+    served = assemble_window(
+        CompressionState(), tail, budget, SYSTEM, [], rules(budget, store), COUNTER
+    ).messages
+    assert served[-1] == tail[-1]  # whole: the window has room for it
+    # Once the window is over its room, the cap cuts it (nothing older could free enough).
+    tight = COUNTER.count_messages([*SYSTEM, *tail]) - 400
+    cut = assemble_window(CompressionState(), tail, tight, SYSTEM, [], rules(tight, store), COUNTER).messages
+    assert OFFLOAD_MARKER_RE.search(message_text(cut[-1])) and COUNTER.count_messages(cut) <= tight
