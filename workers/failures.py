@@ -6,7 +6,12 @@ budget (one job per conversation runs at a time):
 
 - ``last_error``: JSON ``{"kind", "message", "stage", "at"}`` of the last stage that failed
   for good; ``last_success_at``: ISO time of the last job that ended without one;
-- ``run_failed``: set while the running job has had such a failure;
+- ``run_failed``: set while the running job has had such a failure; ``run_saved``: set
+  once a stage of the running job saved a new state version (the job made progress);
+- ``hold``: JSON of the ``ctxcore.status.Hold`` that keeps windows from starting jobs
+  (``no_progress``, ``newest_step``, ``budget_exhausted``; see ``workers.holds``), written
+  when a job ends (or a stage stops at the tenant's summariser cap) and removed by a job
+  that made progress or ended within target;
 - ``sched`` / ``sched_seq``: the scheduler's status of the conversation, mirrored here by
   ``FairScheduler`` on every change (ordered by its ring's counter), so the fast path reads
   it with this record in one call to the conversation's slot;
@@ -35,7 +40,7 @@ from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.retention import Retention
-from ctxcore.status import CompactionDetail, LastError
+from ctxcore.status import CompactionDetail, Hold, LastError
 from workers.scheduler import Status, parse_status
 
 __all__ = [
@@ -107,6 +112,13 @@ class FailureRecord:
     detail: CompactionDetail
     retry_at: float = 0.0
     sched: str | None = None
+    run_failed: bool = False
+    run_saved: bool = False
+
+    @property
+    def hold(self) -> Hold | None:
+        """What keeps windows from starting jobs (None: nothing)."""
+        return self.detail.hold
 
     @property
     def scheduler_status(self) -> Status:
@@ -135,8 +147,13 @@ def parse_record(fields: dict[Any, Any]) -> FailureRecord:
         raw = json.loads(data["last_error"])
         error = LastError(raw["kind"], raw["message"], raw.get("stage"), datetime.fromisoformat(raw["at"]))
     success = datetime.fromisoformat(data["last_success_at"]) if "last_success_at" in data else None
+    hold = Hold.from_dict(json.loads(data["hold"])) if "hold" in data else None
     return FailureRecord(
-        CompactionDetail(error, success), float(data.get("retry_at", 0) or 0), data.get("sched")
+        CompactionDetail(error, success, hold),
+        float(data.get("retry_at", 0) or 0),
+        data.get("sched"),
+        run_failed="run_failed" in data,
+        run_saved="run_saved" in data,
     )
 
 
@@ -206,8 +223,17 @@ class FailureStore:
         return self.get(key).detail
 
     def job_started(self, key: ConversationKey) -> None:
-        """A job of ``key`` starts: no failure in it yet."""
-        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed"))
+        """A job of ``key`` starts: no failure in it yet, nothing saved yet."""
+        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved"))
+
+    def stage_saved(self, key: ConversationKey) -> None:
+        """A stage of the running job saved a new state version: the job made progress."""
+        self._call("recording a saved stage", key, lambda: self._write(key, put={"run_saved": "1"}))
+
+    def put_hold(self, key: ConversationKey, hold: Hold) -> None:
+        """Record ``hold`` (replacing any earlier one): windows start no job until it re-arms."""
+        value = json.dumps(hold.as_dict(), ensure_ascii=False)
+        self._call("recording a hold", key, lambda: self._write(key, put={"hold": value}))
 
     def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
         """Record a stage's final failure as ``last_error`` of the running job."""
@@ -229,9 +255,16 @@ class FailureStore:
             )
         )
 
-    def job_finished(self, key: ConversationKey, failed: bool) -> float | None:
+    def job_finished(self, key: ConversationKey, failed: bool, hold: Hold | None = None) -> float | None:
         """Close the job's record: a failed job extends the backoff (returns its seconds), a
-        successful one clears ``last_error`` and the backoff and stamps ``last_success_at``."""
+        successful one clears ``last_error`` and the backoff and stamps ``last_success_at``.
+
+        ``hold``: the job could not make progress (it is recorded; a job without one removes
+        any earlier hold). A job that ended without a failed stage but with a hold clears the
+        error and the backoff but is no success: ``last_success_at`` stays.
+        """
+        held = {"hold": json.dumps(hold.as_dict(), ensure_ascii=False)} if hold is not None else {}
+        unheld: tuple[str, ...] = () if hold is not None else ("hold",)
         if failed:
             count = int(self._call("counting failed jobs", key, lambda: self._write(key, incr="failures")))
             pause = min(self.backoff_seconds * float(2 ** min(count - 1, 32)), self.backoff_max_seconds)
@@ -239,17 +272,19 @@ class FailureStore:
             self._call(
                 "starting the backoff",
                 key,
-                lambda: self._write(key, put={"retry_at": retry_at}, remove=("run_failed",)),
+                lambda: self._write(
+                    key, put={"retry_at": retry_at, **held}, remove=("run_failed", "run_saved", *unheld)
+                ),
             )
             return pause
-        now = datetime.now(UTC).isoformat()
+        put = held or {"last_success_at": datetime.now(UTC).isoformat()}
         self._call(
-            "recording a success",
+            "recording a success" if hold is None else "recording a hold",
             key,
             lambda: self._write(
                 key,
-                put={"last_success_at": now},
-                remove=("last_error", "failures", "retry_at", "run_failed"),
+                put=put,
+                remove=("last_error", "failures", "retry_at", "run_failed", "run_saved", *unheld),
             ),
         )
         return None

@@ -18,7 +18,11 @@ exception. Any other exception propagates (``FAILURE``, traceback logged, state 
 failure it sends the next stage with the failed kind exhausted (every model stage after a
 transient or ``authentication`` kind: they would call the same endpoint), so planning ends
 at worst with the model-free hard truncate; after any other exception the job ends at once.
-A job that ended with a failed stage backs off (``workers.failures``).
+A job that ended with a failed stage backs off (``workers.failures``). A job that ends over
+its target having saved nothing (every stage ``skipped`` or ``rejected``, or none to run)
+leaves a hold (``workers.holds``): the conversation is ``paused`` (``no_progress``) or
+``idle`` held by its newest step, and windows start no job until the hold re-arms; the
+stage task's result names the hold's reason (Flower shows it).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from ctxcore.coordinator import INVALID_SUMMARY
 from ctxcore.errors import ModelError, StoreUnavailable
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
-from ctxcore.status import CompactionStatus
+from ctxcore.status import CompactionStatus, Hold
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
 from workers.broker import retry_countdown
@@ -48,6 +52,7 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
+from workers.holds import hold_after_job
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
 
@@ -144,12 +149,15 @@ def drain(ring: int | None = None) -> dict[str, Any]:
         send_drain_tokens(1, job.ring)
     rt.failures.job_started(job.key)
     try:
-        planned = _plan_and_send(job.key, [])
+        planned, hold = _plan_and_send(job.key, [])
     except Exception as exc:
         # Planning failed before any stage ran: record it and end the job, then fail loudly.
         _after_failure(job.key, None, [], exc)
         raise
-    return {"job": str(job.key), "stage": planned}
+    out: dict[str, Any] = {"job": str(job.key), "stage": planned}
+    if hold is not None:
+        out["hold"] = hold.reason
+    return out
 
 
 def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
@@ -162,27 +170,53 @@ def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> 
     )
 
 
-def _finish(key: ConversationKey) -> None:
-    """End the running job of ``key``: close its failure record, queue a follow-up if due."""
+def _finish(
+    key: ConversationKey, ran: Sequence[str] = (), detail: str = "", *, planned: bool = True
+) -> Hold | None:
+    """End the running job of ``key``: close its failure record, queue a follow-up if due.
+
+    ``planned``: planning ended the job (no stage left), so a job that saved nothing and
+    whose failures (if any) were only rejected results leaves a hold (``workers.holds``);
+    ``ran`` names its stages that saved nothing, ``detail`` how the last one ended. Returns
+    the hold.
+    """
     rt = runtime()
-    failed = rt.failures.run_failed(key)
-    finished = rt.scheduler.finish(key, follow_up=not failed)
+    record = rt.failures.get(key)
+    failed = record.run_failed
+    hold = None
+    error = record.detail.last_error
+    only_rejected = not failed or (error is not None and error.kind == INVALID_SUMMARY)
+    if planned and not record.run_saved and only_rejected:
+        hold = hold_after_job(rt.coordinator.sizes(key), ran=ran, detail=detail)
+    finished = rt.scheduler.finish(key, follow_up=not failed and hold is None)
     if finished < 0:
-        return  # not a running job: a redelivered duplicate, or a stage sent by hand
-    pause = rt.failures.job_finished(key, failed)
+        return None  # not a running job: a redelivered duplicate, or a stage sent by hand
+    pause = rt.failures.job_finished(key, failed, hold)
     if pause is not None:
         log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
+    if hold is not None:
+        stage_metrics().holds.labels(hold.reason).inc()
+        log.warning(
+            "compaction job of %s saved nothing, %s (%s): %s", key, _held_as(hold), hold.reason, hold.why
+        )
     if finished == 1:
         send_drain_tokens(1, rt.scheduler.ring_of(key.tenant_id))
+    return hold
 
 
-def _plan_and_send(key: ConversationKey, exhausted: Sequence[str]) -> str | None:
+def _held_as(hold: Hold) -> str:
+    return "paused" if hold.pauses else "idle until a new step"
+
+
+def _plan_and_send(
+    key: ConversationKey, exhausted: Sequence[str], detail: str = ""
+) -> tuple[str | None, Hold | None]:
+    """Send the next stage (its kind), or end the job (with the hold it left, if any)."""
     stage = runtime().coordinator.plan(key, exhausted=exhausted)
     if stage is None:
-        _finish(key)
-        return None
+        return None, _finish(key, exhausted, detail)
     send_stage(key, stage, exhausted)
-    return stage.kind
+    return stage.kind, None
 
 
 def _retry_delay(task: Task[Any, Any], retry_after: float | None) -> float:
@@ -253,9 +287,11 @@ def _run_stage(
         "tokens_before": result.tokens_before,
         "tokens_after": result.tokens_after,
     }
+    hold: Hold | None
     if result.outcome == "compressed":
         metrics.tokens_saved.inc(max(result.tokens_before - result.tokens_after, 0))
-        summary["next"] = _plan_and_send(key, exhausted)
+        rt.failures.stage_saved(key)
+        summary["next"], hold = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":
         # Another worker saved first (a redelivered duplicate, or this worker lost its lock
         # while cut off): the work is discarded, visibly, and the next stage re-planned.
@@ -268,9 +304,10 @@ def _run_stage(
             result.detail or "another writer saved first",
         )
         metrics.cas_conflicts.inc()
-        summary["next"] = _plan_and_send(key, exhausted)
+        summary["next"], hold = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
-        summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
+        summary["detail"] = result.detail
+        summary["next"], hold = _plan_and_send(key, [*exhausted, stage.kind], result.detail)
     else:
         # A classified failure, the state untouched: a model error (retried while transient,
         # else FAILURE) or a rejected result (``invalid_summary``: deterministic, the same
@@ -282,6 +319,8 @@ def _run_stage(
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
         _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
+    if hold is not None:
+        summary["hold"] = hold.reason  # Flower shows why the job stopped
     log.info("stage done: %s", summary)
     return summary
 
@@ -306,14 +345,14 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:
-            _finish(key)
+            _finish(key, planned=False)
             return
         failed = MODEL_STAGES if kind in _ENDPOINT_KINDS else (stage,)
         try:
             _plan_and_send(key, [*exhausted, *(k for k in failed if k not in exhausted)])
         except Exception:
             # Planning after the failed stage broke too: end the job rather than strand it.
-            _finish(key)
+            _finish(key, planned=False)
             raise
     except StoreUnavailable as err:
         lease = rt.settings.worker.hard_time_limit * 4

@@ -10,14 +10,16 @@ from collections.abc import Sequence
 
 from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.pipeline.models import PipelineConfig
-from ctxcore.pipeline.view import View, block_message
+from ctxcore.pipeline.view import View, block_message, log_id
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
+from ctxcore.turns import newest_step_start
 
 __all__ = [
     "header_tokens",
+    "held_tokens",
     "item_tokens",
     "message_tokens",
     "room_for",
@@ -58,6 +60,16 @@ def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter:
             if excess > 0:
                 total += excess
     return total
+
+
+def held_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
+    """What no stage may summarise, as served: the anchors (pinned and in the tail) and the
+    newest step (even the most aggressive stage leaves it verbatim: the model acts on it)."""
+    tail = list(view.tail)
+    start = newest_step_start(tail)
+    anchors = view.anchor_id_set()
+    kept = [*view.pinned, *(m for m in tail[:start] if log_id(m) in anchors), *tail[start:]]
+    return served_of(kept, config, counter)
 
 
 def summary_cap(view: View, config: PipelineConfig) -> int | None:

@@ -1,0 +1,112 @@
+"""Holds: when a conversation's compaction cannot progress, windows stop starting jobs.
+
+A job that ends over its target without having saved anything is *futile*: running it again
+on the same view spends the same summariser calls for the same nothing. ``hold_after_job``
+turns the end of such a job into a ``Hold`` kept in the conversation's compaction hash
+(``workers.failures``), read with every window; ``rearmed`` says when a window may start a
+job again:
+
+- ``no_progress`` (status ``paused``): the log grew by at least one step and 5% of the
+  budget since the hold, or the budget asked for changed, or
+  ``worker.no_progress_backoff_seconds`` passed;
+- ``newest_step`` (status ``idle``): the newest step and the anchors, which no stage
+  summarises, are over the target by themselves; a new step (which makes the old newest one
+  summarisable) or a budget change re-arms it, as does the backoff;
+- ``budget_exhausted`` (status ``paused``): the tenant's summariser tokens of the UTC day are
+  spent; the next UTC day or a raised cap re-arms it (the stage checks again anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from ctxcore.coordinator import ViewSizes
+from ctxcore.messages import AnyMessage, AssistantMessage
+from ctxcore.status import Hold
+from ctxcore.tokens import TokenCounter
+
+__all__ = ["GROWTH_SHARE", "hold_after_job", "rearmed", "utc_day"]
+
+GROWTH_SHARE = 0.05
+"""The share of the budget the log must grow by (besides a step) to re-arm ``no_progress``."""
+
+
+def utc_day(now: datetime) -> str:
+    """The UTC day ``now`` falls on, ``YYYY-MM-DD`` (the key of a tenant's daily budget)."""
+    return now.astimezone(UTC).date().isoformat()
+
+
+def hold_after_job(
+    sizes: ViewSizes, *, ran: Sequence[str], detail: str = "", now: datetime | None = None
+) -> Hold | None:
+    """The hold a job that saved nothing leaves (None when the view is within its target).
+
+    ``ran`` are the stage kinds that ran and saved nothing (empty: planning found none).
+    """
+    if not sizes.over_target:
+        return None
+    at = now or datetime.now(UTC)
+    common = {
+        "at": at,
+        "view_tokens": sizes.view_tokens,
+        "target_tokens": sizes.target_tokens,
+        "budget_tokens": sizes.budget_tokens,
+        "held_tokens": sizes.held_tokens,
+        "last_id": sizes.last_id,
+    }
+    if sizes.held_by_newest_step:
+        why = (
+            f"the view ({sizes.view_tokens} tokens) is over its target ({sizes.target_tokens}) by what "
+            f"is never summarised: the newest step and the anchors ({sizes.held_tokens} tokens)"
+        )
+        return Hold("newest_step", why=why, **common)  # type: ignore[arg-type]
+    if ran:
+        why = f"stages {', '.join(ran)} ran and saved nothing" + (f" (last: {detail})" if detail else "")
+    else:
+        why = "no stage had anything to summarise"
+    why += (
+        f"; the view ({sizes.view_tokens} tokens) stays over its target ({sizes.target_tokens}), of "
+        f"which {sizes.held_tokens} are the newest step and the anchors"
+    )
+    return Hold("no_progress", why=why, **common)  # type: ignore[arg-type]
+
+
+def rearmed(
+    hold: Hold,
+    *,
+    budget_tokens: int,
+    tail: Sequence[AnyMessage],
+    elided: Sequence[tuple[str, str]],
+    counter: TokenCounter,
+    backoff_seconds: float,
+    cap_tokens: int | None,
+    now: datetime | None = None,
+) -> bool:
+    """True when a window may start a job despite ``hold`` (see the module docstring).
+
+    ``tail`` is the raw tail the window read (log order), ``elided`` the ranges it left
+    unread (the newest messages are always read), ``cap_tokens`` the tenant's summariser cap
+    now (None: no cap).
+    """
+    at = now or datetime.now(UTC)
+    if hold.reason == "budget_exhausted":
+        raised = cap_tokens is None or cap_tokens > (hold.cap_tokens or 0)
+        return utc_day(at) != hold.day or raised
+    if budget_tokens != hold.budget_tokens or at - hold.at >= timedelta(seconds=backoff_seconds):
+        return True
+    last = hold.last_id or ""
+    if any(hi > last for _, hi in elided):
+        return True  # more grew than a window reads: surely a step and 5% of the budget
+    new = [
+        m
+        for m in tail
+        if m.context_message_id
+        and m.context_message_id > last
+        and not m.context_message_id.endswith("~elided")
+    ]
+    if not any(isinstance(m, AssistantMessage) for m in new):
+        return False
+    if hold.reason == "newest_step":
+        return True
+    return counter.count_messages(new) >= GROWTH_SHARE * hold.budget_tokens
