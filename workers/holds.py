@@ -23,10 +23,11 @@ from datetime import UTC, datetime, timedelta
 
 from ctxcore.coordinator import ViewSizes
 from ctxcore.messages import AnyMessage, AssistantMessage
-from ctxcore.status import Hold
+from ctxcore.status import CompactionStatus, Hold
 from ctxcore.tokens import TokenCounter
+from workers.failures import FailureRecord
 
-__all__ = ["GROWTH_SHARE", "hold_after_job", "rearmed", "utc_day"]
+__all__ = ["GROWTH_SHARE", "hold_after_job", "rearmed", "status_of", "utc_day"]
 
 GROWTH_SHARE = 0.05
 """The share of the budget the log must grow by (besides a step) to re-arm ``no_progress``."""
@@ -89,11 +90,9 @@ def rearmed(
     unread (the newest messages are always read), ``cap_tokens`` the tenant's summariser cap
     now (None: no cap).
     """
-    at = now or datetime.now(UTC)
     if hold.reason == "budget_exhausted":
-        raised = cap_tokens is None or cap_tokens > (hold.cap_tokens or 0)
-        return utc_day(at) != hold.day or raised
-    if budget_tokens != hold.budget_tokens or at - hold.at >= timedelta(seconds=backoff_seconds):
+        return _lapsed(hold, backoff_seconds, cap_tokens, now)
+    if budget_tokens != hold.budget_tokens or _lapsed(hold, backoff_seconds, cap_tokens, now):
         return True
     last = hold.last_id or ""
     if any(hi > last for _, hi in elided):
@@ -110,3 +109,25 @@ def rearmed(
     if hold.reason == "newest_step":
         return True
     return counter.count_messages(new) >= GROWTH_SHARE * hold.budget_tokens
+
+
+def _lapsed(hold: Hold, backoff_seconds: float, cap_tokens: int | None, now: datetime | None) -> bool:
+    """The hold re-armed by time or settings alone: the next UTC day or a raised cap
+    (``budget_exhausted``), else the backoff."""
+    at = now or datetime.now(UTC)
+    if hold.reason == "budget_exhausted":
+        raised = cap_tokens is None or cap_tokens > (hold.cap_tokens or 0)
+        return utc_day(at) != hold.day or raised
+    return at - hold.at >= timedelta(seconds=backoff_seconds)
+
+
+def status_of(
+    record: FailureRecord, *, backoff_seconds: float, cap_tokens: int | None, now: datetime | None = None
+) -> CompactionStatus:
+    """The status a reader without a window shows (``GET .../state``, ``ctxcore inspect``):
+    ``paused`` while a pausing hold has not lapsed (a window may still re-arm it earlier, by
+    the log's growth or a new budget), else ``failing`` or the scheduler's status."""
+    hold = record.hold
+    if hold is not None and hold.pauses and not _lapsed(hold, backoff_seconds, cap_tokens, now):
+        return "paused"
+    return "failing" if record.failing else record.scheduler_status

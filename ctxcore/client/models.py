@@ -269,6 +269,10 @@ class StateResponse(StateSnapshot):
     """The current compaction state, the budget last asked for and (``?history=1``) kept versions."""
 
     budget: int | None
+    compaction: CompactionStatusOut | None = Field(
+        default=None,
+        description="The status as of the last job (a window may re-arm a paused conversation earlier)",
+    )
     compaction_detail: CompactionDetailOut
     history: list[StateSnapshot] | None = Field(
         default=None, description="Kept versions, newest first (only with ?history=1)"

@@ -37,6 +37,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
     ) from exc
 
 from ctxcore.client import AsyncCtxcoreClient, CtxcoreClient
+from ctxcore.client.status import StatusWatch
 from ctxcore.engine import ModelContext
 from ctxcore.engine_async import AsyncModelContext
 from ctxcore.errors import ConfigError, UnsupportedItemError
@@ -149,6 +150,8 @@ class CtxcoreMiddleware(AgentMiddleware):
         self.conversation_id = conversation_id
         self.model = model
         self._progress = _Progress()
+        # Logs when a conversation's compaction turns paused/failing (served windows go on).
+        self._status = StatusWatch()
 
     # --- the conversation and the request ------------------------------------------
 
@@ -216,6 +219,7 @@ class CtxcoreMiddleware(AgentMiddleware):
                 format="openai",
             )
             window = from_openai(served.messages)
+            self._status.seen(conversation, served)
         else:
             raise ConfigError(
                 "CtxcoreMiddleware over an async context or client: run the agent with ainvoke/astream"
@@ -259,6 +263,7 @@ class CtxcoreMiddleware(AgentMiddleware):
                 format="openai",
             )
             window = from_openai(served.messages)
+            self._status.seen(conversation, served)
         else:  # pragma: no cover - excluded by the check at the top
             raise ConfigError("CtxcoreMiddleware: no context or client")
         self._progress.done(conversation, state)

@@ -495,6 +495,7 @@ def test_state_with_provenance_and_history(api: Api) -> None:
         "pinned": [],
         "blocks": [],
         "budget": None,
+        "compaction": "idle",
         "compaction_detail": {"last_error": None, "last_success_at": None, "reason": None, "hold": None},
     }
 

@@ -218,3 +218,49 @@ def test_a_view_held_over_target_by_its_newest_step_is_idle_with_the_reason(harn
 
     h.rt.log.append(h.key, dialogue(1, start=5))  # a new step: the old newest is summarisable
     assert h.window().compaction == "queued"
+
+
+def test_paused_is_public_in_the_http_api_the_openapi_document_and_ctxcore_inspect(
+    harness: Harness, redis_url: str, redis_prefix: str
+) -> None:
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from ctxcore.config import hash_token
+    from tests.integration.test_cli import run_cli
+    from workers.http import create_app
+    from workers.tasks import CeleryQueue
+
+    h = harness
+    h.rt.log.append(h.key, dialogue(20))
+    h.window()
+    h.run_jobs()
+    token = "paused-token"
+    h.rt.settings.http.__dict__["tokens"] = {hash_token(token): h.key.tenant_id}
+    client = TestClient(create_app(h.rt, CeleryQueue()))
+    auth = {"Authorization": f"Bearer {token}"}
+    conv = f"/v1/conversations/{h.key.conversation_id}"
+
+    window = client.post(f"{conv}/window", json={"budget_tokens": BUDGET}, headers=auth).json()
+    assert window["compaction"] == "paused" and window["compaction_detail"]["reason"] == "no_progress"
+    hold = window["compaction_detail"]["hold"]
+    assert hold["view_tokens"] > hold["target_tokens"] and "saved nothing" in hold["why"]
+    state = client.get(f"{conv}/state", headers=auth).json()
+    assert state["compaction"] == "paused" and state["compaction_detail"]["reason"] == "no_progress"
+
+    doc = client.get("/openapi.json").json()
+    status = doc["components"]["schemas"]["WindowResponse"]["properties"]["compaction"]
+    assert "paused" in json.dumps(status) and "unknown" not in status.get("enum", [])
+    assert {"reason", "hold"} <= set(doc["components"]["schemas"]["CompactionDetailOut"]["properties"])
+
+    code, out = run_cli(
+        "inspect",
+        h.key.tenant_id,
+        h.key.conversation_id,
+        env={"CTXCORE_REDIS_URL": redis_url, "CTXCORE_REDIS__KEY_PREFIX": redis_prefix},
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["compaction"] == "paused" and doc["compaction_detail"]["reason"] == "no_progress"
+    assert doc["compaction_detail"]["hold"]["target_tokens"] == int(BUDGET * 0.8)
