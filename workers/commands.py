@@ -208,6 +208,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     from ctxcore.state import ConversationKey
     from workers.holds import status_of
     from workers.runtime import Runtime
+    from workers.spend import summariser_cap
 
     rt = Runtime(settings_for(args))
     key = ConversationKey(args.tenant, args.conversation)
@@ -218,7 +219,9 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
         "last_log_id": rt.log.last_id(key),
         "budget": rt.state_store.get_budget(key),
         "compaction": status_of(
-            record, backoff_seconds=rt.settings.worker.no_progress_backoff_seconds, cap_tokens=None
+            record,
+            backoff_seconds=rt.settings.worker.no_progress_backoff_seconds,
+            cap_tokens=summariser_cap(rt.settings, key.tenant_id),
         ),
         "compaction_detail": record.detail.as_dict(),
         "state": state.model_dump(mode="json") if state else None,

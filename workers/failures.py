@@ -8,6 +8,8 @@ budget (one job per conversation runs at a time):
   for good; ``last_success_at``: ISO time of the last job that ended without one;
 - ``run_failed``: set while the running job has had such a failure; ``run_saved``: set
   once a stage of the running job saved a new state version (the job made progress);
+  ``run_held``: set when a stage of the running job recorded a hold (its tenant's
+  summariser cap), which the job's end keeps;
 - ``hold``: JSON of the ``ctxcore.status.Hold`` that keeps windows from starting jobs
   (``no_progress``, ``newest_step``, ``budget_exhausted``; see ``workers.holds``), written
   when a job ends (or a stage stops at the tenant's summariser cap) and removed by a job
@@ -114,6 +116,7 @@ class FailureRecord:
     sched: str | None = None
     run_failed: bool = False
     run_saved: bool = False
+    run_held: bool = False
 
     @property
     def hold(self) -> Hold | None:
@@ -154,6 +157,7 @@ def parse_record(fields: dict[Any, Any]) -> FailureRecord:
         data.get("sched"),
         run_failed="run_failed" in data,
         run_saved="run_saved" in data,
+        run_held="run_held" in data,
     )
 
 
@@ -231,9 +235,10 @@ class FailureStore:
         self._call("recording a saved stage", key, lambda: self._write(key, put={"run_saved": "1"}))
 
     def put_hold(self, key: ConversationKey, hold: Hold) -> None:
-        """Record ``hold`` (replacing any earlier one): windows start no job until it re-arms."""
+        """Record ``hold`` for the running job (replacing any earlier one; ``run_held`` keeps
+        it when the job ends): windows start no job until it re-arms."""
         value = json.dumps(hold.as_dict(), ensure_ascii=False)
-        self._call("recording a hold", key, lambda: self._write(key, put={"hold": value}))
+        self._call("recording a hold", key, lambda: self._write(key, put={"hold": value, "run_held": "1"}))
 
     def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
         """Record a stage's final failure as ``last_error`` of the running job."""
@@ -273,7 +278,9 @@ class FailureStore:
                 "starting the backoff",
                 key,
                 lambda: self._write(
-                    key, put={"retry_at": retry_at, **held}, remove=("run_failed", "run_saved", *unheld)
+                    key,
+                    put={"retry_at": retry_at, **held},
+                    remove=("run_failed", "run_saved", "run_held", *unheld),
                 ),
             )
             return pause
@@ -284,7 +291,7 @@ class FailureStore:
             lambda: self._write(
                 key,
                 put=put,
-                remove=("last_error", "failures", "retry_at", "run_failed", "run_saved", *unheld),
+                remove=("last_error", "failures", "retry_at", "run_failed", "run_saved", "run_held", *unheld),
             ),
         )
         return None

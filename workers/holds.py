@@ -27,10 +27,15 @@ from ctxcore.status import CompactionStatus, Hold
 from ctxcore.tokens import TokenCounter
 from workers.failures import FailureRecord
 
-__all__ = ["GROWTH_SHARE", "hold_after_job", "rearmed", "status_of", "utc_day"]
+__all__ = ["GROWTH_SHARE", "budget_hold", "hold_after_job", "rearmed", "status_of", "utc_day", "utc_now"]
 
 GROWTH_SHARE = 0.05
 """The share of the budget the log must grow by (besides a step) to re-arm ``no_progress``."""
+
+
+def utc_now() -> datetime:
+    """The clock of holds and daily budgets (tests replace this function to move the day)."""
+    return datetime.now(UTC)
 
 
 def utc_day(now: datetime) -> str:
@@ -47,7 +52,7 @@ def hold_after_job(
     """
     if not sizes.over_target:
         return None
-    at = now or datetime.now(UTC)
+    at = now or utc_now()
     common = {
         "at": at,
         "view_tokens": sizes.view_tokens,
@@ -71,6 +76,24 @@ def hold_after_job(
         f"which {sizes.held_tokens} are the newest step and the anchors"
     )
     return Hold("no_progress", why=why, **common)  # type: ignore[arg-type]
+
+
+def budget_hold(sizes: ViewSizes, *, used: int, cap: int, needed: int, day: str, why: str) -> Hold:
+    """The hold of a stage refused by the tenant's summariser cap (status ``paused``)."""
+    return Hold(
+        "budget_exhausted",
+        at=utc_now(),
+        why=why,
+        view_tokens=sizes.view_tokens,
+        target_tokens=sizes.target_tokens,
+        budget_tokens=sizes.budget_tokens,
+        held_tokens=sizes.held_tokens,
+        last_id=sizes.last_id,
+        used_tokens=used,
+        cap_tokens=cap,
+        needed_tokens=needed,
+        day=day,
+    )
 
 
 def rearmed(
@@ -114,7 +137,7 @@ def rearmed(
 def _lapsed(hold: Hold, backoff_seconds: float, cap_tokens: int | None, now: datetime | None) -> bool:
     """The hold re-armed by time or settings alone: the next UTC day or a raised cap
     (``budget_exhausted``), else the backoff."""
-    at = now or datetime.now(UTC)
+    at = now or utc_now()
     if hold.reason == "budget_exhausted":
         raised = cap_tokens is None or cap_tokens > (hold.cap_tokens or 0)
         return utc_day(at) != hold.day or raised

@@ -15,6 +15,7 @@ from workers.holds import status_of
 from workers.http_api import ApiState, ConversationId
 from workers.http_errors import error_responses, not_found
 from workers.http_status import detail_out, snapshot_out
+from workers.spend import summariser_cap
 
 __all__ = ["state_router"]
 
@@ -61,7 +62,7 @@ def state_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter
             compaction=status_of(
                 record,
                 backoff_seconds=runtime.settings.worker.no_progress_backoff_seconds,
-                cap_tokens=None,
+                cap_tokens=summariser_cap(runtime.settings, key.tenant_id),
             ),
             compaction_detail=detail_out(record.detail),
         )

@@ -72,6 +72,12 @@ class StageMetrics:
             ["reason"],
             registry=r,
         )
+        self.summariser_tokens = Counter(
+            "ctxcore_summariser_tokens",
+            "Summariser tokens (input + output) settled after each call, by tenant.",
+            ["tenant"],
+            registry=r,
+        )
         self.cas_conflicts = Counter(
             "ctxcore_cas_conflicts", "Compare-and-swap saves lost to another writer.", registry=r
         )

@@ -37,6 +37,7 @@ from workers.holds import rearmed
 from workers.queues import CompactionQueue, InlineQueue
 from workers.service_tail import WindowTail, read_window_tail, window_reader
 from workers.service_write import AppendOutcome, check_batch, validation_tail
+from workers.spend import summariser_cap
 
 __all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
 
@@ -365,6 +366,7 @@ class ContextService:
             result.raw_tokens += read.raw_tokens_delta
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
         detail = record.detail if record is not None else CompactionDetail()
+        cap = summariser_cap(self.settings, key.tenant_id)
         held = detail.hold is not None and not rearmed(
             detail.hold,
             budget_tokens=budget_tokens,
@@ -372,12 +374,13 @@ class ContextService:
             elided=read.elided,
             counter=counter,
             backoff_seconds=self.settings.worker.no_progress_backoff_seconds,
-            cap_tokens=None,
+            cap_tokens=cap,
         )
         if held and detail.hold is not None and detail.hold.pauses:
-            # No job until the hold re-arms (workers.holds): the last one could not progress.
+            # No job until the hold re-arms (workers.holds): the last one could not progress,
+            # or the tenant's summariser tokens of the day are spent.
             result.compaction = "paused"
-        elif result.raw_tokens > trigger and not held:
+        elif result.raw_tokens > trigger and not held and cap != 0:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
             # The queue's status from the record already read, where the queue reads it

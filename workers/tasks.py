@@ -52,9 +52,10 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
-from workers.holds import hold_after_job
+from workers.holds import budget_hold, hold_after_job
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
+from workers.spend import SummariserBudgetExhausted, summariser_cap
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def request_compaction(key: ConversationKey, reason: str = "window") -> Compacti
     A conversation whose last job failed is not queued again until its backoff passes.
     """
     rt = runtime()
+    if summariser_cap(rt.settings, key.tenant_id) == 0:
+        return "idle"  # the tenant runs on the rules alone: no summariser call, no job
     record = rt.failures.get(key)
     if record.backing_off():
         return "failing"
@@ -186,7 +189,9 @@ def _finish(
     hold = None
     error = record.detail.last_error
     only_rejected = not failed or (error is not None and error.kind == INVALID_SUMMARY)
-    if planned and not record.run_saved and only_rejected:
+    if record.run_held:
+        hold = record.hold  # a stage stopped at the tenant's summariser cap
+    elif planned and not record.run_saved and only_rejected:
         hold = hold_after_job(rt.coordinator.sizes(key), ran=ran, detail=detail)
     finished = rt.scheduler.finish(key, follow_up=not failed and hold is None)
     if finished < 0:
@@ -194,7 +199,7 @@ def _finish(
     pause = rt.failures.job_finished(key, failed, hold)
     if pause is not None:
         log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
-    if hold is not None:
+    if hold is not None and not record.run_held:
         stage_metrics().holds.labels(hold.reason).inc()
         log.warning(
             "compaction job of %s saved nothing, %s (%s): %s", key, _held_as(hold), hold.reason, hold.why
@@ -274,6 +279,8 @@ def _run_stage(
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
         _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
+    except SummariserBudgetExhausted as exc:
+        return _budget_exhausted(key, stage, exhausted, exc)
     elapsed = time.perf_counter() - started
     metrics = stage_metrics()
     metrics.stage_seconds.labels(stage.kind, result.outcome).observe(elapsed)
@@ -321,6 +328,26 @@ def _run_stage(
         _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     if hold is not None:
         summary["hold"] = hold.reason  # Flower shows why the job stopped
+    log.info("stage done: %s", summary)
+    return summary
+
+
+def _budget_exhausted(
+    key: ConversationKey, stage: Stage, exhausted: Sequence[str], exc: SummariserBudgetExhausted
+) -> dict[str, Any]:
+    """A stage refused by its tenant's summariser cap (no model call was made): pause the
+    conversation (``budget_exhausted``) and let only the model-free stages run on."""
+    rt = runtime()
+    hold = budget_hold(
+        rt.coordinator.sizes(key), used=exc.used, cap=exc.cap, needed=exc.needed, day=exc.day, why=str(exc)
+    )
+    rt.failures.put_hold(key, hold)
+    stage_metrics().holds.labels(hold.reason).inc()
+    log.warning("stage %s of %s not run, compaction paused (budget_exhausted): %s", stage.kind, key, exc)
+    model_free = [*exhausted, *(k for k in MODEL_STAGES if k not in exhausted)]
+    summary: dict[str, Any] = {"conversation": str(key), "stage": stage.kind, "outcome": "paused"}
+    summary["next"], _ = _plan_and_send(key, model_free)
+    summary["hold"] = hold.reason  # Flower shows why the job stopped
     log.info("stage done: %s", summary)
     return summary
 

@@ -315,6 +315,13 @@ class UsageResponse(_Response):
     calls: int
     input_tokens: int
     output_tokens: int
+    day: str | None = Field(default=None, description="The UTC day of summariser_tokens_today (YYYY-MM-DD)")
+    summariser_tokens_today: int = Field(
+        default=0, description="Summariser tokens (input + output) counted today, reservations included"
+    )
+    summariser_tokens_per_day: int | None = Field(
+        default=None, description="The tenant's daily cap (null: none; 0: rules only, no summariser call)"
+    )
 
 
 class RecallRequest(_Request):

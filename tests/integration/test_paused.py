@@ -86,6 +86,7 @@ class Harness:
 @pytest.fixture()
 def harness(redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     from workers import app as app_module
+    from workers import runtime as runtime_module
     from workers import tasks
 
     saved = (app_module._state.settings, app_module._state.runtime)
@@ -99,7 +100,8 @@ def harness(redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch) 
     app_module.configure(settings)
     rt = app_module.runtime()
     model = BloatingModel()
-    rt.coordinator.model_for = lambda key: model
+    # The runtime's own wrapping (the tenant's daily budget) around this model.
+    monkeypatch.setattr(runtime_module, "build_model", lambda cfg, counter: model)
     h = Harness(rt, ConversationKey("acme", f"futile-{uuid.uuid4().hex[:6]}"), model)
 
     def record_tokens(count: int = 1, ring: int | None = None) -> int:
