@@ -23,7 +23,7 @@ from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelErr
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.sizing import held_tokens, message_tokens, served_tokens
+from ctxcore.pipeline.sizing import ViewSizes, held_tokens, message_tokens, served_tokens
 from ctxcore.pipeline.targets import build_targets, eligible_raw
 from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
 from ctxcore.recall.index import RecallIndex
@@ -36,7 +36,7 @@ from ctxcore.summarize.strategies import model as model_strategy
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, turns
 
-__all__ = ["INVALID_SUMMARY", "Coordinator", "CoordinatorResult", "Outcome", "TriggerInput", "ViewSizes"]
+__all__ = ["INVALID_SUMMARY", "Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
 
 Outcome = Literal["compressed", "skipped", "failed", "conflict", "rejected"]
 INVALID_SUMMARY = ErrorKind.INVALID_SUMMARY
@@ -55,31 +55,6 @@ class TriggerInput:
     state: CompressionState
     window_tokens: int = 0
     budget_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class ViewSizes:
-    """A conversation's view against its target, in tokens (as a window serves it).
-
-    ``held_tokens`` is what no stage may summarise (anchors and the newest step);
-    ``last_id`` the log's last id.
-    """
-
-    view_tokens: int
-    target_tokens: int
-    budget_tokens: int
-    held_tokens: int
-    last_id: str | None
-
-    @property
-    def over_target(self) -> bool:
-        """True when the view is over its compaction target."""
-        return self.view_tokens > self.target_tokens
-
-    @property
-    def held_by_newest_step(self) -> bool:
-        """True when what may not be summarised alone is over the target: no stage can help."""
-        return self.held_tokens > self.target_tokens
 
 
 @dataclass

@@ -18,29 +18,22 @@ job again:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 
-from ctxcore.coordinator import ViewSizes
+from ctxcore.errors import ErrorKind
 from ctxcore.messages import AnyMessage, AssistantMessage
+from ctxcore.pipeline.sizing import ViewSizes
 from ctxcore.status import CompactionStatus, Hold
 from ctxcore.tokens import TokenCounter
+from workers import spend
 from workers.failures import FailureRecord
+from workers.spend import SummariserBudgetExhausted
 
-__all__ = ["GROWTH_SHARE", "budget_hold", "hold_after_job", "rearmed", "status_of", "utc_day", "utc_now"]
+__all__ = ["GROWTH_SHARE", "budget_hold", "hold_after_job", "hold_at_job_end", "rearmed", "status_of"]
 
 GROWTH_SHARE = 0.05
 """The share of the budget the log must grow by (besides a step) to re-arm ``no_progress``."""
-
-
-def utc_now() -> datetime:
-    """The clock of holds and daily budgets (tests replace this function to move the day)."""
-    return datetime.now(UTC)
-
-
-def utc_day(now: datetime) -> str:
-    """The UTC day ``now`` falls on, ``YYYY-MM-DD`` (the key of a tenant's daily budget)."""
-    return now.astimezone(UTC).date().isoformat()
 
 
 def hold_after_job(
@@ -52,7 +45,7 @@ def hold_after_job(
     """
     if not sizes.over_target:
         return None
-    at = now or utc_now()
+    at = now or spend.utc_now()
     common = {
         "at": at,
         "view_tokens": sizes.view_tokens,
@@ -78,22 +71,37 @@ def hold_after_job(
     return Hold("no_progress", why=why, **common)  # type: ignore[arg-type]
 
 
-def budget_hold(sizes: ViewSizes, *, used: int, cap: int, needed: int, day: str, why: str) -> Hold:
+def budget_hold(sizes: ViewSizes, refused: SummariserBudgetExhausted) -> Hold:
     """The hold of a stage refused by the tenant's summariser cap (status ``paused``)."""
     return Hold(
         "budget_exhausted",
-        at=utc_now(),
-        why=why,
+        at=spend.utc_now(),
+        why=str(refused),
         view_tokens=sizes.view_tokens,
         target_tokens=sizes.target_tokens,
         budget_tokens=sizes.budget_tokens,
         held_tokens=sizes.held_tokens,
         last_id=sizes.last_id,
-        used_tokens=used,
-        cap_tokens=cap,
-        needed_tokens=needed,
-        day=day,
+        used_tokens=refused.used,
+        cap_tokens=refused.cap,
+        needed_tokens=refused.needed,
+        day=refused.day,
     )
+
+
+def hold_at_job_end(
+    record: FailureRecord, sizes: Callable[[], ViewSizes], *, ran: Sequence[str], detail: str, planned: bool
+) -> Hold | None:
+    """The hold a finishing job leaves: the one a stage of it recorded (the tenant's cap),
+    else, when planning ended a job (``planned``) that saved nothing and failed at most with
+    rejected results, ``hold_after_job`` on the view's ``sizes()``."""
+    if record.run_held:
+        return record.hold
+    error = record.detail.last_error
+    only_rejected = not record.run_failed or (error is not None and error.kind == ErrorKind.INVALID_SUMMARY)
+    if planned and not record.run_saved and only_rejected:
+        return hold_after_job(sizes(), ran=ran, detail=detail)
+    return None
 
 
 def rearmed(
@@ -137,10 +145,10 @@ def rearmed(
 def _lapsed(hold: Hold, backoff_seconds: float, cap_tokens: int | None, now: datetime | None) -> bool:
     """The hold re-armed by time or settings alone: the next UTC day or a raised cap
     (``budget_exhausted``), else the backoff."""
-    at = now or utc_now()
+    at = now or spend.utc_now()
     if hold.reason == "budget_exhausted":
         raised = cap_tokens is None or cap_tokens > (hold.cap_tokens or 0)
-        return utc_day(at) != hold.day or raised
+        return spend.utc_day(at) != hold.day or raised
     return at - hold.at >= timedelta(seconds=backoff_seconds)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -35,9 +36,16 @@ from ctxcore.errors import CtxcoreError, StoreUnavailable
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract
 from ctxcore.tokens import TokenCounter
-from workers import holds
 
-__all__ = ["BudgetedModel", "Reservation", "SummariserBudget", "SummariserBudgetExhausted", "summariser_cap"]
+__all__ = [
+    "BudgetedModel",
+    "Reservation",
+    "SummariserBudget",
+    "SummariserBudgetExhausted",
+    "summariser_cap",
+    "utc_day",
+    "utc_now",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,16 @@ _SETTLE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('INCRBY', KEYS[1], tonumber(ARGV[1]))
 """
+
+
+def utc_now() -> datetime:
+    """The clock of daily budgets and holds (tests replace this function to move the day)."""
+    return datetime.now(UTC)
+
+
+def utc_day(now: datetime) -> str:
+    """The UTC day ``now`` falls on, ``YYYY-MM-DD`` (the key of a tenant's daily budget)."""
+    return now.astimezone(UTC).date().isoformat()
 
 
 def summariser_cap(settings: Settings, tenant_id: str) -> int | None:
@@ -117,7 +135,7 @@ class SummariserBudget:
     def reserve(self, tenant: str, tokens: int, cap: int | None) -> Reservation:
         """Reserve ``tokens`` on today's counter: ``SummariserBudgetExhausted`` over ``cap``,
         ``StoreUnavailable`` when Redis cannot be reached (the call must not happen)."""
-        day = holds.utc_day(holds.utc_now())
+        day = utc_day(utc_now())
         key = self.key(tenant, day)
         try:
             ok, total = self._reserve(keys=[key], args=[tokens, -1 if cap is None else cap, _TTL_SECONDS])
@@ -163,7 +181,7 @@ class SummariserBudget:
 
     def used(self, tenant: str) -> tuple[str, int]:
         """Today's UTC day and the tokens counted on it for ``tenant`` (reservations included)."""
-        day = holds.utc_day(holds.utc_now())
+        day = utc_day(utc_now())
         try:
             raw = self.client.get(self.key(tenant, day))
         except _ERRORS as exc:

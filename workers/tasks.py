@@ -18,15 +18,14 @@ exception. Any other exception propagates (``FAILURE``, traceback logged, state 
 failure it sends the next stage with the failed kind exhausted (every model stage after a
 transient or ``authentication`` kind: they would call the same endpoint), so planning ends
 at worst with the model-free hard truncate; after any other exception the job ends at once.
-A job that ended with a failed stage backs off (``workers.failures``). A job that ends over
-its target having saved nothing (every stage ``skipped`` or ``rejected``, or none to run)
-leaves a hold (``workers.holds``): the conversation is ``paused`` (``no_progress``) or
-``idle`` held by its newest step, and windows start no job until the hold re-arms; the
-stage task's result names the hold's reason (Flower shows it).
+A job that ended with a failed stage backs off (``workers.failures``); one that ends over
+target having saved nothing, or whose stage its tenant's summariser cap refused, leaves a
+hold (``workers.holds``) that no window passes until it re-arms; the result names it (Flower).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -52,7 +51,7 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
-from workers.holds import budget_hold, hold_after_job
+from workers.holds import budget_hold, hold_at_job_end
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
 from workers.spend import SummariserBudgetExhausted, summariser_cap
@@ -157,10 +156,8 @@ def drain(ring: int | None = None) -> dict[str, Any]:
         # Planning failed before any stage ran: record it and end the job, then fail loudly.
         _after_failure(job.key, None, [], exc)
         raise
-    out: dict[str, Any] = {"job": str(job.key), "stage": planned}
-    if hold is not None:
-        out["hold"] = hold.reason
-    return out
+    held = {"hold": hold.reason} if hold is not None else {}
+    return {"job": str(job.key), "stage": planned, **held}
 
 
 def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
@@ -176,23 +173,14 @@ def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> 
 def _finish(
     key: ConversationKey, ran: Sequence[str] = (), detail: str = "", *, planned: bool = True
 ) -> Hold | None:
-    """End the running job of ``key``: close its failure record, queue a follow-up if due.
-
-    ``planned``: planning ended the job (no stage left), so a job that saved nothing and
-    whose failures (if any) were only rejected results leaves a hold (``workers.holds``);
-    ``ran`` names its stages that saved nothing, ``detail`` how the last one ended. Returns
-    the hold.
-    """
+    """End the running job of ``key``: close its failure record (with the hold it leaves,
+    ``workers.holds``: ``ran`` its stages that saved nothing, ``detail`` how the last ended),
+    queue a follow-up if due. Returns the hold."""
     rt = runtime()
     record = rt.failures.get(key)
     failed = record.run_failed
-    hold = None
-    error = record.detail.last_error
-    only_rejected = not failed or (error is not None and error.kind == INVALID_SUMMARY)
-    if record.run_held:
-        hold = record.hold  # a stage stopped at the tenant's summariser cap
-    elif planned and not record.run_saved and only_rejected:
-        hold = hold_after_job(rt.coordinator.sizes(key), ran=ran, detail=detail)
+    sizes = functools.partial(rt.coordinator.sizes, key)
+    hold = hold_at_job_end(record, sizes, ran=ran, detail=detail, planned=planned)
     finished = rt.scheduler.finish(key, follow_up=not failed and hold is None)
     if finished < 0:
         return None  # not a running job: a redelivered duplicate, or a stage sent by hand
@@ -201,16 +189,10 @@ def _finish(
         log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
     if hold is not None and not record.run_held:
         stage_metrics().holds.labels(hold.reason).inc()
-        log.warning(
-            "compaction job of %s saved nothing, %s (%s): %s", key, _held_as(hold), hold.reason, hold.why
-        )
+        log.warning("compaction job of %s saved nothing, held (%s): %s", key, hold.reason, hold.why)
     if finished == 1:
         send_drain_tokens(1, rt.scheduler.ring_of(key.tenant_id))
     return hold
-
-
-def _held_as(hold: Hold) -> str:
-    return "paused" if hold.pauses else "idle until a new step"
 
 
 def _plan_and_send(
@@ -338,16 +320,13 @@ def _budget_exhausted(
     """A stage refused by its tenant's summariser cap (no model call was made): pause the
     conversation (``budget_exhausted``) and let only the model-free stages run on."""
     rt = runtime()
-    hold = budget_hold(
-        rt.coordinator.sizes(key), used=exc.used, cap=exc.cap, needed=exc.needed, day=exc.day, why=str(exc)
-    )
+    hold = budget_hold(rt.coordinator.sizes(key), exc)
     rt.failures.put_hold(key, hold)
     stage_metrics().holds.labels(hold.reason).inc()
     log.warning("stage %s of %s not run, compaction paused (budget_exhausted): %s", stage.kind, key, exc)
     model_free = [*exhausted, *(k for k in MODEL_STAGES if k not in exhausted)]
     summary: dict[str, Any] = {"conversation": str(key), "stage": stage.kind, "outcome": "paused"}
-    summary["next"], _ = _plan_and_send(key, model_free)
-    summary["hold"] = hold.reason  # Flower shows why the job stopped
+    summary["next"], summary["hold"] = _plan_and_send(key, model_free)[0], hold.reason
     log.info("stage done: %s", summary)
     return summary
 

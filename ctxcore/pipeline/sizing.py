@@ -7,6 +7,7 @@ each), and as a window serves them: tool results over the configured cap count a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.pipeline.models import PipelineConfig
@@ -18,6 +19,7 @@ from ctxcore.tokens import TokenCounter
 from ctxcore.turns import newest_step_start
 
 __all__ = [
+    "ViewSizes",
     "header_tokens",
     "held_tokens",
     "item_tokens",
@@ -30,6 +32,31 @@ __all__ = [
 ]
 
 Item = SummaryBlock | AnyMessage
+
+
+@dataclass(frozen=True)
+class ViewSizes:
+    """A conversation's view against its target, in tokens (as a window serves it).
+
+    ``held_tokens`` is what no stage may summarise (anchors and the newest step);
+    ``last_id`` the log's last id.
+    """
+
+    view_tokens: int
+    target_tokens: int
+    budget_tokens: int
+    held_tokens: int
+    last_id: str | None
+
+    @property
+    def over_target(self) -> bool:
+        """True when the view is over its compaction target."""
+        return self.view_tokens > self.target_tokens
+
+    @property
+    def held_by_newest_step(self) -> bool:
+        """True when what may not be summarised alone is over the target: no stage can help."""
+        return self.held_tokens > self.target_tokens
 
 
 def message_tokens(counter: TokenCounter, messages: Sequence[AnyMessage]) -> int:

@@ -214,7 +214,7 @@ def test_a_tenant_at_its_cap_is_paused_everywhere_and_the_next_utc_day_resumes_i
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from workers import holds
+    from workers import spend
     from workers.http import create_app
     from workers.prom_worker import stage_metrics
     from workers.tasks import CeleryQueue
@@ -278,7 +278,7 @@ def test_a_tenant_at_its_cap_is_paused_everywhere_and_the_next_utc_day_resumes_i
     assert doc["compaction"] == "paused" and doc["compaction_detail"]["reason"] == "budget_exhausted"
 
     tomorrow = datetime.now(UTC) + timedelta(days=1)
-    monkeypatch.setattr(holds, "utc_now", lambda: tomorrow)
+    monkeypatch.setattr(spend, "utc_now", lambda: tomorrow)
     assert d.window(second).compaction == "queued"
     d.run_jobs()
     assert d.model.calls > calls and d.rt.state_store.load(second) is not None
@@ -353,13 +353,13 @@ def test_redis_unreachable_at_reservation_fails_the_stage_visibly_without_a_call
 def test_a_call_is_counted_on_the_day_it_reserved(
     deploy: Callable[[dict[str, Any]], Deployment], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers import holds
+    from workers import spend
 
     d = deploy({})
     before = datetime(2026, 12, 2, 23, 59, 59, tzinfo=UTC)
-    monkeypatch.setattr(holds, "utc_now", lambda: before)
+    monkeypatch.setattr(spend, "utc_now", lambda: before)
     reservation = d.rt.spend.reserve("acme", 500, 1000)
-    monkeypatch.setattr(holds, "utc_now", lambda: before + timedelta(seconds=2))
+    monkeypatch.setattr(spend, "utc_now", lambda: before + timedelta(seconds=2))
     d.rt.spend.settle(reservation, 420)
     assert d.day_tokens("acme", "2026-12-02") == 420 and d.day_tokens("acme", "2026-12-03") == 0
     assert d.rt.spend.used("acme") == ("2026-12-03", 0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ctxcore.coordinator import ViewSizes
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
+from ctxcore.pipeline.sizing import ViewSizes
 from ctxcore.status import Hold
 from ctxcore.tokens import TiktokenCounter
 from workers.holds import hold_after_job, rearmed
