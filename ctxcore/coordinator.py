@@ -23,7 +23,7 @@ from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelErr
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
-from ctxcore.pipeline.sizing import message_tokens
+from ctxcore.pipeline.sizing import ViewSizes, held_tokens, message_tokens, served_tokens
 from ctxcore.pipeline.targets import build_targets, eligible_raw
 from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
 from ctxcore.recall.index import RecallIndex
@@ -177,6 +177,21 @@ class Coordinator:
         """The next stage for ``key``, or None when it is within target."""
         view = self.view(key)
         return plan_next_stage(view, self.pipeline_config(key), self.counter, exhausted=exhausted)
+
+    def sizes(self, key: ConversationKey) -> ViewSizes:
+        """The view of ``key`` against its target (what ends a job that could not reach it)."""
+        state = self.load(key)
+        view = self.view(key, state)
+        budget = self.budget(key)
+        config = self.pipeline_config(key, budget)
+        last = view.tail[-1].context_message_id if view.tail else state.covered_until
+        return ViewSizes(
+            view_tokens=served_tokens(view, config, self.counter),
+            target_tokens=config.target_tokens,
+            budget_tokens=budget,
+            held_tokens=held_tokens(view, config, self.counter),
+            last_id=last,
+        )
 
     # --- writing ----------------------------------------------------------------------
 

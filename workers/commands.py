@@ -210,16 +210,24 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     """Print a conversation's compaction state (and history)."""
     from ctxcore.state import ConversationKey
+    from workers.holds import status_of
     from workers.runtime import Runtime
+    from workers.spend import summariser_cap
 
     rt = Runtime(settings_for(args))
     key = ConversationKey(args.tenant, args.conversation)
     state = rt.state_store.load(key)
+    record = rt.failures.get(key)
     doc: dict[str, Any] = {
         "conversation": str(key),
         "last_log_id": rt.log.last_id(key),
         "budget": rt.state_store.get_budget(key),
-        "compaction_detail": rt.failures.detail(key).as_dict(),
+        "compaction": status_of(
+            record,
+            backoff_seconds=rt.settings.worker.no_progress_backoff_seconds,
+            cap_tokens=summariser_cap(rt.settings, key.tenant_id),
+        ),
+        "compaction_detail": record.detail.as_dict(),
         "state": state.model_dump(mode="json") if state else None,
     }
     if args.history:

@@ -5,10 +5,16 @@ the conversation's hash tag, deleted with it), written by workers without CAS li
 budget (one job per conversation runs at a time):
 
 - ``last_error``: JSON ``{"kind", "message", "stage", "at"}`` of the last stage that failed
-  for good; ``last_success_at``: ISO time of the last job that ended without one and saved
-  a state version (a job with nothing to do is no success: it saved nothing);
+  for good; ``last_success_at``: ISO time of the last job that ended without one, without a
+  hold, and saved a state version (a job with nothing to do is no success: it saved nothing);
 - ``run_failed``: set while the running job has had such a failure; ``run_saved``: set
-  once a stage of the running job saved a version;
+  once a stage of the running job saved a new state version (the job made progress);
+  ``run_held``: set when a stage of the running job recorded a hold (its tenant's
+  summariser cap), which the job's end keeps;
+- ``hold``: JSON of the ``ctxcore.status.Hold`` that keeps windows from starting jobs
+  (``no_progress``, ``newest_step``, ``budget_exhausted``; see ``workers.holds``), written
+  when a job ends (or a stage stops at the tenant's summariser cap) and removed by a job
+  that made progress or ended within target;
 - ``sched`` / ``sched_seq``: the scheduler's status of the conversation, mirrored here by
   ``FairScheduler`` on every change (ordered by its ring's counter), so the fast path reads
   it with this record in one call to the conversation's slot;
@@ -37,7 +43,7 @@ from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.retention import Retention
-from ctxcore.status import CompactionDetail, LastError
+from ctxcore.status import CompactionDetail, Hold, LastError
 from workers.scheduler import Status, parse_status
 
 __all__ = [
@@ -109,6 +115,14 @@ class FailureRecord:
     detail: CompactionDetail
     retry_at: float = 0.0
     sched: str | None = None
+    run_failed: bool = False
+    run_saved: bool = False
+    run_held: bool = False
+
+    @property
+    def hold(self) -> Hold | None:
+        """What keeps windows from starting jobs (None: nothing)."""
+        return self.detail.hold
 
     @property
     def scheduler_status(self) -> Status:
@@ -137,8 +151,14 @@ def parse_record(fields: dict[Any, Any]) -> FailureRecord:
         raw = json.loads(data["last_error"])
         error = LastError(raw["kind"], raw["message"], raw.get("stage"), datetime.fromisoformat(raw["at"]))
     success = datetime.fromisoformat(data["last_success_at"]) if "last_success_at" in data else None
+    hold = Hold.from_dict(json.loads(data["hold"])) if "hold" in data else None
     return FailureRecord(
-        CompactionDetail(error, success), float(data.get("retry_at", 0) or 0), data.get("sched")
+        CompactionDetail(error, success, hold),
+        float(data.get("retry_at", 0) or 0),
+        data.get("sched"),
+        run_failed="run_failed" in data,
+        run_saved="run_saved" in data,
+        run_held="run_held" in data,
     )
 
 
@@ -208,12 +228,18 @@ class FailureStore:
         return self.get(key).detail
 
     def job_started(self, key: ConversationKey) -> None:
-        """A job of ``key`` starts: no failure and no saved version in it yet."""
+        """A job of ``key`` starts: no failure in it yet, nothing saved yet."""
         self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved"))
 
     def version_saved(self, key: ConversationKey) -> None:
-        """A stage of the running job saved a new state version."""
+        """A stage of the running job saved a new state version: the job made progress."""
         self._call("recording a saved version", key, lambda: self._write(key, put={"run_saved": "1"}))
+
+    def put_hold(self, key: ConversationKey, hold: Hold) -> None:
+        """Record ``hold`` for the running job (replacing any earlier one; ``run_held`` keeps
+        it when the job ends): windows start no job until it re-arms."""
+        value = json.dumps(hold.as_dict(), ensure_ascii=False)
+        self._call("recording a hold", key, lambda: self._write(key, put={"hold": value, "run_held": "1"}))
 
     def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
         """Record a stage's final failure as ``last_error`` of the running job."""
@@ -235,10 +261,16 @@ class FailureStore:
             )
         )
 
-    def job_finished(self, key: ConversationKey, failed: bool) -> float | None:
+    def job_finished(self, key: ConversationKey, failed: bool, hold: Hold | None = None) -> float | None:
         """Close the job's record: a failed job extends the backoff (returns its seconds); one
         without a failed stage clears ``last_error`` and the backoff, and stamps
-        ``last_success_at`` only when it saved a version (``version_saved``)."""
+        ``last_success_at`` only when it saved a version (``version_saved``) and left no hold.
+
+        ``hold``: the job could not make progress (it is recorded; a job without one removes
+        any earlier hold).
+        """
+        held = {"hold": json.dumps(hold.as_dict(), ensure_ascii=False)} if hold is not None else {}
+        unheld: tuple[str, ...] = () if hold is not None else ("hold",)
         if failed:
             count = int(self._call("counting failed jobs", key, lambda: self._write(key, incr="failures")))
             pause = min(self.backoff_seconds * float(2 ** min(count - 1, 32)), self.backoff_max_seconds)
@@ -246,20 +278,26 @@ class FailureStore:
             self._call(
                 "starting the backoff",
                 key,
-                lambda: self._write(key, put={"retry_at": retry_at}, remove=("run_failed", "run_saved")),
+                lambda: self._write(
+                    key,
+                    put={"retry_at": retry_at, **held},
+                    remove=("run_failed", "run_saved", "run_held", *unheld),
+                ),
             )
             return pause
         saved = self._call(
             "reading the job's saves", key, lambda: self.client.hexists(self.key(key), "run_saved")
         )
-        stamp = {"last_success_at": datetime.now(UTC).isoformat()} if saved else None
+        put = dict(held)
+        if hold is None and saved:
+            put["last_success_at"] = datetime.now(UTC).isoformat()
         self._call(
-            "ending a job without a failure",
+            "ending a job without a failure" if hold is None else "recording a hold",
             key,
             lambda: self._write(
                 key,
-                put=stamp,
-                remove=("last_error", "failures", "retry_at", "run_failed", "run_saved"),
+                put=put or None,
+                remove=("last_error", "failures", "retry_at", "run_failed", "run_saved", "run_held", *unheld),
             ),
         )
         return None

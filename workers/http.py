@@ -11,7 +11,7 @@ token's sha256 in ``http.tokens``):
   ``If-Match: <last log id>`` -> 409 when the log ends elsewhere); 201, or 200 when every
   message was already logged
 - ``POST   /v1/conversations/{id}/window``         the window within ``budget_tokens``, its
-  ``tools``, ``compaction`` (``idle|queued|running|failing``) and ``compaction_detail``;
+  ``tools``, ``compaction`` (``idle|queued|running|failing|paused``) and ``compaction_detail``;
   ``?format=openai`` serves OpenAI keys only
 - ``GET    /v1/conversations/{id}/messages``       the raw log, paged (``after``, ``limit``)
 - ``DELETE /v1/conversations/{id}/messages?after=`` remove the messages after a log id (409
@@ -19,7 +19,7 @@ token's sha256 in ``http.tokens``):
 - ``POST   /v1/conversations/{id}/compact``        ask for background compaction; 202 (a
   ``failing`` conversation is not queued again until its failure backoff passes)
 - ``GET    /v1/conversations/{id}/state``          blocks with provenance (``?history=1``)
-  and ``compaction_detail`` (the last error, the last success)
+  ``compaction`` and ``compaction_detail`` (the last error, the last success, the hold)
 - ``GET    /v1/conversations/{id}/offloads/{h}``   offloaded originals
 - ``GET    /v1/conversations``                     the tenant's conversations, paged
 - ``DELETE /v1/conversations/{id}``                log, state, offloads and queued work; 204

@@ -12,6 +12,7 @@ from ctxcore.state import validate_id
 from workers.http_api import ApiState, ConversationId
 from workers.http_errors import ApiError, error_responses
 from workers.service_delete import delete_conversation as delete_everything
+from workers.spend import summariser_cap
 
 __all__ = ["conversations_router"]
 
@@ -61,6 +62,13 @@ def conversations_router(api: ApiState, current_tenant: Callable[..., str]) -> A
     )
     def usage(tenant: Tenant) -> UsageResponse:
         """Summariser calls and tokens spent on the tenant's conversations."""
-        return UsageResponse(tenant=tenant, **api.runtime.usage.of(tenant))
+        day, used = api.runtime.spend.used(tenant)
+        return UsageResponse(
+            tenant=tenant,
+            **api.runtime.usage.of(tenant),
+            day=day,
+            summariser_tokens_today=used,
+            summariser_tokens_per_day=summariser_cap(api.runtime.settings, tenant),
+        )
 
     return router

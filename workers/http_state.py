@@ -11,9 +11,11 @@ from ctxcore.errors import InvalidKeyError
 from ctxcore.messages import to_openai
 from ctxcore.state import CompressionState
 from ctxcore.state.filesystem import validate_handle
+from workers.holds import status_of
 from workers.http_api import ApiState, ConversationId
 from workers.http_errors import error_responses, not_found
 from workers.http_status import detail_out, snapshot_out
+from workers.spend import summariser_cap
 
 __all__ = ["state_router"]
 
@@ -53,10 +55,16 @@ def state_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter
         if state is None and runtime.log.last_id(key) is None:
             raise not_found()
         current = snapshot_out(state or CompressionState())
+        record = runtime.failures.get(key)
         result = StateResponse(
             **current.model_dump(),
             budget=runtime.state_store.get_budget(key),
-            compaction_detail=detail_out(runtime.failures.detail(key)),
+            compaction=status_of(
+                record,
+                backoff_seconds=runtime.settings.worker.no_progress_backoff_seconds,
+                cap_tokens=summariser_cap(runtime.settings, key.tenant_id),
+            ),
+            compaction_detail=detail_out(record.detail),
         )
         if history:
             result.history = [snapshot_out(s) for s in runtime.state_store.history(key)]

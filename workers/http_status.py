@@ -10,6 +10,7 @@ from ctxcore.client.models import (
     BlockOut,
     CompactionDetailOut,
     CompactionStatusOut,
+    HoldOut,
     LastErrorOut,
     StateSnapshot,
 )
@@ -28,6 +29,8 @@ def detail_out(detail: CompactionDetail) -> CompactionDetailOut:
         if error
         else None,
         last_success_at=detail.last_success_at,
+        reason=detail.reason,
+        hold=HoldOut(**detail.hold.as_dict()) if detail.hold else None,
     )
 
 

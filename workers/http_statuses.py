@@ -39,6 +39,7 @@ from ctxcore.summarize.errors import ModelCallError
 from workers.circuit import CircuitOpenError
 from workers.failures import StageFailedError
 from workers.locks import ConversationBusy
+from workers.spend import SummariserBudgetExhausted
 
 __all__ = ["ERROR_STATUSES", "STORE_DOWN", "ApiError", "ErrorStatus", "error_status"]
 
@@ -189,6 +190,8 @@ ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
         headers=lambda x: _retry_after(x.retry_after),
     ),
     ClientApiError: _UPSTREAM,
+    # Raised in workers only (a stage pauses its conversation); listed so the table is whole.
+    SummariserBudgetExhausted: ErrorStatus(429, "summariser_budget_exhausted"),
 }
 
 

@@ -65,6 +65,19 @@ class StageMetrics:
             "ctxcore_tokens_saved", "Tokens removed from conversation views by compaction.", registry=r
         )
         self.failures = Counter("ctxcore_failures", "Failed stages, by error kind.", ["kind"], registry=r)
+        self.holds = Counter(
+            "ctxcore_compaction_paused",
+            "Jobs that ended holding their conversation (no job until it re-arms), by reason: "
+            "no_progress and budget_exhausted pause it, newest_step leaves it idle.",
+            ["reason"],
+            registry=r,
+        )
+        self.summariser_tokens = Counter(
+            "ctxcore_summariser_tokens",
+            "Summariser tokens (input + output) settled after each call, by tenant.",
+            ["tenant"],
+            registry=r,
+        )
         self.cas_conflicts = Counter(
             "ctxcore_cas_conflicts", "Compare-and-swap saves lost to another writer.", registry=r
         )

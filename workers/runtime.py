@@ -33,6 +33,7 @@ from workers.prom_worker import stage_metrics
 from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
 from workers.service import CompactionQueue, ContextService
+from workers.spend import BudgetedModel, SummariserBudget, summariser_cap
 from workers.usage import Usage
 
 if TYPE_CHECKING:
@@ -135,20 +136,32 @@ class Runtime:
 
         A remote endpoint is called through the tenant's circuit breaker (shared in Redis by
         every worker); the offline ``ExtractiveModel`` cannot fail that way and is not wrapped.
+        Every call is reserved on the tenant's daily summariser budget first (``workers.spend``).
         """
         cfg = self.settings.model_for_tenant(key.tenant_id)
         cache_key = cfg.model_dump_json()
         client = self._models.get(cache_key)
         if client is None:
             client = self._models.setdefault(cache_key, build_model(cfg, self.counter))
-        if cfg.base_url is None:
-            return client
-        return CircuitBreakerClient(
-            client,
-            self.circuit,
-            key.tenant_id,
-            cfg.base_url,
-            on_refused=lambda: stage_metrics().circuit_open.inc(),
+        if cfg.base_url is not None:
+            client = CircuitBreakerClient(
+                client,
+                self.circuit,
+                key.tenant_id,
+                cfg.base_url,
+                on_refused=lambda: stage_metrics().circuit_open.inc(),
+            )
+        # Outermost: a call refused by the tenant's cap never reaches the breaker or the endpoint.
+        cap = summariser_cap(self.settings, key.tenant_id)
+        return BudgetedModel(client, self.spend, key.tenant_id, self.counter, cap)
+
+    @cached_property
+    def spend(self) -> SummariserBudget:
+        """The tenants' daily summariser counters (``workers.spend``)."""
+        return SummariserBudget(
+            self.redis,
+            prefix=self.settings.redis.key_prefix,
+            on_settled=lambda tenant, tokens: stage_metrics().summariser_tokens.labels(tenant).inc(tokens),
         )
 
     @cached_property

@@ -33,9 +33,11 @@ from ctxcore.turns import UserDetector
 from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
+from workers.holds import rearmed
 from workers.queues import CompactionQueue, InlineQueue
 from workers.service_tail import WindowTail, read_window_tail, window_reader
 from workers.service_write import AppendOutcome, check_batch, validation_tail
+from workers.spend import summariser_cap
 
 __all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
 
@@ -315,9 +317,10 @@ class ContextService:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
         Records the budget beside the state; asks for compaction when the view is over
-        ``trigger_ratio`` of it. ``compaction`` is the queue's status, or ``failing`` while
-        the conversation's last job failed (``compaction_detail`` says why, from the
-        ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
+        ``trigger_ratio`` of it, unless a hold (``workers.holds``) keeps jobs from starting.
+        ``compaction`` is the queue's status, ``paused`` while such a hold pauses it, or
+        ``failing`` while the conversation's last job failed (``compaction_detail`` says why,
+        from the ``failures`` store when one was given). ``BudgetExceeded`` when system + tools +
         anchors alone do not fit. ``own_tools=False`` counts and serves the request's tools
         alone (the proxy never injects the recall tool). With ``require_existing`` a
         conversation with neither log nor state is ``NotFoundError`` (checked in the same
@@ -364,7 +367,21 @@ class ContextService:
             result.raw_tokens += read.raw_tokens_delta
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
         detail = record.detail if record is not None else CompactionDetail()
-        if result.raw_tokens > trigger:
+        cap = summariser_cap(self.settings, key.tenant_id)
+        held = detail.hold is not None and not rearmed(
+            detail.hold,
+            budget_tokens=budget_tokens,
+            tail=tail,
+            elided=read.elided,
+            counter=counter,
+            backoff_seconds=self.settings.worker.no_progress_backoff_seconds,
+            cap_tokens=cap,
+        )
+        if held and detail.hold is not None and detail.hold.pauses:
+            # No job until the hold re-arms (workers.holds): the last one could not progress,
+            # or the tenant's summariser tokens of the day are spent.
+            result.compaction = "paused"
+        elif result.raw_tokens > trigger and not held and cap != 0:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
             # The queue's status from the record already read, where the queue reads it
@@ -376,7 +393,7 @@ class ContextService:
                 result.compaction = from_record(record)
             else:
                 result.compaction = self.queue.status(key)
-        if detail.last_error is not None:
+        if detail.last_error is not None and result.compaction != "paused":
             result.compaction = "failing"
         result.compaction_detail = detail
         self.last_latency_ms = (self._clock() - started) * 1000

@@ -18,11 +18,14 @@ exception. Any other exception propagates (``FAILURE``, traceback logged, state 
 failure it sends the next stage with the failed kind exhausted (every model stage after a
 transient or ``authentication`` kind: they would call the same endpoint), so planning ends
 at worst with the model-free hard truncate; after any other exception the job ends at once.
-A job that ended with a failed stage backs off (``workers.failures``).
+A job that ended with a failed stage backs off (``workers.failures``); one that ends over
+target having saved nothing, or whose stage its tenant's summariser cap refused, leaves a
+hold (``workers.holds``) that no window passes until it re-arms; the result names it (Flower).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -36,7 +39,7 @@ from ctxcore.coordinator import INVALID_SUMMARY
 from ctxcore.errors import ModelError, StoreUnavailable
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
-from ctxcore.status import CompactionStatus
+from ctxcore.status import CompactionStatus, Hold
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
 from workers.app import app, queue_names, runtime
 from workers.broker import retry_countdown
@@ -48,8 +51,10 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
+from workers.holds import budget_hold, hold_at_job_end
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
+from workers.spend import SummariserBudgetExhausted, summariser_cap
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,8 @@ def request_compaction(key: ConversationKey, reason: str = "window") -> Compacti
     A conversation whose last job failed is not queued again until its backoff passes.
     """
     rt = runtime()
+    if summariser_cap(rt.settings, key.tenant_id) == 0:
+        return "idle"  # the tenant runs on the rules alone: no summariser call, no job
     record = rt.failures.get(key)
     if record.backing_off():
         return "failing"
@@ -144,12 +151,13 @@ def drain(ring: int | None = None) -> dict[str, Any]:
         send_drain_tokens(1, job.ring)
     rt.failures.job_started(job.key)
     try:
-        planned = _plan_and_send(job.key, [])
+        planned, hold = _plan_and_send(job.key, [])
     except Exception as exc:
         # Planning failed before any stage ran: record it and end the job, then fail loudly.
         _after_failure(job.key, None, [], exc)
         raise
-    return {"job": str(job.key), "stage": planned}
+    held = {"hold": hold.reason} if hold is not None else {}
+    return {"job": str(job.key), "stage": planned, **held}
 
 
 def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
@@ -162,27 +170,40 @@ def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> 
     )
 
 
-def _finish(key: ConversationKey) -> None:
-    """End the running job of ``key``: close its failure record, queue a follow-up if due."""
+def _finish(
+    key: ConversationKey, ran: Sequence[str] = (), detail: str = "", *, planned: bool = True
+) -> Hold | None:
+    """End the running job of ``key``: close its failure record (with the hold it leaves,
+    ``workers.holds``: ``ran`` its stages that saved nothing, ``detail`` how the last ended),
+    queue a follow-up if due. Returns the hold."""
     rt = runtime()
-    failed = rt.failures.run_failed(key)
-    finished = rt.scheduler.finish(key, follow_up=not failed)
+    record = rt.failures.get(key)
+    failed = record.run_failed
+    sizes = functools.partial(rt.coordinator.sizes, key)
+    hold = hold_at_job_end(record, sizes, ran=ran, detail=detail, planned=planned)
+    finished = rt.scheduler.finish(key, follow_up=not failed and hold is None)
     if finished < 0:
-        return  # not a running job: a redelivered duplicate, or a stage sent by hand
-    pause = rt.failures.job_finished(key, failed)
+        return None  # not a running job: a redelivered duplicate, or a stage sent by hand
+    pause = rt.failures.job_finished(key, failed, hold)
     if pause is not None:
         log.warning("compaction job of %s ended with a failed stage; not queued again for %.0f s", key, pause)
+    if hold is not None and not record.run_held:
+        stage_metrics().holds.labels(hold.reason).inc()
+        log.warning("compaction job of %s saved nothing, held (%s): %s", key, hold.reason, hold.why)
     if finished == 1:
         send_drain_tokens(1, rt.scheduler.ring_of(key.tenant_id))
+    return hold
 
 
-def _plan_and_send(key: ConversationKey, exhausted: Sequence[str]) -> str | None:
+def _plan_and_send(
+    key: ConversationKey, exhausted: Sequence[str], detail: str = ""
+) -> tuple[str | None, Hold | None]:
+    """Send the next stage (its kind), or end the job (with the hold it left, if any)."""
     stage = runtime().coordinator.plan(key, exhausted=exhausted)
     if stage is None:
-        _finish(key)
-        return None
+        return None, _finish(key, exhausted, detail)
     send_stage(key, stage, exhausted)
-    return stage.kind
+    return stage.kind, None
 
 
 def _retry_delay(task: Task[Any, Any], retry_after: float | None) -> float:
@@ -240,6 +261,8 @@ def _run_stage(
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
         _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
+    except SummariserBudgetExhausted as exc:
+        return _budget_exhausted(key, stage, exhausted, exc)
     elapsed = time.perf_counter() - started
     metrics = stage_metrics()
     metrics.stage_seconds.labels(stage.kind, result.outcome).observe(elapsed)
@@ -253,10 +276,11 @@ def _run_stage(
         "tokens_before": result.tokens_before,
         "tokens_after": result.tokens_after,
     }
+    hold: Hold | None
     if result.outcome == "compressed":
         rt.failures.version_saved(key)
         metrics.tokens_saved.inc(max(result.tokens_before - result.tokens_after, 0))
-        summary["next"] = _plan_and_send(key, exhausted)
+        summary["next"], hold = _plan_and_send(key, exhausted)
     elif result.outcome == "conflict":
         # Another worker saved first (a redelivered duplicate, or this worker lost its lock
         # while cut off): the work is discarded, visibly, and the next stage re-planned.
@@ -269,9 +293,10 @@ def _run_stage(
             result.detail or "another writer saved first",
         )
         metrics.cas_conflicts.inc()
-        summary["next"] = _plan_and_send(key, exhausted)
+        summary["next"], hold = _plan_and_send(key, exhausted)
     elif result.outcome == "skipped":
-        summary["next"] = _plan_and_send(key, [*exhausted, stage.kind])
+        summary["detail"] = result.detail
+        summary["next"], hold = _plan_and_send(key, [*exhausted, stage.kind], result.detail)
     else:
         # A classified failure, the state untouched: a model error (retried while transient,
         # else FAILURE) or a rejected result (``invalid_summary``: deterministic, the same
@@ -283,6 +308,25 @@ def _run_stage(
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
         _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
+    if hold is not None:
+        summary["hold"] = hold.reason  # Flower shows why the job stopped
+    log.info("stage done: %s", summary)
+    return summary
+
+
+def _budget_exhausted(
+    key: ConversationKey, stage: Stage, exhausted: Sequence[str], exc: SummariserBudgetExhausted
+) -> dict[str, Any]:
+    """A stage refused by its tenant's summariser cap (no model call was made): pause the
+    conversation (``budget_exhausted``) and let only the model-free stages run on."""
+    rt = runtime()
+    hold = budget_hold(rt.coordinator.sizes(key), exc)
+    rt.failures.put_hold(key, hold)
+    stage_metrics().holds.labels(hold.reason).inc()
+    log.warning("stage %s of %s not run, compaction paused (budget_exhausted): %s", stage.kind, key, exc)
+    model_free = [*exhausted, *(k for k in MODEL_STAGES if k not in exhausted)]
+    summary: dict[str, Any] = {"conversation": str(key), "stage": stage.kind, "outcome": "paused"}
+    summary["next"], summary["hold"] = _plan_and_send(key, model_free)[0], hold.reason
     log.info("stage done: %s", summary)
     return summary
 
@@ -307,14 +351,14 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:
-            _finish(key)
+            _finish(key, planned=False)
             return
         failed = MODEL_STAGES if kind in _ENDPOINT_KINDS else (stage,)
         try:
             _plan_and_send(key, [*exhausted, *(k for k in failed if k not in exhausted)])
         except Exception:
             # Planning after the failed stage broke too: end the job rather than strand it.
-            _finish(key)
+            _finish(key, planned=False)
             raise
     except StoreUnavailable as err:
         lease = rt.settings.worker.hard_time_limit * 4

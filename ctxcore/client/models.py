@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from ctxcore.messages import from_openai, to_openai
 
@@ -25,6 +25,7 @@ __all__ = [
     "ElidedRange",
     "ErrorBody",
     "HealthResponse",
+    "HoldOut",
     "LastErrorOut",
     "MessageIn",
     "MessageOut",
@@ -73,7 +74,29 @@ _MESSAGE_SCHEMA: dict[str, Any] = {
 MessageIn = Annotated[Any, WithJsonSchema(_MESSAGE_SCHEMA)]
 MessageOut = Annotated[dict[str, Any], WithJsonSchema(_MESSAGE_SCHEMA)]
 
-CompactionStatusOut = Literal["idle", "queued", "running", "failing"]
+COMPACTION_STATUSES: tuple[str, ...] = ("idle", "queued", "running", "failing", "paused")
+
+
+def _known_status(value: object) -> object:
+    # A newer server may add a status: a client reads it as "unknown", never as an error.
+    return value if value in COMPACTION_STATUSES or not isinstance(value, str) else "unknown"
+
+
+CompactionStatusOut = Annotated[
+    Literal["idle", "queued", "running", "failing", "paused", "unknown"],
+    BeforeValidator(_known_status),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "enum": list(COMPACTION_STATUSES),
+            "description": (
+                "idle, queued, running; failing while the last job failed; paused while no job "
+                "starts (compaction_detail.reason: no_progress or budget_exhausted). Clients read a "
+                "status they do not know as unknown."
+            ),
+        }
+    ),
+]
 WindowFormat = Literal["ctxcore", "openai"]
 
 
@@ -158,13 +181,37 @@ class LastErrorOut(_Response):
     at: datetime = Field(description="When it failed (UTC)")
 
 
+class HoldOut(_Response):
+    """Why no compaction job starts, and the sizes (tokens) that say so."""
+
+    reason: str = Field(description="no_progress, budget_exhausted (status paused) or newest_step (idle)")
+    at: datetime = Field(description="When the hold was recorded (UTC)")
+    why: str = Field(description="What could not be summarised and why, in words")
+    view_tokens: int = Field(default=0, description="The view as served when the hold was recorded")
+    target_tokens: int = Field(default=0, description="The compaction target")
+    budget_tokens: int = Field(default=0, description="The window budget asked for")
+    held_tokens: int = Field(
+        default=0, description="What no stage summarises: the anchors and the newest step"
+    )
+    last_id: str | None = Field(default=None, description="The log's last id when the hold was recorded")
+    used_tokens: int | None = Field(default=None, description="budget_exhausted: tokens used on that UTC day")
+    cap_tokens: int | None = Field(default=None, description="budget_exhausted: the tenant's daily cap")
+    needed_tokens: int | None = Field(default=None, description="budget_exhausted: what the stage asked for")
+    day: str | None = Field(default=None, description="budget_exhausted: the UTC day (YYYY-MM-DD)")
+
+
 class CompactionDetailOut(_Response):
-    """Why ``compaction`` says ``failing``: set until a later job succeeds."""
+    """Why ``compaction`` says ``failing`` (set until a later job succeeds) or ``paused``."""
 
     last_error: LastErrorOut | None
     last_success_at: datetime | None = Field(
         description="When a compaction job last saved a state version and ended without a failed stage (UTC)"
     )
+    reason: str | None = Field(
+        default=None,
+        description="Why no job starts: no_progress, budget_exhausted (paused) or newest_step (idle); null: none",
+    )
+    hold: HoldOut | None = Field(default=None, description="The hold's sizes (null: jobs may start)")
 
 
 class WindowResponse(_Response):
@@ -224,6 +271,10 @@ class StateResponse(StateSnapshot):
     """The current compaction state, the budget last asked for and (``?history=1``) kept versions."""
 
     budget: int | None
+    compaction: CompactionStatusOut | None = Field(
+        default=None,
+        description="The status as of the last job (a window may re-arm a paused conversation earlier)",
+    )
     compaction_detail: CompactionDetailOut
     history: list[StateSnapshot] | None = Field(
         default=None, description="Kept versions, newest first (only with ?history=1)"
@@ -266,6 +317,13 @@ class UsageResponse(_Response):
     calls: int
     input_tokens: int
     output_tokens: int
+    day: str | None = Field(default=None, description="The UTC day of summariser_tokens_today (YYYY-MM-DD)")
+    summariser_tokens_today: int = Field(
+        default=0, description="Summariser tokens (input + output) counted today, reservations included"
+    )
+    summariser_tokens_per_day: int | None = Field(
+        default=None, description="The tenant's daily cap (null: none; 0: rules only, no summariser call)"
+    )
 
 
 class RecallRequest(_Request):

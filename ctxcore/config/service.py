@@ -25,6 +25,10 @@ class ServiceSettings(BaseModel):
     trigger_ratio: float = Field(default=1.0, gt=0, le=1)
     target_ratio: float = Field(default=0.8, gt=0, le=1)
     default_budget: int = Field(default=128_000, gt=0)
+    # Summariser tokens (input + output) a tenant's conversations may spend per UTC day,
+    # for tenants without their own ``summariser_tokens_per_day``: 0 runs them on the rules
+    # alone (no summariser call at all); None (unset) sets no cap.
+    summariser_tokens_per_day: int | None = Field(default=None, ge=0)
     max_messages_per_append: int = Field(default=1000, gt=0)
     max_message_chars: int = Field(default=2_000_000, gt=0)
     offload_ttl_seconds: int | None = Field(default=None, gt=0)
@@ -106,3 +110,5 @@ class TenantSettings(BaseModel):
     requests_per_second: float | None = Field(default=None, gt=0)
     max_conversations: int | None = Field(default=None, gt=0)
     retention_days: int | None = Field(default=None, gt=0)
+    # This tenant's summariser tokens per UTC day (None: ``service.summariser_tokens_per_day``).
+    summariser_tokens_per_day: int | None = Field(default=None, ge=0)

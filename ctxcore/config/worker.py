@@ -33,6 +33,10 @@ class WorkerSettings(BaseModel):
     # maximum and resets on success (a dead endpoint is not hammered).
     failure_backoff_seconds: float = Field(default=30.0, gt=0)
     failure_backoff_max_seconds: float = Field(default=600.0, gt=0)
+    # A job whose stages saved nothing while the view stayed over its target pauses the
+    # conversation (``paused``, reason ``no_progress``): windows start no job until the log
+    # grows by a step and 5% of the budget, the budget asked for changes, or this long passes.
+    no_progress_backoff_seconds: float = Field(default=600.0, gt=0)
     # A queued job whose last drain token was sent longer ago than this gets a new one (the
     # reconciler in every worker checks every half of it): no job waits without a token.
     requeue_after_seconds: float = Field(default=30.0, gt=0)

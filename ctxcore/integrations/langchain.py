@@ -39,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
     ) from exc
 
 from ctxcore.client import AsyncCtxcoreClient, CtxcoreClient
+from ctxcore.client.status import StatusWatch
 from ctxcore.engine import ModelContext
 from ctxcore.engine_async import AsyncModelContext
 from ctxcore.errors import ConfigError, UnsupportedItemError
@@ -151,6 +152,8 @@ class CtxcoreMiddleware(AgentMiddleware):
         self.conversation_id = conversation_id
         self.model = model
         self._progress = _Progress()
+        # Logs when a conversation's compaction turns paused/failing (served windows go on).
+        self._status = StatusWatch()
 
     # --- the conversation and the request ------------------------------------------
 
@@ -219,6 +222,7 @@ class CtxcoreMiddleware(AgentMiddleware):
                 format="openai",
             )
             window = from_openai(served.messages)
+            self._status.seen(conversation, served)
         self._progress.done(conversation, state)
         return self._override(request, window)
 
@@ -277,6 +281,7 @@ class CtxcoreMiddleware(AgentMiddleware):
                 format="openai",
             )
             window = from_openai(served.messages)
+            self._status.seen(conversation, served)
         else:  # pragma: no cover - excluded by the check at the top
             raise ConfigError("CtxcoreMiddleware: no context or client")
         self._progress.done(conversation, state)

@@ -34,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
     ) from exc
 
 from ctxcore.client import AsyncCtxcoreClient
+from ctxcore.client.status import StatusWatch
 from ctxcore.engine_async import AsyncModelContext
 from ctxcore.errors import ConfigError, NotFoundError, TruncateRefused, UnsupportedItemError
 from ctxcore.integrations.agents_items import (
@@ -106,6 +107,7 @@ class CtxcoreSession:
         self.model = model
         self._logged: list[_Logged] | None = None
         self._confirmed = 0  # items the runner has added (the rest were logged by the filter)
+        self._status = StatusWatch()  # logs when compaction turns paused/failing
         self.windows: int = 0
 
     # --- the log ----------------------------------------------------------------------
@@ -247,6 +249,7 @@ class CtxcoreSession:
                 self.session_id, self.budget_tokens, system=system, tools=tools, model=self.model
             )
             messages = from_openai(served.messages)
+            self._status.seen(self.session_id, served)
         self.windows += 1
         return ModelInputData(input=window_items(messages), instructions=instructions)  # type: ignore[arg-type]
 

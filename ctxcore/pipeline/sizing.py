@@ -7,17 +7,21 @@ each), and as a window serves them: tool results over the configured cap count a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.pipeline.models import PipelineConfig
-from ctxcore.pipeline.view import View, block_message
+from ctxcore.pipeline.view import View, block_message, log_id
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
+from ctxcore.turns import newest_step_start
 
 __all__ = [
+    "ViewSizes",
     "header_tokens",
+    "held_tokens",
     "item_tokens",
     "message_tokens",
     "room_for",
@@ -28,6 +32,31 @@ __all__ = [
 ]
 
 Item = SummaryBlock | AnyMessage
+
+
+@dataclass(frozen=True)
+class ViewSizes:
+    """A conversation's view against its target, in tokens (as a window serves it).
+
+    ``held_tokens`` is what no stage may summarise (anchors and the newest step);
+    ``last_id`` the log's last id.
+    """
+
+    view_tokens: int
+    target_tokens: int
+    budget_tokens: int
+    held_tokens: int
+    last_id: str | None
+
+    @property
+    def over_target(self) -> bool:
+        """True when the view is over its compaction target."""
+        return self.view_tokens > self.target_tokens
+
+    @property
+    def held_by_newest_step(self) -> bool:
+        """True when what may not be summarised alone is over the target: no stage can help."""
+        return self.held_tokens > self.target_tokens
 
 
 def message_tokens(counter: TokenCounter, messages: Sequence[AnyMessage]) -> int:
@@ -58,6 +87,16 @@ def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter:
             if excess > 0:
                 total += excess
     return total
+
+
+def held_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
+    """What no stage may summarise, as served: the anchors (pinned and in the tail) and the
+    newest step (even the most aggressive stage leaves it verbatim: the model acts on it)."""
+    tail = list(view.tail)
+    start = newest_step_start(tail)
+    anchors = view.anchor_id_set()
+    kept = [*view.pinned, *(m for m in tail[:start] if log_id(m) in anchors), *tail[start:]]
+    return served_of(kept, config, counter)
 
 
 def summary_cap(view: View, config: PipelineConfig) -> int | None:

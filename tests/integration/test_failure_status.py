@@ -135,6 +135,8 @@ def test_the_api_shows_failing_and_holds_requests_back_until_the_backoff_passes(
         assert ok["compaction"] == "idle" and ok["compaction_detail"] == {
             "last_error": None,
             "last_success_at": None,
+            "reason": None,
+            "hold": None,
         }
 
         rt.failures.job_started(KEY)

@@ -495,7 +495,8 @@ def test_state_with_provenance_and_history(api: Api) -> None:
         "pinned": [],
         "blocks": [],
         "budget": None,
-        "compaction_detail": {"last_error": None, "last_success_at": None},
+        "compaction": "idle",
+        "compaction_detail": {"last_error": None, "last_success_at": None, "reason": None, "hold": None},
     }
 
     key = ConversationKey("tenant-a", "c1")
@@ -626,11 +627,15 @@ def test_list_is_paged(api: Api) -> None:
 
 def test_usage_is_per_tenant(api: Api) -> None:
     api.runtime.usage.add("tenant-a", 3, 1200, 300)
-    assert api.client.get("/v1/usage", headers=AUTH_A).json() == {
+    usage = api.client.get("/v1/usage", headers=AUTH_A).json()
+    assert usage == {
         "tenant": "tenant-a",
         "calls": 3,
         "input_tokens": 1200,
         "output_tokens": 300,
+        "day": usage["day"],
+        "summariser_tokens_today": 0,
+        "summariser_tokens_per_day": None,
     }
     assert api.client.get("/v1/usage", headers=AUTH_B).json()["calls"] == 0
 

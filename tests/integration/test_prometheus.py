@@ -93,12 +93,17 @@ def test_a_stage_run_in_a_real_worker_moves_the_stage_histogram(redis_url: str, 
     counts = [s for s in families["ctxcore_stage_seconds"].samples if s.name == "ctxcore_stage_seconds_count"]
     assert sum(s.value for s in counts) >= 1, counts
     assert {s.labels["outcome"] for s in counts} <= {"compressed", "skipped", "conflict", "failed"}
-    # Bounded labels only: stage kinds, outcomes, error kinds and buckets; never a tenant
-    # or a conversation.
+    # Bounded labels only: stage kinds, outcomes, error kinds, hold reasons and buckets; never
+    # a conversation, and a tenant only on the summariser tokens each tenant spends (issue 34:
+    # tenants are the deployment's, not the callers' to multiply).
     for family in families.values():
         for sample in family.samples:
-            assert set(sample.labels) <= {"stage", "outcome", "kind", "le"}, sample
+            if sample.name == "ctxcore_summariser_tokens_total":
+                assert set(sample.labels) == {"tenant"} and sample.labels["tenant"] == "acme", sample
+                continue
+            assert set(sample.labels) <= {"stage", "outcome", "kind", "reason", "le"}, sample
             assert not any(key.conversation_id in v or "acme" in v for v in sample.labels.values()), sample
+    assert sum(s.value for s in families["ctxcore_summariser_tokens"].samples) > 0
 
 
 def test_the_node_serves_its_processes_metrics_on_metrics_port() -> None:
