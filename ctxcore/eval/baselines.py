@@ -106,8 +106,8 @@ class StepsPolicy(_Recorder):
     """Anchors, then the newest whole steps that fit (a correct truncation).
 
     With ``fill`` (the matched-fill control, never the ``steps`` baseline) the room the whole
-    steps leave goes to the next older step with its outputs cut, so the window's fill
-    matches its budget to within a few tokens.
+    steps leave goes to the next older step that fits with its outputs cut (older ones when
+    even its call does not), so the window's fill matches its budget to within a few tokens.
     """
 
     name = "steps"
@@ -146,9 +146,15 @@ class StepsPolicy(_Recorder):
             if cost <= room:
                 chosen.update((i, messages[i]) for i in members)
                 room -= cost
-            elif first or self.fill:
+            elif first:
                 chosen.update(self._fit(messages, members, room, priming))
                 break
+            elif self.fill:
+                # The room left goes to the next older step that fits, cut if need be.
+                part = self._fit(messages, members, room, priming)
+                if part:
+                    chosen.update(part)
+                    break
             else:
                 break
             first = False
