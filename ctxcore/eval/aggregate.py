@@ -7,10 +7,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxcore.eval.harness import ConversationResult
 from ctxcore.eval.next_step import reference_figures, spend_figures
 from ctxcore.eval.probes import PROBES
 from ctxcore.eval.readability import pooled
+from ctxcore.eval.results import ConversationResult
 from ctxcore.eval.scoring import QATally
 
 __all__ = ["CONTROL_MARGIN", "aggregate", "control_figures", "win_loss"]

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxcore.eval.accounting import PARTS
-from ctxcore.eval.harness import CheckpointScore, ConversationResult
 from ctxcore.eval.references import KINDS, sign_test
+from ctxcore.eval.results import CheckpointScore, ConversationResult
 
 __all__ = ["CACHED_PRICE", "OUTPUT_PRICE", "reference_figures", "run_cost", "run_score", "spend_figures"]
 

@@ -20,15 +20,11 @@ from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
 from ctxcore.eval.aggregate import aggregate
 from ctxcore.eval.data import Conversation, groups, load_conversations, window_points
-from ctxcore.eval.harness import (
-    MATCHED_FILL,
-    REFERENCE_POLICY,
-    ConversationResult,
-    conversation_tokens,
-    evaluate_conversation,
-)
+from ctxcore.eval.harness import MATCHED_FILL, REFERENCE_POLICY, evaluate_conversation
 from ctxcore.eval.next_step import reference_figures
 from ctxcore.eval.policies import POLICIES
+from ctxcore.eval.replay import conversation_tokens
+from ctxcore.eval.results import ConversationResult
 from ctxcore.messages import to_openai
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import ModelClient
