@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ctxcore.config import ProxySettings, Settings
+from ctxcore.contract import MAX_NESTING_DEPTH, check_message, check_tools, json_problem
 from ctxcore.errors import ConfigError, InvalidKeyError, InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey
@@ -46,6 +47,9 @@ __all__ = ["CONVERSATION_HEADER", "proxy_router"]
 
 CONVERSATION_HEADER = "X-Ctxcore-Conversation"
 REPLAYED_HEADER = "x-ctxcore-replayed"
+# A request body nesting deeper than this holds a field over the message contract's limit
+# (ctxcore.contract.MAX_NESTING_DEPTH within a message or a tool) whatever the field.
+BODY_MAX_DEPTH = MAX_NESTING_DEPTH + 32
 
 
 def _api_keys(settings: Settings) -> dict[str, str]:
@@ -133,6 +137,7 @@ def _split(raw: list[Any]) -> tuple[list[dict[str, Any]], list[SystemMessage], l
         if role in ("system", "developer"):
             try:
                 parsed = from_openai([{**message, "role": "system"}])[0]
+                check_message(i, parsed, stored=False)
             except InvalidMessageError as exc:
                 raise ProxyError(
                     400, f"message {i}: {exc.detail}", exc.field, param=f"messages[{i}]"
@@ -218,6 +223,10 @@ def proxy_router(api: ApiState) -> APIRouter:
         tools = body.get("tools") or []
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise ProxyError(400, "tools must be a list of objects", "invalid_value", param="tools")
+        try:
+            check_tools(tools)
+        except InvalidMessageError as exc:
+            raise ProxyError(400, f"{exc.field}: {exc.detail}", "invalid_value", param=exc.field) from None
         if api.runtime.log.last_id(key) is None:
             api.service.check_conversation_limit(tenant)
         prepared = flow().prepare(key, rest, indices, system, tools, model, budget)
@@ -248,6 +257,16 @@ def proxy_router(api: ApiState) -> APIRouter:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 body = None
+            except RecursionError:
+                raise ProxyError(
+                    400, f"the request body nests deeper than {BODY_MAX_DEPTH} levels", "invalid_request"
+                ) from None
+            problem = json_problem(body, BODY_MAX_DEPTH)
+            if problem is not None:
+                path, rule = problem
+                raise ProxyError(
+                    400, f"request body{path}: {rule}", "invalid_request", param=path[1:] or None
+                )
             key, proxy, prepared, system_raw = await run_in_threadpool(prepare, request, body)
             return await _answer(key, proxy, prepared, system_raw, body)
         except Exception as exc:
