@@ -195,3 +195,15 @@ def test_proxy_refuses_in_openai_shape(client: TestClient) -> None:
         assert error["type"] == "invalid_request_error" and error["message"]
         if param is not None:
             assert (error["param"] or "").startswith(param), (body[:80], error)
+
+
+def test_proxy_413_is_openai_shaped_with_the_limit(client: TestClient) -> None:
+    limit = Settings().http.max_body_bytes
+    huge = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * limit + b'"}]}'
+    r = proxy(client, huge)
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert error["code"] == "body_too_large" and f"{limit} bytes" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    api = client.post("/v1/conversations/c/messages", content=huge, headers=AUTH)
+    assert api.status_code == 413 and api.json()["error"] == "body_too_large"
