@@ -28,6 +28,7 @@ from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.redis import RedisMessageLog
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
+from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
@@ -329,7 +330,10 @@ class ContextService:
         state, pinned, read, record = self._window_reads(
             key, budget_tokens, base, counter, require_existing, recall_settings.auto
         )
-        tail = read.messages
+        # Entries that no longer decode are left out with the results answering them, and
+        # named in elided_ranges (ctxcore.state.undecodable): never a failed window.
+        tail, undecodable = without_undecodable(read.messages)
+        pinned = [m for m in pinned if not is_undecodable(m)]
         auto: AutoRecall | None = None
         if recall_settings.auto:
             index = self._indexes.get(key, state.archive_version, lambda: self.state_store.load_archive(key))
@@ -352,6 +356,8 @@ class ContextService:
             result.fallback_applied = True
             result.elided_ranges[:0] = read.elided
             result.raw_tokens += read.raw_tokens_delta
+        if undecodable:
+            result.elided_ranges = sorted([*result.elided_ranges, *undecodable])
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
         detail = record.detail if record is not None else CompactionDetail()
         if result.raw_tokens > trigger:
