@@ -46,7 +46,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         409: "If-Match does not match the log, the conversation is busy, its state cannot be served, "
         "or a truncation was refused",
         413: "Request body too large",
-        422: "Invalid message, budget exceeded or malformed body",
+        422: "Invalid message, budget exceeded, malformed body or invalid conversation id",
         429: "Rate limited (see Retry-After)",
         503: "A store is unavailable (see Retry-After)",
     }

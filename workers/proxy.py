@@ -10,8 +10,9 @@ a ctxcore token (never forwarded), and the header ``X-Ctxcore-Conversation``. Ea
 2. ``messages`` is replaced by the window within ``window(model) - reserve`` (the reserve is
    ``max_completion_tokens``, else ``max_tokens``, else ``proxy.default_reserve_tokens``),
    counting ``tools``; every other field is forwarded unchanged;
-3. the upstream's answer is returned as is (a stream relayed chunk by chunk) and a complete
-   reply is appended. A request whose reply is already logged is answered from the log with
+3. the upstream's answer is returned (a stream relayed chunk by chunk) with an allow-list of
+   its headers, and a complete reply is appended; an upstream error becomes the proxy's
+   OpenAI error with its status and its message redacted (``upstream_error``). A request whose reply is already logged is answered from the log with
    ``x-ctxcore-replayed: true``, without an upstream call.
 
 Errors are OpenAI-shaped (``workers.proxy_errors``). ``/v1/responses`` is a 404.
@@ -41,7 +42,7 @@ from workers.proxy_errors import ProxyError, openai_error, proxy_responses
 from workers.proxy_flow import Prepared, ProxyFlow
 from workers.proxy_index import HashIndex
 from workers.proxy_stream import ReplyAssembler, replay_chunks, replay_completion, sse
-from workers.proxy_upstream import Upstream
+from workers.proxy_upstream import Upstream, upstream_error
 
 __all__ = ["CONVERSATION_HEADER", "proxy_router"]
 
@@ -162,6 +163,8 @@ def proxy_router(api: ApiState) -> APIRouter:
     """The proxy routes over ``api`` (its settings, service and token table)."""
     router = APIRouter(tags=["proxy"])
     keys = _api_keys(api.settings)
+    # What an upstream error may echo and a tenant must not read.
+    secrets = tuple(sorted(set(keys.values()) | set(api.runtime.secrets), key=len, reverse=True))
     upstream = Upstream()
     flows: dict[int, ProxyFlow] = {}
 
@@ -308,6 +311,8 @@ def proxy_router(api: ApiState) -> APIRouter:
             answer = await upstream.post(base_url, outgoing, api_key, proxy.upstream_timeout)
             forward_ms = (time.perf_counter() - started) * 1000
             reply_ms = 0.0
+            if answer.status_code != 200:
+                return upstream_error(answer.status_code, answer.content, answer.headers, secrets).response()
             if answer.status_code == 200:
                 reply = _reply_of(answer.content)
                 if reply is not None:
@@ -325,9 +330,7 @@ def proxy_router(api: ApiState) -> APIRouter:
         if opened.status_code != 200:
             content = await opened.aread()
             await opened.aclose()
-            return Response(
-                content, status_code=opened.status_code, headers=Upstream.relayed_headers(opened.headers)
-            )
+            return upstream_error(opened.status_code, content, opened.headers, secrets).response()
 
         async def relay() -> AsyncIterator[bytes]:
             assembler = ReplyAssembler()

@@ -38,6 +38,7 @@ from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
+from ctxcore.summarize.redact import scrub
 from workers.app import app, queue_names, runtime
 from workers.broker import retry_countdown
 from workers.broker_queues import wait_for_stage_room
@@ -50,6 +51,7 @@ from workers.failures import (
 )
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
+from workers.scrubbing import scrub_exception
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +125,27 @@ class CeleryQueue:
         return "failing" if record.failing else record.scheduler_status
 
 
-@app.task(name="ctxcore.compact", acks_late=True)
+class ScrubbingTask(Task[Any, Any]):
+    """Base of ctxcore's tasks: an exception leaving a task is scrubbed of the deployment's
+    secrets and URLs, down its chain of causes (``workers.secrets``), before Celery stores it
+    in the result backend, sends it in the ``task-failed`` event Flower shows, or logs it."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except BaseException as exc:
+            scrub_exception(exc, runtime().secrets)
+            raise
+
+
+@app.task(name="ctxcore.compact", acks_late=True, base=ScrubbingTask)
 def compact(tenant: str, conversation: str, reason: str = "manual") -> dict[str, Any]:
     """Decide whether ``tenant/conversation`` needs work and queue it (coalesced)."""
     key = ConversationKey(tenant, conversation)
     return {"conversation": str(key), "reason": reason, "status": request_compaction(key, reason)}
 
 
-@app.task(name="ctxcore.drain", acks_late=True, ignore_result=True)
+@app.task(name="ctxcore.drain", acks_late=True, ignore_result=True, base=ScrubbingTask)
 def drain(ring: int | None = None) -> dict[str, Any]:
     """Start the next job of ``ring`` (else of the rings onward), fairly: the scheduler picks
     the job; a ring with more jobs gets its token back, behind the other rings' tokens."""
@@ -290,6 +305,8 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     """A stage (or the planning of a job) failed for good: record it, then escalate or end the job."""
     rt = runtime()
     kind, message = classify_failure(exc)
+    # What tenants read: the kind and the message without the deployment's secrets or URLs.
+    message = scrub(message, rt.secrets, urls=True)
     cause = exc.__cause__ if isinstance(exc, StageFailedError) and exc.__cause__ is not None else exc
     endpoint = public_endpoint(rt.settings.model_for_tenant(key.tenant_id).base_url)
     described = message if kind == "internal" else f"{type(cause).__name__}: {message}"
@@ -325,7 +342,7 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
         )
 
 
-class StageTask(Task[Any, Any]):
+class StageTask(ScrubbingTask):
     """Base of the stage tasks: a final failure is recorded and escalates or ends the job."""
 
     # A classified model failure is expected: Celery logs it without a traceback (our own
