@@ -14,7 +14,7 @@ import httpx
 from ctxcore.summarize.redact import scrub
 from workers.proxy_errors import ProxyError
 
-__all__ = ["Answer", "Upstream", "upstream_error"]
+__all__ = ["Answer", "Upstream", "deadline_passed", "reply_too_large", "upstream_error"]
 
 # The upstream's headers a client may see: what the OpenAI SDK reads (request ids, rate
 # limits, retry advice) and the body's type. Anything else (Set-Cookie, Location, debug and
@@ -87,25 +87,79 @@ class Upstream:
         )
 
     async def post(
-        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+        self,
+        base_url: str,
+        body: Mapping[str, Any],
+        api_key: str | None,
+        timeout: float,
+        *,
+        deadline_at: float,
+        max_bytes: int,
     ) -> Answer:
-        """The upstream's whole answer; ``ProxyError`` 504 on a timeout, 502 when unreachable."""
+        """The upstream's whole answer, read into a buffer of at most ``max_bytes`` (a
+        declared ``Content-Length`` over it is refused before reading, a body growing over it
+        as soon as it does: 502 ``upstream_reply_too_large``); ``ProxyError`` 504 when a read
+        waits ``timeout`` s or the whole call passes ``deadline_at`` (the loop's clock), 502
+        when unreachable."""
         request = self._request(base_url, body, api_key, timeout)
         try:
-            response = await self.client().send(request)
+            async with asyncio.timeout_at(deadline_at):
+                response = await self.client().send(request, stream=True)
+                try:
+                    declared = response.headers.get("content-length", "")
+                    if declared.isdigit() and int(declared) > max_bytes:
+                        raise reply_too_large(max_bytes)
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in response.aiter_bytes():  # decoded: a compressed bomb counts whole
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise reply_too_large(max_bytes)
+                        chunks.append(chunk)
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            raise deadline_passed() from None
         except httpx.HTTPError as exc:
             raise _failure(exc, timeout) from exc
-        return Answer(response.status_code, response.content, self.relayed_headers(response.headers))
+        return Answer(response.status_code, b"".join(chunks), self.relayed_headers(response.headers))
 
     async def open_stream(
-        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+        self,
+        base_url: str,
+        body: Mapping[str, Any],
+        api_key: str | None,
+        timeout: float,
+        *,
+        deadline_at: float,
     ) -> httpx.Response:
-        """The upstream's response with its body unread (the caller closes it)."""
+        """The upstream's response with its body unread (the caller closes it, and holds the
+        rest of the call to ``deadline_at``)."""
         request = self._request(base_url, body, api_key, timeout)
         try:
-            return await self.client().send(request, stream=True)
+            async with asyncio.timeout_at(deadline_at):
+                return await self.client().send(request, stream=True)
+        except TimeoutError:
+            raise deadline_passed() from None
         except httpx.HTTPError as exc:
             raise _failure(exc, timeout) from exc
+
+
+def reply_too_large(max_bytes: int) -> ProxyError:
+    """502 ``upstream_reply_too_large``, naming the limit."""
+    return ProxyError(
+        502,
+        f"the upstream's reply is larger than {max_bytes} bytes, more than a logged message may hold "
+        "(4 bytes per character of service.max_message_chars, plus 64 KiB); it was not read further",
+        "upstream_reply_too_large",
+    )
+
+
+def deadline_passed() -> ProxyError:
+    """504 ``upstream_timeout`` for a call that outlived ``proxy.upstream_deadline``."""
+    return ProxyError(
+        504, "the upstream call outlived proxy.upstream_deadline (its total deadline)", "upstream_timeout"
+    )
 
 
 def _failure(exc: httpx.HTTPError, timeout: float) -> ProxyError:
