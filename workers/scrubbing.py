@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from celery.exceptions import Retry
@@ -23,6 +24,8 @@ from ctxcore.summarize.redact import scrub
 from workers.failures import StageFailedError
 
 __all__ = ["deployment_secrets", "scrub_exception"]
+
+E = TypeVar("E", bound=BaseException)
 
 
 def deployment_secrets(settings: Settings, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -45,7 +48,7 @@ def deployment_secrets(settings: Settings, environ: Mapping[str, str] | None = N
     return tuple(sorted(values, key=len, reverse=True))
 
 
-def scrub_exception(exc: BaseException, secrets: Sequence[str]) -> BaseException:
+def scrub_exception(exc: E, secrets: Sequence[str]) -> E:
     """``exc`` with every string argument (and a model error's ``message``) of it and of its
     causes and contexts redacted in place, URLs included; returns ``exc``.
 

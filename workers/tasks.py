@@ -254,7 +254,7 @@ def _run_stage(
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
-        _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
+        _retry_or_raise(task, key, stage.kind, "store_unavailable", scrub_exception(exc, rt.secrets))
     elapsed = time.perf_counter() - started
     metrics = stage_metrics()
     metrics.stage_seconds.labels(stage.kind, result.outcome).observe(elapsed)
@@ -296,6 +296,8 @@ def _run_stage(
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
+        # Before the retry's log line: a provider may echo the key it was sent.
+        scrub_exception(error, rt.secrets)
         _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     log.info("stage done: %s", summary)
     return summary
