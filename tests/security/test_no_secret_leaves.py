@@ -7,6 +7,7 @@ binds 127.0.0.1 unless basic auth is set."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -257,6 +258,64 @@ def test_a_summariser_echoing_its_key_leaks_it_nowhere(
             failed = [e for e in events if e.get("type") in ("task-failed", "task-retried")]
             assert failed, [e.get("type") for e in events]
             assert all("traceback" in e and "exception" in e for e in failed)
+            # Flower's own task page, rendered from those events.
+            for event in failed:
+                page = flower_task_page(events, event["uuid"])
+                assert "authentication" in page and leaks(page) == [], leaks(page)
             assert leaks(json.dumps(events, default=str)) == []
             client.close()
         delete_prefixed_keys(rt.redis, prefix)
+
+
+def flower_task_page(events: list[dict[str, Any]], task_id: str) -> str:
+    """Flower's ``/task/<id>`` page, served by a Flower app fed ``events`` (as recorded
+    where the worker sends them) on a loopback port of its own."""
+    import asyncio
+    import socket
+
+    import httpx
+    import tornado.ioloop
+    from celery.events.event import Event
+    from flower.app import Flower
+    from flower.options import default_options
+    from flower.urls import settings as flower_settings
+
+    from workers.app import app
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def serve() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        flower = Flower(capp=app, options=default_options, **flower_settings)
+        now = time.time()
+        for n, event in enumerate(e for e in events if str(e.get("type", "")).startswith("task-")):
+            fields = {k: v for k, v in event.items() if k != "type"}
+            flower.events.state.event(
+                Event(
+                    event["type"],
+                    hostname="w1@test",
+                    clock=n + 1,
+                    timestamp=now,
+                    local_received=now,
+                    **fields,
+                )
+            )
+        flower.listen(port, address="127.0.0.1")
+        holder["loop"] = tornado.ioloop.IOLoop.current()
+        started.set()
+        holder["loop"].start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        response = httpx.get(f"http://127.0.0.1:{port}/task/{task_id}", timeout=10)
+        assert response.status_code == 200, response.status_code
+        return response.text
+    finally:
+        holder["loop"].add_callback(holder["loop"].stop)
+        thread.join(timeout=5)
