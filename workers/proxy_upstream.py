@@ -169,9 +169,11 @@ def _failure(exc: httpx.HTTPError, timeout: float) -> ProxyError:
             f"the upstream did not answer within {timeout:g} s (proxy.upstream_timeout)",
             "upstream_timeout",
         )
+    # The transport's text without URLs: the upstream's address is the operator's business.
+    text = scrub(str(exc), urls=True)
     if isinstance(exc, httpx.ConnectError):
-        return ProxyError(502, f"the upstream refused the connection: {exc}", "upstream_unreachable")
-    return ProxyError(502, f"the upstream's answer broke off: {type(exc).__name__}: {exc}", "upstream_error")
+        return ProxyError(502, f"the upstream refused the connection: {text}", "upstream_unreachable")
+    return ProxyError(502, f"the upstream's answer broke off: {type(exc).__name__}: {text}", "upstream_error")
 
 
 def upstream_error(
