@@ -53,6 +53,7 @@ if [[ $LONG -eq 1 ]]; then
     run throughput bench/throughput.py --long
     run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
     run proxy bench/proxy.py --long
+    run proxy_reply_memory bench/proxy_reply_memory.py --long
     run retention bench/retention.py --locomo-ratios 0.25 --json "$OUT/retention.json"
 else
     run rule_processors bench/rule_processors.py
@@ -69,6 +70,7 @@ else
     run throughput bench/throughput.py
     run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"
     run proxy bench/proxy.py
+    run proxy_reply_memory bench/proxy_reply_memory.py
     run retention bench/retention.py --quick --json "$OUT/retention.json"
 fi
 

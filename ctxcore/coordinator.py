@@ -30,6 +30,7 @@ from ctxcore.recall.index import RecallIndex
 from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore, SummaryBlock
 from ctxcore.state.archive import ArchiveWrite
+from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.summarize.blocks import Summarizer
 from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.strategies import model as model_strategy
@@ -169,8 +170,11 @@ class Coordinator:
             message = self.log.get(key, log_id)
             if message is None:
                 raise CursorNotFoundError(f"{key}: pinned message {log_id!r} is missing from the log")
-            pinned.append(message)
-        tail = self.log.read_after(key, state.covered_until)
+            if not is_undecodable(message):
+                pinned.append(message)
+        # An entry that no longer decodes (and the results answering it) is left out: a
+        # block folding its range covers it, as it covers everything in its range.
+        tail, _ = without_undecodable(self.log.read_after(key, state.covered_until))
         return View.from_state(state, tail, pinned, system=system, tools=tools, detector=self.detector)
 
     def plan(self, key: ConversationKey, *, exhausted: Sequence[str] = ()) -> Stage | None:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from ctxcore.contract import check_messages_contract
 from ctxcore.counting import tolerant
 from ctxcore.engine_config import ContextEngineConfig
 from ctxcore.errors import ConfigError, InvalidMessageError, RecallDisabled, TruncateRefused
@@ -31,6 +32,7 @@ from ctxcore.processors.events import CompressionStateEvent, ProcessorFailure, S
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS
 from ctxcore.processors.rules import RuleEnv
 from ctxcore.processors.runner import OperationReporter
+from ctxcore.protocol import append_violation
 from ctxcore.recall.archive import ChunkingConfig, RecallAnswer
 from ctxcore.recall.embedded import ContextArchive
 from ctxcore.state.base import OffloadStore, parse_log_id
@@ -161,7 +163,20 @@ class ContextCore:
     # --- ids and the log ---------------------------------------------------------------
 
     def _append_to_log(self, messages: list[AnyMessage]) -> list[AnyMessage]:
+        """Log ``messages`` after checking the message contract and the protocol against
+        the view's last step; ``InvalidMessageError`` stores nothing."""
+        check_messages_contract(messages)
         with self._data_lock:
+            # Deviation from the reference, which accepts a tool result that answers no call
+            # and trims orphans only at the head of a window: an orphan further in made every
+            # later get_context_window raise InvalidWindowError, so the context was lost.
+            # Rejected here, as the HTTP append does, the context stays usable.
+            current = [*self._view, *self._deferred]
+            start = next((i for i in range(len(current) - 1, -1, -1) if current[i].role != "tool"), 0)
+            found = append_violation(current[start:], messages)
+            if found is not None:
+                at, violation = found
+                raise InvalidMessageError(at, violation.rule, violation.detail)
             stamped = []
             for message in messages:
                 self._log_seq += 1

@@ -15,6 +15,7 @@ from ctxcore.messages import AnyMessage, ToolMessage, UserMessage
 __all__ = [
     "INTERRUPTED_TOOL_RESULT",
     "Violation",
+    "append_violation",
     "check_window",
     "close_interrupted_tool_calls",
     "drop_leading_orphans",
@@ -77,6 +78,31 @@ def check_window(messages: Sequence[AnyMessage]) -> list[Violation]:
     # A step still open at the end is the in-flight tail: its results are still to come.
     violations.sort(key=lambda v: v.index)
     return violations
+
+
+def append_violation(tail: Sequence[AnyMessage], new: Sequence[AnyMessage]) -> tuple[int, Violation] | None:
+    """The first protocol violation appending ``new`` after ``tail`` would cause, with the
+    position in ``new`` it is blamed on, else None.
+
+    ``tail`` is what the new messages follow (at least the last step). An unanswered call
+    followed by a user message is an interrupted step: accepted (every served window closes
+    it, ``close_interrupted_tool_calls``). A violation located in the tail is caused by the
+    new messages (a missing result now followed by something else): the first new message
+    is blamed. Violations the tail has on its own are not the new messages' doing.
+    """
+    checked = [*tail, *new]
+    problems = [
+        p
+        for p in check_window(checked)
+        if not (p.rule == "missing_tool_result" and interrupted_by_user(checked, p.index))
+    ]
+    if problems and tail:
+        before = {(v.index, v.rule) for v in check_window(tail)}
+        problems = [p for p in problems if (p.index, p.rule) not in before]
+    if not problems:
+        return None
+    first = problems[0]
+    return max(first.index - len(tail), 0), first
 
 
 def _missing(violations: list[Violation], caller: int, calls: Sequence[str], answered: set[str]) -> None:

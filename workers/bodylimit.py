@@ -19,8 +19,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 __all__ = ["BodyLimitMiddleware"]
 
 
-def _response(status: int, error: str, detail: str) -> tuple[Message, Message]:
-    body = json.dumps({"error": error, "detail": detail}).encode()
+# The proxy's routes answer in OpenAI's error shape (an SDK shows its message), the rest in ours.
+_OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/responses"})
+
+
+def _response(status: int, error: str, detail: str, openai: bool = False) -> tuple[Message, Message]:
+    shaped = (
+        {"error": {"message": detail, "type": "invalid_request_error", "param": None, "code": error}}
+        if openai
+        else {"error": error, "detail": detail}
+    )
+    body = json.dumps(shaped).encode()
     start: Message = {
         "type": "http.response.start",
         "status": status,
@@ -52,8 +61,8 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def _reject(self, send: Send, status: int, error: str, detail: str) -> None:
-        start, body = _response(status, error, detail)
+    async def _reject(self, send: Send, status: int, error: str, detail: str, scope: Scope) -> None:
+        start, body = _response(status, error, detail, scope.get("path") in _OPENAI_PATHS)
         await send(start)
         await send(body)
 
@@ -64,11 +73,11 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared == "invalid":
-            await self._reject(send, 400, "invalid_request", "Content-Length is not a number")
+            await self._reject(send, 400, "invalid_request", "Content-Length is not a number", scope)
             return
-        too_large = f"request body larger than {self.max_bytes} bytes"
+        too_large = f"request body larger than {self.max_bytes} bytes (http.max_body_bytes)"
         if isinstance(declared, int) and declared > self.max_bytes:
-            await self._reject(send, 413, "body_too_large", too_large)
+            await self._reject(send, 413, "body_too_large", too_large, scope)
             return
 
         received = 0
@@ -86,7 +95,7 @@ class BodyLimitMiddleware:
                 if received > self.max_bytes:
                     rejected = True
                     if not response_started:
-                        await self._reject(send, 413, "body_too_large", too_large)
+                        await self._reject(send, 413, "body_too_large", too_large, scope)
                         answered = True
                     # The application stops reading as if the client went away.
                     return {"type": "http.disconnect"}

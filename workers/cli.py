@@ -246,15 +246,16 @@ def build_parser() -> Parser:
 
     flower = command(
         "flower",
-        "monitor the workers with Flower on the configured Redis and key prefix "
-        "(Flower's own options after --, e.g. -- --port=5555)",
+        "monitor the workers with Flower on the configured Redis and key prefix, on "
+        "flower.host:flower.port (127.0.0.1:5555; another address needs flower.basic_auth); "
+        "Flower's other options after --, e.g. -- --persistent=True",
         commands.cmd_flower,
     )
     flower.add_argument(
         "flower_args",
         nargs=argparse.REMAINDER,
         metavar="-- FLOWER_OPTION",
-        help="Flower's own options, after '--' (default: none; Flower listens on port 5555)",
+        help="Flower's own options, after '--' (not --address, --port or --basic-auth: the flower.* settings set them)",
     )
 
     serve = command("serve", "serve the HTTP API", commands.cmd_serve)

@@ -15,7 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from ctxcore.config import Settings, hash_token
+from ctxcore.config import FlowerSettings, Settings, hash_token
+from ctxcore.errors import ConfigError
 from ctxcore.messages import from_openai
 from ctxcore.state.keys import validate_id
 from ctxcore.tokens import TiktokenCounter
@@ -143,10 +144,42 @@ def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
     from workers.broker import check_broker
 
     settings = settings_for(args)
+    flower_args = [a for a in args.flower_args if a != "--"]
+    check_flower_args(settings.flower, flower_args)
     check_broker(settings)
     configure(settings)
-    flower_args = [a for a in args.flower_args if a != "--"]
-    return int(app.start(["flower", *flower_args]) or 0)
+    return int(app.start(["flower", *flower_options(settings.flower), *flower_args]) or 0)
+
+
+# Where Flower listens and who may read it come from the settings (checked), not from
+# options passed through to Flower (unchecked).
+_FLOWER_OWN = ("address", "port", "basic_auth", "basic-auth", "unix_socket", "unix-socket")
+
+
+def check_flower_args(flower: FlowerSettings, passed: list[str]) -> None:
+    """``ConfigError`` when Flower would listen beyond this machine without basic auth, or
+    when the options after ``--`` try to set what ``flower.*`` settings decide."""
+    for arg in passed:
+        name = arg.lstrip("-").split("=", 1)[0]
+        if name in _FLOWER_OWN:
+            raise ConfigError(
+                f"ctxcore flower: --{name} is set by flower.host, flower.port and flower.basic_auth "
+                "(CTXCORE_FLOWER__HOST, ...), not after --"
+            )
+    if not flower.loopback and not flower.basic_auth:
+        raise ConfigError(
+            f"ctxcore flower: flower.host is {flower.host!r}, beyond this machine, and flower.basic_auth is "
+            "empty: Flower shows every task's arguments and failures; set flower.basic_auth "
+            "(user:password entries, CTXCORE_FLOWER__BASIC_AUTH) or keep flower.host at 127.0.0.1"
+        )
+
+
+def flower_options(flower: FlowerSettings) -> list[str]:
+    """Flower's command-line options for ``flower.*``."""
+    options = [f"--address={flower.host}", f"--port={flower.port}"]
+    if flower.basic_auth:
+        options.append(f"--basic-auth={','.join(flower.basic_auth)}")
+    return options
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:

@@ -28,8 +28,9 @@ token's sha256 in ``http.tokens``):
 
 Status codes: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``); 403 (tenant's
 ``max_conversations`` reached by an append that would create one more); 404 for an
-unknown conversation, an invalid id and another tenant's conversation alike (byte-identical
-bodies: a caller learns nothing about ids it does not own); 409 (``If-Match`` mismatch, with
+unknown conversation and another tenant's conversation alike (byte-identical bodies: a
+caller learns nothing about ids it does not own); 422 ``invalid_conversation_id`` stating
+the id rule for an id no tenant can own; 409 (``If-Match`` mismatch, with
 the log's ``last_id`` and ``ETag``; ``invalid_window`` when the saved state cannot be served
 without breaking the chat protocol, naming the violations: roll back; or a compaction
 holding the conversation's lock during DELETE); 413 (body over ``http.max_body_bytes``, checked before any parsing); 422 (invalid message,

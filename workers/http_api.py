@@ -8,7 +8,7 @@ from fastapi import Header, Path
 
 from ctxcore.errors import InvalidKeyError
 from ctxcore.state import ConversationKey
-from workers.http_errors import not_found
+from workers.http_errors import ApiError, not_found
 from workers.prom_api import ApiMetrics
 from workers.ratelimit import RateLimiter
 from workers.runtime import Runtime, build_service
@@ -55,11 +55,12 @@ class ApiState:
         return self._limiter
 
     def key(self, tenant: str, conversation_id: str) -> ConversationKey:
-        """The conversation's key; an invalid id is a 404 like any id the tenant does not own."""
+        """The conversation's key; an invalid id is a 422 naming the id rule (no tenant can
+        own such an id, so saying so reveals nothing about anyone's conversations)."""
         try:
             return ConversationKey(tenant, conversation_id)
-        except InvalidKeyError:
-            raise not_found() from None
+        except InvalidKeyError as exc:
+            raise ApiError(422, "invalid_conversation_id", str(exc)) from None
 
     def exists(self, key: ConversationKey) -> bool:
         """True when the conversation has a log or a saved state."""

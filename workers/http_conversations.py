@@ -48,7 +48,7 @@ def conversations_router(api: ApiState, current_tenant: Callable[..., str]) -> A
         "/v1/conversations/{conversation_id}",
         status_code=204,
         response_class=Response,
-        responses=error_responses(401, 404, 409, 429, 503),
+        responses=error_responses(401, 404, 409, 422, 429, 503),
         tags=["conversations"],
     )
     # The name is the OpenAPI operation id's stem: kept as it was published.

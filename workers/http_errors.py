@@ -17,6 +17,7 @@ from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ctxcore.client.models import ErrorBody
+from ctxcore.contract import MAX_NESTING_DEPTH
 from ctxcore.errors import CtxcoreError, InvalidMessageError
 from workers.http_statuses import ERROR_STATUSES, STORE_DOWN, ApiError, ErrorStatus, error_status
 from workers.proxy_errors import ProxyError
@@ -45,7 +46,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         409: "If-Match does not match the log, the conversation is busy, its state cannot be served, "
         "or a truncation was refused",
         413: "Request body too large",
-        422: "Invalid message, budget exceeded or malformed body",
+        422: "Invalid message, budget exceeded, malformed body or invalid conversation id",
         429: "Rate limited (see Retry-After)",
         503: "A store is unavailable (see Retry-After)",
     }
@@ -70,6 +71,22 @@ def _ctxcore_response(request: Request, exc: CtxcoreError) -> JSONResponse:
         status_code=entry.status,
         headers=entry.headers(exc),
     )
+
+
+def _unreadable_body(exc: StarletteHTTPException) -> tuple[str, str] | None:
+    """``(type, rule)`` when FastAPI could not parse a JSON body for a reason it does not
+    name (its 400 "There was an error parsing the body" carries the cause)."""
+    if exc.status_code != 400:
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return "json_too_deep", (
+            "the JSON body nests too deeply to parse (a message's metadata and a tool "
+            f"definition may nest at most {MAX_NESTING_DEPTH} levels)"
+        )
+    if isinstance(cause, UnicodeDecodeError):
+        return "json_invalid_utf8", f"the body is not valid UTF-8 (byte {cause.start})"
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -106,6 +123,15 @@ def install_error_handlers(app: FastAPI) -> None:
         # {"error", "detail"} shape as every other error, not the framework's default body.
         if not isinstance(exc, StarletteHTTPException):
             raise TypeError(f"http_error got {exc!r}")
+        unreadable = _unreadable_body(exc)
+        if unreadable is not None:
+            return JSONResponse(
+                {
+                    "error": "invalid_request",
+                    "detail": [{"loc": ["body"], "msg": unreadable[1], "type": unreadable[0]}],
+                },
+                status_code=422,
+            )
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse(
             {"error": code, "detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers

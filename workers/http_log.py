@@ -6,10 +6,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from ctxcore.client.models import AppendRequest, AppendResponse, MessagesPage, TruncateResponse
+from ctxcore.client.models import (
+    AppendRequest,
+    AppendResponse,
+    MessagesPage,
+    TruncateResponse,
+    UndecodableEntry,
+)
 from ctxcore.errors import InvalidKeyError, InvalidMessageError
 from ctxcore.messages import from_openai, to_openai
 from ctxcore.state.base import parse_log_id
+from ctxcore.state.undecodable import UNDECODABLE_KEY, is_undecodable
 from workers.http_api import ApiState, ConversationId, IfMatch, parse_if_match
 from workers.http_errors import ApiError, error_responses, invalid_message_error
 from workers.truncate import truncate_conversation
@@ -73,12 +80,19 @@ def log_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
         after: Annotated[str | None, Query(description="Return messages after this log id")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     ) -> MessagesPage:
-        """The raw log (never compacted), oldest first, with each message's ``context_message_id``."""
+        """The raw log (never compacted), oldest first, with each message's ``context_message_id``;
+        entries that no longer decode are listed in ``undecodable`` with their ids."""
         key = api.require(tenant, conversation_id)
         cursor = _log_id(after, "after") if after is not None else None
         page = api.runtime.log.read_after(key, cursor, limit)
         last = page[-1].context_message_id if len(page) == limit else None
-        return MessagesPage(messages=to_openai(page, include_extra=True), next=last)
+        lost = [
+            UndecodableEntry(id=m.context_message_id or "", detail=str(m.metadata[UNDECODABLE_KEY]))
+            for m in page
+            if is_undecodable(m)
+        ]
+        readable = [m for m in page if not is_undecodable(m)] if lost else page
+        return MessagesPage(messages=to_openai(readable, include_extra=True), next=last, undecodable=lost)
 
     @router.delete(
         f"{conv}/messages",

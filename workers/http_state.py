@@ -31,7 +31,7 @@ def state_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter
         f"{conv}/compact",
         response_model=CompactResponse,
         status_code=202,
-        responses=error_responses(401, 404, 429, 503),
+        responses=error_responses(401, 404, 422, 429, 503),
     )
     def compact(conversation_id: ConversationId, tenant: Tenant) -> CompactResponse:
         """Ask for a background compaction (coalesced with any already queued or running)."""
@@ -42,7 +42,7 @@ def state_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter
         f"{conv}/state",
         response_model=StateResponse,
         response_model_exclude_unset=True,
-        responses=error_responses(401, 404, 429, 503),
+        responses=error_responses(401, 404, 422, 429, 503),
     )
     def get_state(
         conversation_id: ConversationId,
@@ -73,7 +73,7 @@ def state_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter
     @router.get(
         f"{conv}/offloads/{{handle}}",
         response_model=OffloadResponse,
-        responses=error_responses(401, 404, 429, 503),
+        responses=error_responses(401, 404, 422, 429, 503),
     )
     def get_offload(
         conversation_id: ConversationId,

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from ctxcore.client.models import ElidedRange, WindowFormat, WindowRequest, WindowResponse, WindowStats
+from ctxcore.contract import check_messages_contract, check_tools
 from ctxcore.errors import InvalidMessageError, NotFoundError
 from ctxcore.messages import from_openai, to_openai
 from workers.http_api import ApiState, ConversationId
@@ -48,8 +49,13 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
         key = api.key(tenant, conversation_id)
         try:
             system = from_openai(body.system_messages)
+            check_messages_contract(system, stored=False)
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None
+        try:
+            check_tools(body.tools)
+        except InvalidMessageError as exc:
+            raise invalid_message_error(exc, "tools") from None
         started = time.perf_counter()
         try:
             # The existence check is part of the window's read (one script call on Redis).

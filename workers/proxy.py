@@ -10,18 +10,19 @@ a ctxcore token (never forwarded), and the header ``X-Ctxcore-Conversation``. Ea
 2. ``messages`` is replaced by the window within ``window(model) - reserve`` (the reserve is
    ``max_completion_tokens``, else ``max_tokens``, else ``proxy.default_reserve_tokens``),
    counting ``tools``; every other field is forwarded unchanged;
-3. the upstream's answer is returned as is (a stream relayed chunk by chunk) and a complete
-   reply is appended. A request whose reply is already logged is answered from the log with
+3. the upstream's answer is returned (a stream relayed chunk by chunk) with an allow-list of
+   its headers, and a complete reply is appended; an upstream error becomes the proxy's
+   OpenAI error with its status and its message redacted (``upstream_error``). A request whose reply is already logged is answered from the log with
    ``x-ctxcore-replayed: true``, without an upstream call.
 
 Errors are OpenAI-shaped (``workers.proxy_errors``). ``/v1/responses`` is a 404.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route's annotations.
+import asyncio
 import json
-import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -29,40 +30,28 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ctxcore.config import ProxySettings, Settings
-from ctxcore.errors import ConfigError, InvalidKeyError, InvalidMessageError
-from ctxcore.messages import AnyMessage, SystemMessage, from_openai
+from ctxcore.config import ProxySettings
+from ctxcore.contract import MAX_NESTING_DEPTH, check_tools, json_problem
+from ctxcore.errors import InvalidKeyError, InvalidMessageError
 from ctxcore.state import ConversationKey
-from ctxcore.window import known_context_window
 from workers.http_api import ApiState
 from workers.http_auth import rate_limit, tenant_for_token
 from workers.proxy_errors import ProxyError, openai_error, proxy_responses
 from workers.proxy_flow import Prepared, ProxyFlow
 from workers.proxy_index import HashIndex
+from workers.proxy_request import api_keys, request_budget, split_messages
 from workers.proxy_stream import ReplyAssembler, replay_chunks, replay_completion, sse
-from workers.proxy_upstream import Upstream
+from workers.proxy_upstream import Upstream, deadline_passed, upstream_error
 
 __all__ = ["CONVERSATION_HEADER", "proxy_router"]
 
 CONVERSATION_HEADER = "X-Ctxcore-Conversation"
 REPLAYED_HEADER = "x-ctxcore-replayed"
-
-
-def _api_keys(settings: Settings) -> dict[str, str]:
-    """Each configured ``upstream_api_key_env``'s value, read once (at start-up)."""
-    names = {
-        s.upstream_api_key_env
-        for s in [settings.proxy, *(t.proxy for t in settings.tenants.values() if t.proxy)]
-    }
-    keys: dict[str, str] = {}
-    for name in sorted(n for n in names if n):
-        value = os.environ.get(name)
-        if not value:
-            raise ConfigError(
-                f"proxy.upstream_api_key_env names {name!r}, which is not set; export it or unset the setting"
-            )
-        keys[name] = value
-    return keys
+# A request body nesting deeper than this holds a field over the message contract's limit
+# (ctxcore.contract.MAX_NESTING_DEPTH within a message or a tool) whatever the field.
+BODY_MAX_DEPTH = MAX_NESTING_DEPTH + 32
+# Of an upstream's error body, only its start is shown (redacted): no more is read.
+ERROR_BODY_BYTES = 64 * 1024
 
 
 def _tenant(api: ApiState, request: Request) -> str:
@@ -88,75 +77,16 @@ def _tenant(api: ApiState, request: Request) -> str:
     return tenant
 
 
-def _budget(proxy: ProxySettings, scope: str, model: str, body: Mapping[str, Any]) -> int:
-    window = known_context_window(model, proxy.context_window_tokens)
-    if window is None:
-        raise ProxyError(
-            400,
-            f"no context window known for model {model!r}: set {scope}.context_window_tokens[{model!r}]",
-            "unknown_model_window",
-            param="model",
-        )
-    reserve = proxy.default_reserve_tokens
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ProxyError(400, f"{name} must be a positive integer", "invalid_value", param=name)
-            if value >= window:
-                raise ProxyError(
-                    400,
-                    f"{name} ({value}) is at or over the window of {model!r} ({window} tokens): nothing is left for the messages",
-                    "invalid_value",
-                    param=name,
-                )
-            reserve = value
-            break
-    if window - reserve <= 0:
-        raise ProxyError(
-            400,
-            f"{scope}.default_reserve_tokens ({reserve}) leaves no budget in the window of {model!r} ({window})",
-            "invalid_value",
-            param="max_tokens",
-        )
-    return window - reserve
-
-
-def _split(raw: list[Any]) -> tuple[list[dict[str, Any]], list[SystemMessage], list[AnyMessage], list[int]]:
-    """System/developer messages (raw, and parsed for counting) apart from the rest."""
-    system_raw: list[dict[str, Any]] = []
-    system: list[SystemMessage] = []
-    rest: list[Any] = []
-    indices: list[int] = []
-    for i, message in enumerate(raw):
-        role = message.get("role") if isinstance(message, dict) else None
-        if role in ("system", "developer"):
-            try:
-                parsed = from_openai([{**message, "role": "system"}])[0]
-            except InvalidMessageError as exc:
-                raise ProxyError(
-                    400, f"message {i}: {exc.detail}", exc.field, param=f"messages[{i}]"
-                ) from None
-            system_raw.append(message)
-            # from_openai returns AnyMessage; the role forced to "system" makes it a SystemMessage.
-            system.append(parsed)  # type: ignore[arg-type]
-        else:
-            rest.append(message)
-            indices.append(i)
-    try:
-        parsed_rest = from_openai(rest)
-    except InvalidMessageError as exc:
-        at = indices[exc.index] if exc.index >= 0 else -1
-        raise ProxyError(
-            400, f"message {at}: field {exc.field!r}: {exc.detail}", exc.field, param=f"messages[{at}]"
-        ) from None
-    return system_raw, system, parsed_rest, indices
-
-
 def proxy_router(api: ApiState) -> APIRouter:
     """The proxy routes over ``api`` (its settings, service and token table)."""
     router = APIRouter(tags=["proxy"])
-    keys = _api_keys(api.settings)
+    keys = api_keys(api.settings)
+    # A reply the log may hold: service.max_message_chars characters of at most 4 UTF-8
+    # bytes each, plus the completion's envelope; read into a buffer of this size at most.
+    max_chars = api.settings.service.max_message_chars
+    reply_bytes = 4 * max_chars + 64 * 1024
+    # What an upstream error may echo and a tenant must not read.
+    secrets = tuple(sorted(set(keys.values()) | set(api.runtime.secrets), key=len, reverse=True))
     upstream = Upstream()
     flows: dict[int, ProxyFlow] = {}
 
@@ -210,14 +140,18 @@ def proxy_router(api: ApiState) -> APIRouter:
             raise ProxyError(
                 400, "n must be 1: the log holds one reply per request", "invalid_value", param="n"
             )
-        budget = _budget(proxy, scope, model, body)
+        budget = request_budget(proxy, scope, model, body)
         parse_started, parse_cpu = time.perf_counter(), time.thread_time()
-        system_raw, system, rest, indices = _split(messages)
+        system_raw, system, rest, indices = split_messages(messages)
         parse_ms = (time.perf_counter() - parse_started) * 1000
         parse_cpu_ms = (time.thread_time() - parse_cpu) * 1000
         tools = body.get("tools") or []
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise ProxyError(400, "tools must be a list of objects", "invalid_value", param="tools")
+        try:
+            check_tools(tools)
+        except InvalidMessageError as exc:
+            raise ProxyError(400, f"{exc.field}: {exc.detail}", "invalid_value", param=exc.field) from None
         if api.runtime.log.last_id(key) is None:
             api.service.check_conversation_limit(tenant)
         prepared = flow().prepare(key, rest, indices, system, tools, model, budget)
@@ -248,6 +182,16 @@ def proxy_router(api: ApiState) -> APIRouter:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 body = None
+            except RecursionError:
+                raise ProxyError(
+                    400, f"the request body nests deeper than {BODY_MAX_DEPTH} levels", "invalid_request"
+                ) from None
+            problem = json_problem(body, BODY_MAX_DEPTH)
+            if problem is not None:
+                path, rule = problem
+                raise ProxyError(
+                    400, f"request body{path}: {rule}", "invalid_request", param=path[1:] or None
+                )
             key, proxy, prepared, system_raw = await run_in_threadpool(prepare, request, body)
             return await _answer(key, proxy, prepared, system_raw, body)
         except Exception as exc:
@@ -285,10 +229,20 @@ def proxy_router(api: ApiState) -> APIRouter:
         api_key = keys.get(key_name) if key_name else None
         timing = ", ".join(f"{name};dur={ms:.3f}" for name, ms in prepared.timings.items())
         started = time.perf_counter()
+        deadline_at = asyncio.get_running_loop().time() + proxy.upstream_deadline
         if not stream:
-            answer = await upstream.post(base_url, outgoing, api_key, proxy.upstream_timeout)
+            answer = await upstream.post(
+                base_url,
+                outgoing,
+                api_key,
+                proxy.upstream_timeout,
+                deadline_at=deadline_at,
+                max_bytes=reply_bytes,
+            )
             forward_ms = (time.perf_counter() - started) * 1000
             reply_ms = 0.0
+            if answer.status_code != 200:
+                return upstream_error(answer.status_code, answer.content, answer.headers, secrets).response()
             if answer.status_code == 200:
                 reply = _reply_of(answer.content)
                 if reply is not None:
@@ -302,26 +256,48 @@ def proxy_router(api: ApiState) -> APIRouter:
             timing += f", upstream;dur={forward_ms:.3f}, reply;dur={reply_ms:.3f}"
             headers = {**answer.headers, "server-timing": timing}
             return Response(answer.content, status_code=answer.status_code, headers=headers)
-        opened = await upstream.open_stream(base_url, outgoing, api_key, proxy.upstream_timeout)
+        opened = await upstream.open_stream(
+            base_url, outgoing, api_key, proxy.upstream_timeout, deadline_at=deadline_at
+        )
         if opened.status_code != 200:
-            content = await opened.aread()
-            await opened.aclose()
-            return Response(
-                content, status_code=opened.status_code, headers=Upstream.relayed_headers(opened.headers)
-            )
+            try:
+                async with asyncio.timeout_at(deadline_at):
+                    content = await _bounded_read(opened, ERROR_BODY_BYTES)
+            except TimeoutError:
+                raise deadline_passed() from None
+            finally:
+                await opened.aclose()
+            return upstream_error(opened.status_code, content, opened.headers, secrets).response()
 
         async def relay() -> AsyncIterator[bytes]:
             assembler = ReplyAssembler()
+            received = 0
             try:
-                async for chunk in opened.aiter_bytes():
-                    if assembler.feed(chunk) and assembler.complete:
-                        # Logged before the client sees [DONE]: its next request finds it.
-                        await run_in_threadpool(flow().record_reply, key, prepared, assembler.message())
-                    yield chunk
+                async with asyncio.timeout_at(deadline_at):
+                    async for chunk in opened.aiter_bytes():
+                        received += len(chunk)
+                        if assembler.feed(chunk) and assembler.complete:
+                            # Logged before the client sees [DONE]: its next request finds it.
+                            await run_in_threadpool(flow().record_reply, key, prepared, assembler.message())
+                        if assembler.chars > max_chars or received > reply_bytes:
+                            # Cut, never logged: the error event ends the stream the SDK reads.
+                            yield _stream_error(
+                                f"the upstream's reply outgrew what a logged message may hold "
+                                f"(service.max_message_chars, {max_chars} characters); it was cut and not logged",
+                                "upstream_reply_too_large",
+                            )
+                            return
+                        yield chunk
                 if not assembler.done:
                     yield _stream_error(
                         "the upstream's stream ended without [DONE]; the partial reply was not logged"
                     )
+            except TimeoutError:
+                yield _stream_error(
+                    f"the upstream's stream outlived proxy.upstream_deadline ({proxy.upstream_deadline:g} s); "
+                    "the partial reply was not logged",
+                    "upstream_timeout",
+                )
             except httpx.HTTPError as exc:
                 yield _stream_error(
                     f"the upstream's stream broke off ({type(exc).__name__}); the partial reply was not logged"
@@ -348,10 +324,23 @@ async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _stream_error(message: str) -> bytes:
-    return sse(
-        {"error": {"message": message, "type": "server_error", "param": None, "code": "upstream_stream_cut"}}
+def _stream_error(message: str, code: str = "upstream_stream_cut") -> bytes:
+    """An OpenAI-shaped error event, then ``[DONE]``: the stream ends as a stream should."""
+    return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}}) + sse(
+        "[DONE]"
     )
+
+
+async def _bounded_read(response: httpx.Response, max_bytes: int) -> bytes:
+    """An upstream error's body, at most ``max_bytes`` of it (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk[: max_bytes - size])
+        size += len(chunk)
+        if size >= max_bytes:
+            break
+    return b"".join(chunks)
 
 
 def _reply_of(content: bytes) -> dict[str, Any] | None:

@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
-from ctxcore.client.models import ErrorBody
 from ctxcore.errors import (
     BudgetExceeded,
     CtxcoreError,
@@ -75,8 +74,14 @@ def proxy_responses() -> dict[int | str, dict[str, Any]]:
             "text/event-stream": {"schema": {"type": "string"}},
         },
     }
-    out[413] = {"model": ErrorBody, "description": "Request body too large (checked before any parsing)"}
-    out["default"] = {"description": "The upstream's own error status and body, unchanged"}
+    out[413] = {
+        "model": OpenAIErrorResponse,
+        "description": "Request body over http.max_body_bytes (checked before any parsing; the limit in the message)",
+    }
+    out["default"] = {
+        "model": OpenAIErrorResponse,
+        "description": "An upstream error: its status, code, type and param, its message redacted",
+    }
     return out
 
 

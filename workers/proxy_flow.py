@@ -147,7 +147,12 @@ class ProxyFlow:
             log.warning("proxy: the upstream's reply is not a loggable message (%s); not appended", exc)
             return None
         digest = canonical_hash(parsed[0])
-        ids = self.service.append(key, [_stamp(parsed[0], prepared.reply_id, digest)])
+        try:
+            ids = self.service.append(key, [_stamp(parsed[0], prepared.reply_id, digest)])
+        except InvalidMessageError as exc:
+            # Over the message contract or the protocol: the client still gets the reply.
+            log.warning("proxy: the upstream's reply breaks the message contract (%s); not appended", exc)
+            return None
         last = prepared.last_id
         if last is None or ids[0] > last:
             self.index.extend(key, last, [IndexEntry(ids[0], digest, prepared.reply_id)])

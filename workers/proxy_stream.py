@@ -39,6 +39,8 @@ class ReplyAssembler:
     finish_reason: str | None = None
     done: bool = False
     errored: bool = False
+    # Characters of the reply so far (content, names and arguments): what its log entry would hold.
+    chars: int = 0
     _buffer: bytes = b""
 
     @property
@@ -73,12 +75,20 @@ class ReplyAssembler:
         if "error" in event:
             self.errored = True
             return
+        try:
+            self._choices(event)
+        except (AttributeError, TypeError, ValueError):
+            # Not OpenAI's chunk shape: relayed as it came, never logged as a reply.
+            self.errored = True
+
+    def _choices(self, event: dict[str, Any]) -> None:
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
+                self.chars += len(delta["content"])
             for raw in delta.get("tool_calls") or []:
                 call = self.calls.setdefault(int(raw.get("index", 0)), _Call())
                 call.id = raw.get("id") or call.id
@@ -86,6 +96,7 @@ class ReplyAssembler:
                 function = raw.get("function") or {}
                 call.name = function.get("name") or call.name
                 call.arguments += function.get("arguments") or ""
+                self.chars += len(function.get("arguments") or "")
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
 

@@ -5,20 +5,36 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from ctxcore.summarize.redact import scrub
 from workers.proxy_errors import ProxyError
 
-__all__ = ["Answer", "Upstream"]
+__all__ = ["Answer", "Upstream", "deadline_passed", "reply_too_large", "upstream_error"]
 
-# Hop-by-hop and framing headers are the relay's own business, not the upstream's.
-_DROPPED = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server"}
+# The upstream's headers a client may see: what the OpenAI SDK reads (request ids, rate
+# limits, retry advice) and the body's type. Anything else (Set-Cookie, Location, debug and
+# infrastructure headers) is the upstream's business, not the tenant's.
+_RELAYED = frozenset(
+    {
+        "content-type",
+        "retry-after",
+        "retry-after-ms",
+        "x-should-retry",
+        "x-request-id",
+        "request-id",
+        "openai-processing-ms",
+        "openai-version",
+        "openai-model",
+    }
 )
+_RELAYED_PREFIXES = ("x-ratelimit-",)
+# An upstream error's message is shown up to this many characters.
+_MAX_ERROR_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -50,7 +66,11 @@ class Upstream:
     @staticmethod
     def relayed_headers(headers: Mapping[str, str]) -> dict[str, str]:
         """The upstream's headers a client should see (request ids, rate limits, Retry-After)."""
-        return {k: v for k, v in headers.items() if k.lower() not in _DROPPED}
+        return {
+            k: v
+            for k, v in headers.items()
+            if k.lower() in _RELAYED or k.lower().startswith(_RELAYED_PREFIXES)
+        }
 
     def _request(
         self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
@@ -67,25 +87,79 @@ class Upstream:
         )
 
     async def post(
-        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+        self,
+        base_url: str,
+        body: Mapping[str, Any],
+        api_key: str | None,
+        timeout: float,
+        *,
+        deadline_at: float,
+        max_bytes: int,
     ) -> Answer:
-        """The upstream's whole answer; ``ProxyError`` 504 on a timeout, 502 when unreachable."""
+        """The upstream's whole answer, read into a buffer of at most ``max_bytes`` (a
+        declared ``Content-Length`` over it is refused before reading, a body growing over it
+        as soon as it does: 502 ``upstream_reply_too_large``); ``ProxyError`` 504 when a read
+        waits ``timeout`` s or the whole call passes ``deadline_at`` (the loop's clock), 502
+        when unreachable."""
         request = self._request(base_url, body, api_key, timeout)
         try:
-            response = await self.client().send(request)
+            async with asyncio.timeout_at(deadline_at):
+                response = await self.client().send(request, stream=True)
+                try:
+                    declared = response.headers.get("content-length", "")
+                    if declared.isdigit() and int(declared) > max_bytes:
+                        raise reply_too_large(max_bytes)
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in response.aiter_bytes():  # decoded: a compressed bomb counts whole
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise reply_too_large(max_bytes)
+                        chunks.append(chunk)
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            raise deadline_passed() from None
         except httpx.HTTPError as exc:
             raise _failure(exc, timeout) from exc
-        return Answer(response.status_code, response.content, self.relayed_headers(response.headers))
+        return Answer(response.status_code, b"".join(chunks), self.relayed_headers(response.headers))
 
     async def open_stream(
-        self, base_url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
+        self,
+        base_url: str,
+        body: Mapping[str, Any],
+        api_key: str | None,
+        timeout: float,
+        *,
+        deadline_at: float,
     ) -> httpx.Response:
-        """The upstream's response with its body unread (the caller closes it)."""
+        """The upstream's response with its body unread (the caller closes it, and holds the
+        rest of the call to ``deadline_at``)."""
         request = self._request(base_url, body, api_key, timeout)
         try:
-            return await self.client().send(request, stream=True)
+            async with asyncio.timeout_at(deadline_at):
+                return await self.client().send(request, stream=True)
+        except TimeoutError:
+            raise deadline_passed() from None
         except httpx.HTTPError as exc:
             raise _failure(exc, timeout) from exc
+
+
+def reply_too_large(max_bytes: int) -> ProxyError:
+    """502 ``upstream_reply_too_large``, naming the limit."""
+    return ProxyError(
+        502,
+        f"the upstream's reply is larger than {max_bytes} bytes, more than a logged message may hold "
+        "(4 bytes per character of service.max_message_chars, plus 64 KiB); it was not read further",
+        "upstream_reply_too_large",
+    )
+
+
+def deadline_passed() -> ProxyError:
+    """504 ``upstream_timeout`` for a call that outlived ``proxy.upstream_deadline``."""
+    return ProxyError(
+        504, "the upstream call outlived proxy.upstream_deadline (its total deadline)", "upstream_timeout"
+    )
 
 
 def _failure(exc: httpx.HTTPError, timeout: float) -> ProxyError:
@@ -95,6 +169,40 @@ def _failure(exc: httpx.HTTPError, timeout: float) -> ProxyError:
             f"the upstream did not answer within {timeout:g} s (proxy.upstream_timeout)",
             "upstream_timeout",
         )
+    # The transport's text without URLs: the upstream's address is the operator's business.
+    text = scrub(str(exc), urls=True)
     if isinstance(exc, httpx.ConnectError):
-        return ProxyError(502, f"the upstream refused the connection: {exc}", "upstream_unreachable")
-    return ProxyError(502, f"the upstream's answer broke off: {type(exc).__name__}: {exc}", "upstream_error")
+        return ProxyError(502, f"the upstream refused the connection: {text}", "upstream_unreachable")
+    return ProxyError(502, f"the upstream's answer broke off: {type(exc).__name__}: {text}", "upstream_error")
+
+
+def upstream_error(
+    status: int, content: bytes, headers: Mapping[str, str], secrets: Sequence[str]
+) -> ProxyError:
+    """The proxy's OpenAI-shaped error for an upstream's error answer: its status, its
+    ``error`` object's code, type and param when it sent one, and its message (or the start
+    of a body that is not OpenAI's error JSON) with ``secrets`` (the upstream keys), bearer
+    tokens and credential-shaped strings redacted; the allow-listed headers but its type."""
+    error: Any = None
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):  # not JSON (UnicodeDecodeError is a ValueError), or not an object
+        error = None
+    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+        message = error["message"]
+        code, kind, param = (error.get(k) for k in ("code", "type", "param"))
+    else:
+        text = content.decode("utf-8", errors="replace").strip()
+        message = f"the upstream answered {status}" + (f": {text}" if text else " with an empty body")
+        code, kind, param = "upstream_error", None, None
+    if len(message) > _MAX_ERROR_CHARS:
+        message = message[:_MAX_ERROR_CHARS] + "..."
+    relayed = {k: v for k, v in Upstream.relayed_headers(headers).items() if k.lower() != "content-type"}
+    return ProxyError(
+        status if 400 <= status <= 599 else 502,
+        scrub(message, secrets),
+        scrub(code, secrets) if isinstance(code, str) else "upstream_error",
+        param=scrub(param, secrets) if isinstance(param, str) else None,
+        type_=scrub(kind, secrets) if isinstance(kind, str) else None,
+        headers=relayed or None,
+    )

@@ -32,6 +32,7 @@ from workers.failures import FailureStore
 from workers.prom_worker import stage_metrics
 from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
+from workers.scrubbing import deployment_secrets
 from workers.service import CompactionQueue, ContextService
 from workers.spend import BudgetedModel, SummariserBudget, summariser_cap
 from workers.usage import Usage
@@ -67,6 +68,12 @@ class Runtime:
         """The process's client for ctxcore's keys: one ``RedisCluster`` when
         ``redis.cluster_nodes`` is set, else a plain Redis on ``redis.url``."""
         return settings_client(self.settings.redis)
+
+    @cached_property
+    def secrets(self) -> tuple[str, ...]:
+        """The deployment's secret values (``workers.scrubbing.deployment_secrets``), read
+        from the environment once: what no failure text may carry out of the process."""
+        return deployment_secrets(self.settings)
 
     @cached_property
     def retention(self) -> Retention:

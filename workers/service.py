@@ -15,22 +15,23 @@ from typing import Any
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
+from ctxcore.contract import check_messages_contract
 from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
-from ctxcore.protocol import interrupted_by_user
+from ctxcore.protocol import append_violation
 from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.redis import RedisMessageLog
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
+from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
 from ctxcore.turns import UserDetector
-from ctxcore.window import check_window
 from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
 from workers.holds import rearmed
@@ -91,25 +92,16 @@ class ContextService:
         ids instead (every message needs a ``message_id`` for that).
         """
         check_batch(messages, self.settings.service)
+        # The message contract (ctxcore.contract), before anything is read or stored.
+        check_messages_contract(messages)
         state = self.state_store.load(key)
         tail = validation_tail(self.log, key, state.covered_until if state else None, expected_last_id)
         logged_ids = {t.message_id for t in tail if t.message_id}
         fresh = [(i, m) for i, m in enumerate(messages) if not (m.message_id and m.message_id in logged_ids)]
-        checked = [*tail, *(m for _, m in fresh)]
-        # An unanswered call followed by a user message is an interrupted step: accepted, and
-        # closed in every served window (``close_interrupted_tool_calls``).
-        problems = [
-            p
-            for p in check_window(checked)
-            if not (p.rule == "missing_tool_result" and interrupted_by_user(checked, p.index))
-        ]
-        if problems:
-            first = problems[0]
-            # A problem located in the log tail is caused by the new messages (e.g. a missing
-            # tool result now followed by something else): blame the first new message.
-            at = first.index - len(tail)
-            index = fresh[at][0] if at >= 0 else (fresh[0][0] if fresh else 0)
-            raise InvalidMessageError(index, first.rule, first.detail)
+        found = append_violation(tail, [m for _, m in fresh])
+        if found is not None:
+            at, first = found
+            raise InvalidMessageError(fresh[at][0] if fresh else 0, first.rule, first.detail)
         counts = self.append_counts(tail, messages)
         if counts is not None and self._counted_log is not None:
             return self._counted_log.append_counted(
@@ -341,7 +333,10 @@ class ContextService:
         state, pinned, read, record = self._window_reads(
             key, budget_tokens, base, counter, require_existing, recall_settings.auto
         )
-        tail = read.messages
+        # Entries that no longer decode are left out with the results answering them, and
+        # named in elided_ranges (ctxcore.state.undecodable): never a failed window.
+        tail, undecodable = without_undecodable(read.messages)
+        pinned = [m for m in pinned if not is_undecodable(m)]
         auto: AutoRecall | None = None
         if recall_settings.auto:
             index = self._indexes.get(key, state.archive_version, lambda: self.state_store.load_archive(key))
@@ -365,6 +360,8 @@ class ContextService:
             result.fallback_applied = True
             result.elided_ranges[:0] = read.elided
             result.raw_tokens += read.raw_tokens_delta
+        if undecodable:
+            result.elided_ranges = sorted([*result.elided_ranges, *undecodable])
         trigger = int(budget_tokens * self.settings.service.trigger_ratio)
         detail = record.detail if record is not None else CompactionDetail()
         cap = summariser_cap(self.settings, key.tenant_id)

@@ -14,6 +14,7 @@ from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_tex
 from ctxcore.protocol import drop_leading_tool_messages
 from ctxcore.state import ConversationKey, MessageLog
 from ctxcore.state.base import expected_seq, format_log_id, parse_log_id
+from ctxcore.state.undecodable import without_undecodable
 
 __all__ = ["AppendOutcome", "check_batch", "validation_tail"]
 
@@ -62,6 +63,12 @@ def validation_tail(
     Under ``If-Match`` validation sees the log the conditional append will see (the
     append itself re-checks atomically); a replay is validated as its first call was.
     """
+    return without_undecodable(_tail(log, key, cursor, expected_last_id))[0]
+
+
+def _tail(
+    log: MessageLog, key: ConversationKey, cursor: str | None, expected_last_id: str | None
+) -> list[AnyMessage]:
     expected = expected_seq(expected_last_id)
     after = parse_log_id(cursor) if cursor is not None else 0
     if expected is None or expected < 1:

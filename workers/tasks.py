@@ -27,22 +27,21 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from celery import Task
 from kombu.exceptions import OperationalError
 
 from ctxcore.coordinator import INVALID_SUMMARY
-from ctxcore.errors import ModelError, StoreUnavailable
+from ctxcore.errors import StoreUnavailable
 from ctxcore.pipeline import STAGE_ORDER, Stage
 from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus, Hold
 from ctxcore.summarize.errors import ERROR_KINDS, TRANSIENT_KINDS
+from ctxcore.summarize.redact import scrub
 from workers.app import app, queue_names, runtime
-from workers.broker import retry_countdown
 from workers.broker_queues import wait_for_stage_room
 from workers.failures import (
     FailureRecord,
@@ -54,7 +53,9 @@ from workers.failures import (
 from workers.holds import budget_hold, hold_at_job_end
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
+from workers.scrubbing import scrub_exception
 from workers.spend import SummariserBudgetExhausted, summariser_cap
+from workers.stage_retry import retry_or_raise
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +131,27 @@ class CeleryQueue:
         return "failing" if record.failing else record.scheduler_status
 
 
-@app.task(name="ctxcore.compact", acks_late=True)
+class ScrubbingTask(Task[Any, Any]):
+    """Base of ctxcore's tasks: an exception leaving a task is scrubbed of the deployment's
+    secrets and URLs, down its chain of causes (``workers.secrets``), before Celery stores it
+    in the result backend, sends it in the ``task-failed`` event Flower shows, or logs it."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except BaseException as exc:
+            scrub_exception(exc, runtime().secrets)
+            raise
+
+
+@app.task(name="ctxcore.compact", acks_late=True, base=ScrubbingTask)
 def compact(tenant: str, conversation: str, reason: str = "manual") -> dict[str, Any]:
     """Decide whether ``tenant/conversation`` needs work and queue it (coalesced)."""
     key = ConversationKey(tenant, conversation)
     return {"conversation": str(key), "reason": reason, "status": request_compaction(key, reason)}
 
 
-@app.task(name="ctxcore.drain", acks_late=True, ignore_result=True)
+@app.task(name="ctxcore.drain", acks_late=True, ignore_result=True, base=ScrubbingTask)
 def drain(ring: int | None = None) -> dict[str, Any]:
     """Start the next job of ``ring`` (else of the rings onward), fairly: the scheduler picks
     the job; a ring with more jobs gets its token back, behind the other rings' tokens."""
@@ -206,44 +220,6 @@ def _plan_and_send(
     return stage.kind, None
 
 
-def _retry_delay(task: Task[Any, Any], retry_after: float | None) -> float:
-    delays = runtime().settings.worker.retry_delays
-    base = delays[min(task.request.retries, len(delays) - 1)] if delays else 1.0
-    delay = base * random.uniform(0.8, 1.2)
-    return retry_countdown(runtime().settings, max(delay, retry_after or 0.0))
-
-
-def _attempt(task: Task[Any, Any], key: ConversationKey, stage: str, kind: str, exc: BaseException) -> str:
-    """The log line of one failed attempt (its cause, never the endpoint's credentials)."""
-    endpoint = public_endpoint(runtime().settings.model_for_tenant(key.tenant_id).base_url)
-    text = model_error_message(exc) if isinstance(exc, ModelError) else str(exc)
-    return (
-        f"stage {stage} of {key} failed (attempt {task.request.retries + 1}): kind={kind} "
-        f"{type(exc).__name__}: {text}; endpoint {endpoint}"
-    )
-
-
-def _retry_or_raise(
-    task: Task[Any, Any],
-    key: ConversationKey,
-    stage: str,
-    kind: str,
-    error: Exception,
-    retry_after: float | None = None,
-) -> NoReturn:
-    """Retry a transient failure while retries are left (``RETRY``), else raise it (``FAILURE``)."""
-    rt = runtime()
-    if kind in TRANSIENT_KINDS | {"store_unavailable"} and task.request.retries < len(
-        rt.settings.worker.retry_delays
-    ):
-        countdown = _retry_delay(task, retry_after)
-        log.warning(
-            "%s; retry in %.1f s", _attempt(task, key, stage, kind, error.__cause__ or error), countdown
-        )
-        raise task.retry(countdown=countdown, exc=error, max_retries=len(rt.settings.worker.retry_delays))
-    raise error
-
-
 def _run_stage(
     task: Task[Any, Any], tenant: str, conversation: str, stage_json: dict[str, Any], exhausted: list[str]
 ) -> dict[str, Any]:
@@ -260,7 +236,7 @@ def _run_stage(
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
-        _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
+        retry_or_raise(task, key, stage.kind, "store_unavailable", scrub_exception(exc, rt.secrets))
     except SummariserBudgetExhausted as exc:
         return _budget_exhausted(key, stage, exhausted, exc)
     elapsed = time.perf_counter() - started
@@ -307,7 +283,9 @@ def _run_stage(
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
-        _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
+        # Before the retry's log line: a provider may echo the key it was sent.
+        scrub_exception(error, rt.secrets)
+        retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     if hold is not None:
         summary["hold"] = hold.reason  # Flower shows why the job stopped
     log.info("stage done: %s", summary)
@@ -335,6 +313,8 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     """A stage (or the planning of a job) failed for good: record it, then escalate or end the job."""
     rt = runtime()
     kind, message = classify_failure(exc)
+    # What tenants read: the kind and the message without the deployment's secrets or URLs.
+    message = scrub(message, rt.secrets, urls=True)
     cause = exc.__cause__ if isinstance(exc, StageFailedError) and exc.__cause__ is not None else exc
     endpoint = public_endpoint(rt.settings.model_for_tenant(key.tenant_id).base_url)
     described = message if kind == "internal" else f"{type(cause).__name__}: {message}"
@@ -370,7 +350,7 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
         )
 
 
-class StageTask(Task[Any, Any]):
+class StageTask(ScrubbingTask):
     """Base of the stage tasks: a final failure is recorded and escalates or ends the job."""
 
     # A classified model failure is expected: Celery logs it without a traceback (our own

@@ -15,6 +15,7 @@ from ctxcore.errors import (
     ConflictError,
     CtxcoreError,
     CursorNotFoundError,
+    InvalidKeyError,
     InvalidMessageError,
     InvalidWindowError,
     NotFoundError,
@@ -86,6 +87,8 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
             )
         if code == "invalid_config":
             return ConfigError(detail)
+        if code == "invalid_conversation_id":
+            return InvalidKeyError(detail)
         index = body.get("index")
         field = body.get("field") or ("request" if code == "invalid_request" else "message")
         return InvalidMessageError(index if isinstance(index, int) else -1, str(field), detail)

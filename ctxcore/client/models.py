@@ -37,6 +37,7 @@ __all__ = [
     "StateResponse",
     "StateSnapshot",
     "TruncateResponse",
+    "UndecodableEntry",
     "UsageResponse",
     "WindowFormat",
     "WindowRequest",
@@ -288,12 +289,22 @@ class OffloadResponse(_Response):
     messages: list[MessageOut]
 
 
+class UndecodableEntry(_Response):
+    """A log entry that no longer decodes as a message (written by an older version, or
+    damaged in the store): left out of ``messages`` and of every window."""
+
+    id: str = Field(description="Its log id")
+    detail: str = Field(description="Why it does not decode")
+
+
 class MessagesPage(_Response):
     """A page of the raw log, oldest first, each with its ``context_message_id``; pass
-    ``next`` as ``after`` for the following page (null: this was the last)."""
+    ``next`` as ``after`` for the following page (null: this was the last). Entries of the
+    page that no longer decode are listed in ``undecodable`` instead."""
 
     messages: list[MessageOut]
     next: str | None
+    undecodable: list[UndecodableEntry] = Field(default_factory=list)
 
 
 class TruncateResponse(_Response):

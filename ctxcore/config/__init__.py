@@ -28,11 +28,12 @@ from ctxcore.config.service import (
 )
 from ctxcore.config.settings import Settings, environment_variables
 from ctxcore.config.stores import DatabaseSettings, RedisSettings
-from ctxcore.config.worker import WorkerSettings
+from ctxcore.config.worker import FlowerSettings, WorkerSettings
 
 __all__ = [
     "DatabaseSettings",
     "EngineSettings",
+    "FlowerSettings",
     "HttpSettings",
     "LoggingSettings",
     "ModelSettings",

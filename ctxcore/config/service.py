@@ -79,12 +79,17 @@ class HttpSettings(BaseModel):
 class ProxySettings(BaseModel):
     """The OpenAI-compatible proxy's upstream: the agent's model (``model`` is the summariser).
 
-    ``upstream_api_key_env`` is read once at start-up (None: no key is sent)."""
+    ``upstream_api_key_env`` is read once at start-up (None: no key is sent).
+    ``upstream_timeout`` bounds each read of an upstream call, ``upstream_deadline`` the call
+    as a whole (a streamed reply included)."""
 
     model_config = _STRICT
     upstream_base_url: str | None = None
     upstream_api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     upstream_timeout: float = Field(default=600.0, gt=0)
+    # The whole upstream call, a stream included (upstream_timeout bounds each read): a
+    # reply trickling one chunk at a time is cut here with an error event.
+    upstream_deadline: float = Field(default=600.0, gt=0)
     context_window_tokens: dict[str, int] = Field(default_factory=dict)
     default_reserve_tokens: int = Field(default=4096, ge=0)
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ctxcore.config.base import _STRICT
 
-__all__ = ["WorkerSettings"]
+__all__ = ["FlowerSettings", "WorkerSettings"]
 
 _BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
 
@@ -89,3 +89,39 @@ class WorkerSettings(BaseModel):
         if self.failure_backoff_max_seconds < self.failure_backoff_seconds:
             raise ValueError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")
         return self
+
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class FlowerSettings(BaseModel):
+    """``ctxcore flower``: where Flower listens and who may read it.
+
+    Flower shows every task's arguments, results and failures: it binds the loopback
+    interface unless ``host`` says otherwise, and binding anything else requires
+    ``basic_auth`` (``user:password`` entries, a list or one comma-separated string).
+    """
+
+    model_config = _STRICT
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=5555, ge=1, le=65535)
+    basic_auth: tuple[str, ...] = ()
+
+    @field_validator("basic_auth", mode="before")
+    @classmethod
+    def _credentials(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        for entry in value if isinstance(value, list | tuple) else ():
+            user, sep, password = entry.partition(":") if isinstance(entry, str) else ("", "", "")
+            if not sep or not user or not password or any(c in entry for c in ", \t\n"):
+                raise ValueError(
+                    "flower.basic_auth entries must be user:password (a non-empty user without ':', "
+                    "a non-empty password, no spaces or commas)"
+                )
+        return value
+
+    @property
+    def loopback(self) -> bool:
+        """True when Flower listens on this machine only."""
+        return self.host in _LOOPBACK

@@ -11,6 +11,7 @@ from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
+from ctxcore.state.undecodable import decode_entries
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -292,20 +293,33 @@ def encode_log_message(message: AnyMessage) -> str:
 
 
 def decode_log_messages(rows: Sequence[tuple[str, str | bytes]]) -> list[AnyMessage]:
-    """Messages from ``(log id, encode_log_message output)`` rows, ``context_message_id`` set."""
+    """Messages from ``(log id, encode_log_message output)`` rows, ``context_message_id`` set.
+
+    An entry that no longer decodes is never fatal: it is read as its placeholder
+    (``ctxcore.state.undecodable``), the others as they were stored.
+    """
     if not rows:
         return []
     # One JSON array and one validation pass for the whole page rather than one per message,
     # the log id spliced into each object first: a model_copy per message to attach it cost
     # a tenth of a window's time.
-    parts = []
+    parts: list[bytes | None] = []
+    reasons: list[str] = []
     for log_id, raw in rows:
         body = (raw.encode() if isinstance(raw, str) else raw).strip()
         if body[:1] != b"{" or body[-1:] != b"}" or body[1:-1].strip() == b"":
-            raise StoreError(f"log entry {log_id} is not a stored message: {body[:80]!r}")
+            parts.append(None)
+            reasons.append(f"not a stored message: {body[:80]!r}")
+            continue
         # Last, so it wins over any id an older writer stored (as the copy's update did).
         parts.append(body[:-1] + b',"context_message_id":' + json.dumps(log_id).encode() + b"}")
-    return messages_from_json(b"[" + b",".join(parts) + b"]")
+        reasons.append("")
+    if all(p is not None for p in parts):
+        try:
+            return messages_from_json(b"[" + b",".join(p for p in parts if p is not None) + b"]")
+        except ValueError:  # pydantic's ValidationError: one entry or more; find them
+            pass
+    return decode_entries([log_id for log_id, _ in rows], parts, reasons)
 
 
 def encode_state(state: CompressionState, version: int) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from ctxcore.messages import AnyMessage, AssistantMessage
 
-__all__ = ["REDACTED", "redact", "redact_messages", "redact_value"]
+__all__ = ["REDACTED", "URL_PLACEHOLDER", "redact", "redact_messages", "redact_value", "scrub"]
 
 REDACTED: Final = "[REDACTED]"
 
@@ -104,6 +104,26 @@ def redact(text: str) -> str:
         text = _BEARER.sub(_bearer, text)
     if any(k in lowered for k in ("pass", "secret", "key", "token")):
         text = _SECRET_ASSIGNMENT.sub(_assignment, text)
+    return text
+
+
+URL_PLACEHOLDER: Final = "[url]"
+# A URL up to whitespace, a quote or a closing bracket: linear, like the patterns above.
+_URL: Final = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]{1,15}://[^\s'\"<>)\]]{1,2048}")
+# Shorter values are too likely to occur in ordinary text to be replaced wherever they occur.
+_MIN_SECRET_CHARS: Final = 6
+
+
+def scrub(text: str, secrets: Sequence[str] = (), *, urls: bool = False) -> str:
+    """``redact(text)`` after replacing each of ``secrets`` (the deployment's own keys,
+    whatever their shape; values under 6 characters are ignored) by ``[REDACTED]``; with
+    ``urls`` every URL becomes ``[url]`` too (an internal endpoint is nobody else's business)."""
+    for secret in secrets:
+        if len(secret) >= _MIN_SECRET_CHARS and secret in text:
+            text = text.replace(secret, REDACTED)
+    text = redact(text)
+    if urls and "://" in text:
+        text = _URL.sub(URL_PLACEHOLDER, text)
     return text
 
 

@@ -261,6 +261,11 @@ class OpenAIServer:
             raise ConfigError(f"unknown fault {kind!r}; expected one of {sorted(FAULT_KINDS)}")
         self._push(fault_reply(kind, delay, retry_after, message, block_ids, self.timeout_delay))
 
+    def push_response(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        """Queue a raw answer: ``status``, ``body`` as given and ``headers`` (an upstream's
+        own error page, say, or headers a proxy must not relay)."""
+        self._push(Reply(status=status, body=body, headers=dict(headers or {})))
+
     def _push(self, reply: Reply) -> None:
         with self._lock:
             self._script.append(reply)

@@ -128,11 +128,26 @@ def test_the_node_supervisor_writes_json_lines_with_logging_format_json(
 
 
 def test_flower_watches_the_configured_broker_and_passes_its_own_options(recorded: dict[str, Any]) -> None:
-    code, _ = run_cli("flower", "--", "--port=5566", "--address=127.0.0.1", env=ENV)
+    env = {**ENV, "CTXCORE_FLOWER__PORT": "5566"}
+    code, _ = run_cli("flower", "--", "--persistent=True", env=env)
     assert code == 0
-    assert recorded["flower"] == ["flower", "--port=5566", "--address=127.0.0.1"]
+    assert recorded["flower"] == ["flower", "--address=127.0.0.1", "--port=5566", "--persistent=True"]
     assert recorded["broker_url"] == ENV["CTXCORE_REDIS_URL"]
     assert recorded["event_exchange"] == "deploy1.events" and recorded["keyprefix"] == "deploy1:"
+
+
+def test_flower_refuses_other_addresses_without_basic_auth(recorded: dict[str, Any]) -> None:
+    recorded.clear()
+    code, _ = run_cli("flower", env={**ENV, "CTXCORE_FLOWER__HOST": "0.0.0.0"})
+    assert code != 0 and "flower" not in recorded
+    code, _ = run_cli("flower", "--", "--address=0.0.0.0", env=ENV)
+    assert code != 0 and "flower" not in recorded
+    code, _ = run_cli("flower", env={**ENV, "CTXCORE_FLOWER__BASIC_AUTH": "no-password"})
+    assert code != 0 and "flower" not in recorded
+    exposed = {**ENV, "CTXCORE_FLOWER__HOST": "0.0.0.0", "CTXCORE_FLOWER__BASIC_AUTH": "ops:pw-123456"}
+    code, _ = run_cli("flower", env=exposed)
+    assert code == 0
+    assert recorded["flower"] == ["flower", "--address=0.0.0.0", "--port=5555", "--basic-auth=ops:pw-123456"]
 
 
 @pytest.mark.redis

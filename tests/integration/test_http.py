@@ -133,9 +133,11 @@ def test_another_tenants_conversation_is_exactly_a_missing_one(api: Api) -> None
     api.runtime.offloads.put_if_absent(key_a, handle, [UserMessage(content="offloaded")])
 
     missing = api.client.get(f"{CONV}/never-existed/state", headers=AUTH_B)
+    assert missing.status_code == 404
+    # An id no tenant can own: 422 stating the id rule (it reveals nothing about anyone's).
     invalid = api.client.get(f"{CONV}/.invalid/state", headers=AUTH_B)
-    assert missing.status_code == invalid.status_code == 404
-    assert missing.content == invalid.content
+    assert invalid.status_code == 422 and invalid.json()["error"] == "invalid_conversation_id"
+    assert "1-128 characters" in invalid.json()["detail"]
 
     requests = [
         ("GET", f"{CONV}/shared-name/state", None),

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from ctxcore.errors import StoreError
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.processors.offload import HandleMemo, offload_handle
 from ctxcore.state import ConversationKey
-from ctxcore.state.base import encode_log_message
+from ctxcore.state.base import encode_log_message, format_log_id
 from ctxcore.state.decoded import DecodedEntries, DecodedStates, decoded_rows
 from ctxcore.state.models import CompressionState
+from ctxcore.state.undecodable import UNDECODABLE_KEY, is_undecodable
 from ctxcore.tokens import TiktokenCounter, _tools_text
 
 
@@ -64,11 +64,12 @@ def test_the_cache_is_bounded_by_entries_and_by_bytes() -> None:
         DecodedEntries(max_entries=0)
 
 
-def test_a_malformed_entry_raises_and_caches_nothing() -> None:
+def test_a_malformed_entry_is_read_as_its_placeholder() -> None:
     cache = DecodedEntries()
-    with pytest.raises(StoreError, match="not a stored message"):
-        cache.decode([row(1, "ok"), (2, b"garbage")], decoded_rows)
-    assert len(cache) == 0
+    good, bad = cache.decode([row(1, "ok"), (2, b"garbage")], decoded_rows)
+    assert good.text == "ok" and not is_undecodable(good)
+    assert is_undecodable(bad) and bad.context_message_id == format_log_id(2)
+    assert "not a stored message" in bad.metadata[UNDECODABLE_KEY]
 
 
 TOOLS = [

@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. Each entry: (layer name, module prefixes in it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("ctxcore.errors", "ctxcore.markers", "ctxcore.messages", "ctxcore.status")),
+    (
+        "foundation",
+        ("ctxcore.errors", "ctxcore.markers", "ctxcore.messages", "ctxcore.contract", "ctxcore.status"),
+    ),
     (
         "counting and turns",
         (

@@ -100,22 +100,39 @@ def test_embedded_window_closes_interrupted_calls_and_keeps_log_and_view_raw() -
     assert [m.role for m in ctx.get_messages()] == ["user", "assistant", "user", "assistant"]
 
 
-def test_embedded_window_drops_leading_orphans_but_never_from_the_log() -> None:
+def test_embedded_add_rejects_an_orphan_and_the_window_drops_a_restored_leading_one() -> None:
     ctx = ContextEngine().create_context("c")
-    ctx.add_messages([A(content="hi"), T("orphan-call"), U(content="q"), A(content="a")])
+    # A deviation from the reference (which accepts it): rejected, nothing stored.
+    with pytest.raises(InvalidMessageError) as info:
+        ctx.add_messages([A(content="hi"), T("orphan-call"), U(content="q"), A(content="a")])
+    assert (info.value.index, info.value.field) == (1, "orphan_tool_result")
+    assert ctx.get_raw_messages() == [] and ctx.get_messages() == []
+    # A view restored with set_messages may still open with one: windows drop it, not the view.
+    ctx.set_messages([A(content="hi"), T("orphan-call"), U(content="q"), A(content="a")])
     window = ctx.get_context_window()
     assert [m.text for m in window.context_messages] == ["q", "a"]
-    assert len(ctx.get_raw_messages()) == 4 and len(ctx.get_messages()) == 4
+    assert len(ctx.get_messages()) == 4
 
 
-def test_embedded_window_with_a_late_result_is_a_clear_error() -> None:
+def test_embedded_late_result_is_rejected_at_add_and_the_context_stays_usable() -> None:
     ctx = ContextEngine().create_context("c")
-    ctx.add_messages([*interrupted()[:3], T("cancel-1", "done late")])
+    ctx.add_messages(interrupted()[:3])
+    with pytest.raises(InvalidMessageError) as info:
+        ctx.add_messages([T("cancel-1", "done late")])
+    assert info.value.field == "orphan_tool_result"
+    assert len(ctx.get_raw_messages()) == 3
+    assert check_window(ctx.get_context_window().context_messages) == []
+    ctx.add_messages([A(content="ok")])
+    assert ctx.get_context_window().context_messages[-1].text == "ok"
+
+
+def test_embedded_window_of_a_restored_late_result_is_a_clear_error() -> None:
+    ctx = ContextEngine().create_context("c")
+    ctx.set_messages([*interrupted()[:3], T("cancel-1", "done late")])
     with pytest.raises(InvalidWindowError) as info:
         ctx.get_context_window()
     assert info.value.violations[0].rule == "orphan_tool_result"
     assert "set_messages" in str(info.value)
-    assert len(ctx.get_raw_messages()) == 4  # nothing lost
 
 
 def service() -> ContextService:
