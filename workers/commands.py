@@ -117,10 +117,13 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
         apply_log_format(settings, [logging.getLogger()])  # the supervisor's own lines
         return run_nodes(args)
     configure(settings)
+    from workers.logs import before_celery_logging
     from workers.prom_worker import start_node_metrics
 
-    # Before the pool forks: the children inherit the multiprocess directory.
-    start_node_metrics(settings, node)
+    # Before the pool forks: the children inherit the multiprocess directory. Its port (or
+    # that it serves none) is logged before Celery's logging exists.
+    with before_celery_logging(settings, args.loglevel, "workers.prom_worker"):
+        start_node_metrics(settings, node)
     queues = ",".join(node_queues(settings, node))
     argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
     # A drain node only pops jobs and sends their first stage: one process is enough.

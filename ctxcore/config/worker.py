@@ -54,9 +54,16 @@ class WorkerSettings(BaseModel):
     # the longest hold: ``hard_time_limit`` plus the longest retry countdown.
     consumer_timeout: float = Field(default=1800.0, gt=0)
     # Each worker node serves its Prometheus metrics (stage durations, failures; summed over
-    # its pool processes) on this port, all interfaces; 0 serves none. A drain node next to
-    # a stages node (``--node all``) uses the next port.
+    # its pool processes) on this port; 0 serves none. A drain node next to a stages node
+    # (``--node all``) uses the next port. A node whose port is taken (another worker on
+    # this host) takes the next free one of its kind: every second port, so a stages node
+    # never takes a drain node's; ``metrics_port_tries`` ports of its kind are tried, and
+    # with all of them taken the worker starts without metrics (logged at ERROR).
     metrics_port: int = Field(default=9808, ge=0, le=65534)
+    metrics_port_tries: int = Field(default=8, ge=1, le=64)
+    # The address the metrics listen on: this host only by default, like the API;
+    # "0.0.0.0" (or "::") serves every interface, e.g. a container's published port.
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
 
     @field_validator("broker_url", "result_backend_url")
     @classmethod
