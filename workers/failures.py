@@ -39,6 +39,7 @@ from ctxcore.status import CompactionDetail, LastError
 from workers.scheduler import Status, parse_status
 
 __all__ = [
+    "LOST_TASK",
     "FailureRecord",
     "FailureStore",
     "StageFailedError",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 _MAX_MESSAGE_CHARS = 1000
+# The kind of a running job the reconciler found without heartbeat nor pending stage
+# (``workers.lost_jobs``): shown until the job runs again.
+LOST_TASK = "lost_task"
 
 
 class StageFailedError(ModelError):
@@ -206,8 +210,22 @@ class FailureStore:
         return self.get(key).detail
 
     def job_started(self, key: ConversationKey) -> None:
-        """A job of ``key`` starts: no failure in it yet."""
-        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed"))
+        """A job of ``key`` starts: no failure in it yet, and a ``lost_task`` error ends here
+        (the lost job runs again; any other error stays until a job succeeds)."""
+        error = self.get(key).detail.last_error
+        fields = (
+            ("run_failed", "last_error") if error is not None and error.kind == LOST_TASK else ("run_failed",)
+        )
+        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), *fields))
+
+    def record_lost(self, key: ConversationKey, message: str) -> LastError:
+        """Record that the running job of ``key`` lost its stage and was queued again: the
+        conversation shows ``failing`` with ``lost_task`` until the job runs again (no
+        backoff, and not a failure of the job that runs next)."""
+        error = LastError(LOST_TASK, message[:_MAX_MESSAGE_CHARS], None, datetime.now(UTC))
+        value = json.dumps(error.as_dict(), ensure_ascii=False)
+        self._call("recording a lost job", key, lambda: self._write(key, put={"last_error": value}))
+        return error
 
     def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
         """Record a stage's final failure as ``last_error`` of the running job."""

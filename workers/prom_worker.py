@@ -72,6 +72,11 @@ class StageMetrics:
         self.circuit_open = Counter(
             "ctxcore_circuit_open", "Calls refused by an open circuit breaker.", registry=r
         )
+        self.jobs_requeued = Counter(
+            "ctxcore_jobs_requeued",
+            "Running jobs queued again by the reconciler: no heartbeat and no pending stage.",
+            registry=r,
+        )
 
     def value(self, name: str, **labels: str) -> float:
         """This process's value of a sample (0 when never recorded)."""

@@ -206,6 +206,7 @@ class Runtime:
             ring_tokens=worker.ring_tokens,
             mirror=self.failures.key,
             retention=RedisRetention(self.redis, self.settings.redis.key_prefix, self.retention),
+            liveness_seconds=2 * worker.heartbeat_interval,
         )
 
     @cached_property

@@ -48,6 +48,7 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
+from workers.heartbeat import beat_until_due, heartbeat
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
 
@@ -153,13 +154,16 @@ def drain(ring: int | None = None) -> dict[str, Any]:
 
 
 def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
-    """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``."""
-    return STAGE_TASKS[stage.kind].apply_async(
+    """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``.
+    The job shows life until the stage is due (now) plus the liveness margin."""
+    sent = STAGE_TASKS[stage.kind].apply_async(
         args=(key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), list(exhausted)),
         queue=queue_names(runtime().settings).stages,
         # argsrepr is a message option Celery passes through **options; celery-types omits it.
         argsrepr=str(key),  # type: ignore[call-arg]
     )
+    beat_until_due(runtime().scheduler, key)
+    return sent
 
 
 def _finish(key: ConversationKey) -> None:
@@ -219,6 +223,8 @@ def _retry_or_raise(
         log.warning(
             "%s; retry in %.1f s", _attempt(task, key, stage, kind, error.__cause__ or error), countdown
         )
+        # A pending task: the job shows life until the retry is due (plus the margin).
+        beat_until_due(rt.scheduler, key, countdown)
         raise task.retry(countdown=countdown, exc=error, max_retries=len(rt.settings.worker.retry_delays))
     raise error
 
@@ -232,7 +238,10 @@ def _run_stage(
     started = time.perf_counter()
     try:
         rt.scheduler.renew(key)
-        with conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout):
+        with (
+            heartbeat(rt.scheduler, key, rt.settings.worker.heartbeat_interval),
+            conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout),
+        ):
             result = rt.coordinator.run_stage(key, stage)
     except LockBusy:
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
@@ -316,12 +325,12 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
             _finish(key)
             raise
     except StoreUnavailable as err:
-        lease = rt.settings.worker.hard_time_limit * 4
         log.error(
-            "could not record the failure of %s or end its job (%s); the scheduler's lease re-queues it within %.0f s",
+            "could not record the failure of %s or end its job (%s); the reconciler re-queues it "
+            "(lost_task) %.0f s after its last heartbeat, once Redis answers",
             key,
             err,
-            lease,
+            rt.scheduler.liveness_seconds,
         )
 
 
