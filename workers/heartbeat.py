@@ -15,13 +15,22 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ctxcore.config import WorkerSettings
 from ctxcore.errors import StoreUnavailable
 from ctxcore.state import ConversationKey
 from workers.scheduler import FairScheduler
 
-__all__ = ["beat_until_due", "heartbeat"]
+__all__ = ["beat_until_due", "heartbeat", "heartbeat_interval"]
 
 log = logging.getLogger(__name__)
+
+
+def heartbeat_interval(worker: WorkerSettings) -> float:
+    """Seconds between a running stage's heartbeats: ``worker.heartbeat_seconds``, unset:
+    10 s, or half of ``worker.hard_time_limit`` when that is shorter."""
+    if worker.heartbeat_seconds is not None:
+        return worker.heartbeat_seconds
+    return min(10.0, worker.hard_time_limit / 2)
 
 
 def beat_until_due(scheduler: FairScheduler, key: ConversationKey, due_in: float = 0.0) -> None:

@@ -48,7 +48,7 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
-from workers.heartbeat import beat_until_due, heartbeat
+from workers.heartbeat import beat_until_due, heartbeat, heartbeat_interval
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
 
@@ -239,7 +239,7 @@ def _run_stage(
     try:
         rt.scheduler.renew(key)
         with (
-            heartbeat(rt.scheduler, key, rt.settings.worker.heartbeat_interval),
+            heartbeat(rt.scheduler, key, heartbeat_interval(rt.settings.worker)),
             conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout),
         ):
             result = rt.coordinator.run_stage(key, stage)

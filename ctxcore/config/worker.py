@@ -41,7 +41,7 @@ class WorkerSettings(BaseModel):
     # this long lost its stage (e.g. a retry that could not be published while Redis was
     # down): the reconciler queues it again and the conversation shows ``failing`` with
     # ``lost_task`` until the job runs again. At most ``hard_time_limit``; unset: 10 s, or
-    # half of ``hard_time_limit`` when that is shorter (``heartbeat_interval``).
+    # half of ``hard_time_limit`` when that is shorter (``workers.heartbeat.heartbeat_interval``).
     heartbeat_seconds: float | None = Field(default=None, gt=0)
     # The fair scheduler's shards (workers/scheduler.py): tenants hash onto this many rings,
     # each in its own cluster slot, with at most ``ring_tokens`` drain tokens out per ring.
@@ -71,13 +71,6 @@ class WorkerSettings(BaseModel):
     # The address the metrics listen on: this host only by default, like the API;
     # "0.0.0.0" (or "::") serves every interface, e.g. a container's published port.
     metrics_host: str = Field(default="127.0.0.1", min_length=1)
-
-    @property
-    def heartbeat_interval(self) -> float:
-        """Seconds between a running stage's heartbeats (``heartbeat_seconds`` or its default)."""
-        if self.heartbeat_seconds is not None:
-            return self.heartbeat_seconds
-        return min(10.0, self.hard_time_limit / 2)
 
     @field_validator("broker_url", "result_backend_url")
     @classmethod
