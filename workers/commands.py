@@ -149,14 +149,16 @@ def cmd_flower(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
+    """Serve the HTTP API with uvicorn (``--host``/``--port``/``--workers`` override
+    ``http.host``/``http.port``/``http.workers``)."""
     from workers.http import serve
     from workers.logs import apply_log_format
     from workers.runtime import check_startup
 
     settings = settings_for(args)
     check_startup(settings)
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    given = (("host", args.host), ("port", args.port), ("workers", args.workers))
+    overrides = {k: v for k, v in given if v is not None}
     if overrides:
         settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
     if not settings.http.tokens:

@@ -53,6 +53,10 @@ class HttpSettings(BaseModel):
     burst: int = Field(default=100, gt=0)
     # uvicorn's line per request (a few percent of the API's CPU under load).
     access_log: bool = True
+    # API processes on the one port (``ctxcore serve --workers N``): the fast path is CPU
+    # bound and one Python process serves one request at a time; N processes share nothing
+    # but Redis, and their metrics are summed (prometheus-client's multiprocess mode).
+    workers: int = Field(default=1, gt=0)
 
     @field_validator("tokens")
     @classmethod
