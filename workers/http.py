@@ -62,6 +62,7 @@ from fastapi import FastAPI
 
 from ctxcore import __version__
 from ctxcore.config import Settings
+from workers.admission import AdmissionMiddleware
 from workers.bodylimit import BodyLimitMiddleware
 from workers.http_api import ApiState
 from workers.http_auth import tenant_dependency
@@ -109,6 +110,9 @@ def create_app(
         description="Context engine for LLM agents: append messages, get windows within a token "
         "budget, compact in the background. Authenticate with `Authorization: Bearer <token>`.",
     )
+    # Inside the body limit (a body over it is a 413, never charged): the tenant's request
+    # rate, body bytes and requests in flight, before the body is read.
+    app.add_middleware(AdmissionMiddleware, api=api)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
     # Outermost (added last): a 413 from the body limit is counted too.
     app.add_middleware(RequestMetricsMiddleware, metrics=api.metrics)
