@@ -111,7 +111,9 @@ async def noisy_appender(
     n = 0
     while time.monotonic() < until:
         try:
-            answer = await http.post(f"/v1/conversations/noisy-{n % 4}/messages", content=body, headers=headers)
+            answer = await http.post(
+                f"/v1/conversations/noisy-{n % 4}/messages", content=body, headers=headers
+            )
         except httpx.TransportError:
             # Refused before its body was read: the server closed the connection under the upload.
             phase.noisy["max-size closed"] += 1
