@@ -28,6 +28,7 @@ at a tenant limited to 20 requests/s (burst 50) on purpose and counts its 429s. 
 
     .venv/bin/python bench/http_load.py                      # 10 s per phase
     .venv/bin/python bench/http_load.py --duration 30 --concurrency 2
+    .venv/bin/python bench/http_load.py --api-processes 1,2   # serve --workers 1 vs 2
 """
 
 from __future__ import annotations
@@ -109,8 +110,14 @@ def steps_of(run: list[AnyMessage]) -> list[list[dict[str, Any]]]:
 
 
 def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` and of its live descendants (``serve --workers N``: the
+    supervisor and its N processes)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    own = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return own + sum(cpu_seconds(c) for c in children if Path(f"/proc/{c}").exists())
 
 
 def pct(values: list[float], q: float) -> float:
@@ -329,14 +336,18 @@ def row(p: Phase) -> str:
     )
 
 
-async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path) -> None:
+async def measure(
+    args: argparse.Namespace, url: str, prefix: str, workdir: Path, processes: int = 1, scaling: bool = False
+) -> Phase | None:
+    """The run (module docstring) with ``processes`` API processes; ``scaling``: only the
+    32 closed-loop idle agents, returned for the comparison across process counts."""
     tokens = {tenant: f"bench-{tenant}-{uuid.uuid4().hex}" for tenant in (*TENANTS, LIMITED)}
     port = free_port()
     config = config_file(workdir, url, prefix, tokens, port)
     settings = Settings.load({"redis": {"url": url, "key_prefix": prefix}})
     queues = ",".join(queue_names(settings).consume_order())
     log = workdir / "processes.log"
-    api = start([sys.executable, "-m", "workers.cli", "serve"], config, log)
+    api = start([sys.executable, "-m", "workers.cli", "serve", "--workers", str(processes)], config, log)
     worker = start(
         worker_command(
             queues, "http-load@%h", pool="prefork", concurrency=args.concurrency, loglevel="WARNING"
@@ -358,7 +369,7 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30, limits=limits) as http:
             await wait_healthy(http, api, log)
             print(
-                f"ctxcore serve: 1 uvicorn process (pid {api.pid}); celery worker: prefork, concurrency "
+                f"ctxcore serve: {processes} uvicorn process(es) (pid {api.pid}); celery worker: prefork, concurrency "
                 f"{args.concurrency}; Redis {url}; {args.duration:g} s per phase; {os.cpu_count()} cores\n",
                 flush=True,
             )
@@ -388,6 +399,19 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
                 return ends
 
             phases = []
+            if scaling:
+                return await run_phase(
+                    http,
+                    tokens,
+                    "idle",
+                    max(AGENTS),
+                    [small],
+                    32_000,
+                    args.duration,
+                    api.pid,
+                    ends=log_ends(),
+                    every=args.steps,
+                )
             for name, steps, budget, conversations in (
                 ("idle", [small], 32_000, "agent"),
                 ("busy", big, 8_000, "busy"),
@@ -471,6 +495,45 @@ async def measure(args: argparse.Namespace, url: str, prefix: str, workdir: Path
             f"idle tails taken back every {args.steps} steps; failed resets by status: "
             + (", ".join(f"{s}: {c}" for s, c in sorted(failed.items())) or "none")
         )
+    return None
+
+
+async def compare_processes(args: argparse.Namespace, url: str, workdir: Path) -> None:
+    """``--api-processes 1,2``: 32 closed-loop idle agents against each process count, each
+    with a serve, a worker and conversations of its own (same load): the API's CPU per
+    step (summed over its processes), throughput and window p99, and p99 as a ratio of
+    the first count's."""
+    rows: list[tuple[int, Phase]] = []
+    for processes in args.api_processes:
+        prefix = f"httpload{uuid.uuid4().hex[:8]}"
+        run_dir = workdir / f"api{processes}"
+        run_dir.mkdir()
+        try:
+            phase = await measure(args, url, prefix, run_dir, processes, scaling=True)
+        finally:
+            delete_prefixed_keys(redis.Redis.from_url(url), prefix)
+        if phase is None:
+            raise RuntimeError("measure(scaling=True) returned no phase")
+        rows.append((processes, phase))
+    print(f"\n{max(AGENTS)} closed-loop agents (idle), {args.duration:g} s each, {os.cpu_count()} cores\n")
+    print(
+        "| API processes | API CPU ms per step | steps/s | window p50 | window p99 | p99 / first | errors |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    base = pct(rows[0][1].window, 0.99)
+    for processes, p in rows:
+        steps = len(p.window)
+        bad = sum(c for st, c in p.statuses.items() if st >= 400)
+        print(
+            f"| {processes} | {p.cpu_seconds * 1000 / steps:.2f} | {steps / p.seconds:.0f} | "
+            f"{pct(p.window, 0.5):.1f} | {pct(p.window, 0.99):.1f} | {pct(p.window, 0.99) / base:.2f} | {bad} |"
+        )
+    if len(rows) > 1:
+        ratio = pct(rows[-1][1].window, 0.99) / base
+        print(
+            f"\np99 at {rows[-1][0]} processes / at {rows[0][0]}: {ratio:.2f} "
+            f"(goal <= 0.5: {'met' if ratio <= 0.5 else 'NOT met'})"
+        )
 
 
 def main() -> None:
@@ -493,15 +556,27 @@ def main() -> None:
     parser.add_argument(
         "--grow", action="store_true", help="idle phases: let the tails grow instead (no taking back)"
     )
+    parser.add_argument(
+        "--api-processes",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=None,
+        help="e.g. 1,2: only the 32 closed-loop idle agents, against `ctxcore serve --workers N` "
+        "for each N, compared (API CPU per step, throughput, p99)",
+    )
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.api_processes is not None and (not args.api_processes or min(args.api_processes) < 1):
+        parser.error("--api-processes takes counts of at least 1, e.g. 1,2")
     server = ensure_redis(args.redis_url)
     url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/15"
     prefix = f"httpload{uuid.uuid4().hex[:8]}"
     try:
         with tempfile.TemporaryDirectory(prefix="ctxcore-http-load-") as workdir:
-            asyncio.run(measure(args, url, prefix, Path(workdir)))
+            if args.api_processes is not None:
+                asyncio.run(compare_processes(args, url, Path(workdir)))
+            else:
+                asyncio.run(measure(args, url, prefix, Path(workdir)))
     finally:
         delete_prefixed_keys(redis.Redis.from_url(url), prefix)
         if server.started:

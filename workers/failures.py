@@ -47,6 +47,7 @@ from ctxcore.status import CompactionDetail, Hold, LastError
 from workers.scheduler import Status, parse_status
 
 __all__ = [
+    "LOST_TASK",
     "FailureRecord",
     "FailureStore",
     "StageFailedError",
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 _MAX_MESSAGE_CHARS = 1000
+# The kind of a running job the reconciler found without heartbeat nor pending stage
+# (``workers.lost_jobs``): shown until the job runs again.
+LOST_TASK = "lost_task"
 
 
 class StageFailedError(ModelError):
@@ -228,8 +232,13 @@ class FailureStore:
         return self.get(key).detail
 
     def job_started(self, key: ConversationKey) -> None:
-        """A job of ``key`` starts: no failure in it yet, nothing saved yet."""
-        self._call("starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved"))
+        """A job of ``key`` starts: no failure in it yet, nothing saved yet, and a ``lost_task``
+        error ends here (the lost job runs again; any other error stays until a job succeeds)."""
+        error = self.get(key).detail.last_error
+        lost = ("last_error",) if error is not None and error.kind == LOST_TASK else ()
+        self._call(
+            "starting a job", key, lambda: self.client.hdel(self.key(key), "run_failed", "run_saved", *lost)
+        )
 
     def version_saved(self, key: ConversationKey) -> None:
         """A stage of the running job saved a new state version: the job made progress."""
@@ -240,6 +249,15 @@ class FailureStore:
         it when the job ends): windows start no job until it re-arms."""
         value = json.dumps(hold.as_dict(), ensure_ascii=False)
         self._call("recording a hold", key, lambda: self._write(key, put={"hold": value, "run_held": "1"}))
+
+    def record_lost(self, key: ConversationKey, message: str) -> LastError:
+        """Record that the running job of ``key`` lost its stage and was queued again: the
+        conversation shows ``failing`` with ``lost_task`` until the job runs again (no
+        backoff, and not a failure of the job that runs next)."""
+        error = LastError(LOST_TASK, message[:_MAX_MESSAGE_CHARS], None, datetime.now(UTC))
+        value = json.dumps(error.as_dict(), ensure_ascii=False)
+        self._call("recording a lost job", key, lambda: self._write(key, put={"last_error": value}))
+        return error
 
     def record(self, key: ConversationKey, kind: str, message: str, stage: str | None) -> LastError:
         """Record a stage's final failure as ``last_error`` of the running job."""

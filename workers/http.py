@@ -53,10 +53,17 @@ the runtime's stores, and errors to responses through the one table:
 Request and response models are ``ctxcore.client.models`` (the client parses them too).
 """
 
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
 from fastapi import FastAPI
 
 from ctxcore import __version__
 from ctxcore.config import Settings
+from workers.admission import AdmissionMiddleware
 from workers.bodylimit import BodyLimitMiddleware
 from workers.http_api import ApiState
 from workers.http_auth import tenant_dependency
@@ -73,15 +80,22 @@ from workers.proxy import proxy_router
 from workers.runtime import Runtime, check_startup
 from workers.service import CompactionQueue
 
-__all__ = ["app_from_env", "create_app", "serve"]
+__all__ = ["app_for_serve_workers", "app_from_env", "create_app", "serve"]
+
+# How ``serve`` hands its settings and metrics directory to its N processes.
+SERVE_SETTINGS_ENV = "CTXCORE_SERVE_SETTINGS"
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAPI:
+def create_app(
+    runtime: Runtime, queue: CompactionQueue | None = None, *, metrics_dir: str | None = None
+) -> FastAPI:
     """The HTTP API over ``runtime``'s stores (see the module docstring).
 
     ``queue`` defaults to ``workers.tasks.CeleryQueue`` (Celery is then configured from
     ``runtime.settings`` so compaction requests reach the configured broker); tests pass an
-    ``InlineQueue``.
+    ``InlineQueue``. ``metrics_dir``: one of several API processes (``serve`` with
+    ``http.workers`` > 1): ``/metrics`` serves the sum over the directory's processes.
     """
     if queue is None:
         from workers.app import configure
@@ -89,7 +103,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
 
         configure(runtime.settings)
         queue = CeleryQueue()
-    api = ApiState(runtime, queue)
+    api = ApiState(runtime, queue, metrics_dir)
 
     app = FastAPI(
         title="ctxcore",
@@ -97,6 +111,9 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
         description="Context engine for LLM agents: append messages, get windows within a token "
         "budget, compact in the background. Authenticate with `Authorization: Bearer <token>`.",
     )
+    # Inside the body limit (a body over it is a 413, never charged): the tenant's request
+    # rate, body bytes and requests in flight, before the body is read.
+    app.add_middleware(AdmissionMiddleware, api=api)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
     # Outermost (added last): a 413 from the body limit is counted too.
     app.add_middleware(RequestMetricsMiddleware, metrics=api.metrics)
@@ -118,19 +135,48 @@ def app_from_env() -> FastAPI:
     settings = Settings.from_env()
     apply_log_format(settings)  # uvicorn configured its logging before calling the factory
     check_startup(settings)
-    return create_app(Runtime(settings))
+    if settings.http.workers > 1:
+        logging.getLogger(__name__).warning(
+            "http.workers = %d is read by `ctxcore serve`; under uvicorn itself give it --workers %d "
+            "(with PROMETHEUS_MULTIPROC_DIR set, /metrics sums the processes)",
+            settings.http.workers,
+            settings.http.workers,
+        )
+    # uvicorn --workers N with $PROMETHEUS_MULTIPROC_DIR: the processes' sum on /metrics.
+    return create_app(Runtime(settings), metrics_dir=os.environ.get(METRICS_DIR_ENV))
+
+
+def app_for_serve_workers() -> FastAPI:
+    """One of ``serve``'s N processes (uvicorn imports this factory in each): the settings
+    ``serve`` was given, passed as JSON in ``CTXCORE_SERVE_SETTINGS``, and its metrics in the
+    shared multiprocess directory."""
+    settings = Settings.load(json.loads(os.environ[SERVE_SETTINGS_ENV]))
+    apply_log_format(settings)
+    return create_app(Runtime(settings), metrics_dir=os.environ[METRICS_DIR_ENV])
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
-    """Run the API with uvicorn on ``http.host:http.port`` (the CLI's ``ctxcore serve``)."""
+    """Run the API with uvicorn on ``http.host:http.port`` (the CLI's ``ctxcore serve``),
+    in ``http.workers`` processes: more than one runs uvicorn's supervisor, which starts each
+    process afresh (``app_for_serve_workers``) and restarts one that dies."""
     import uvicorn
 
-    app, log_config = create_app(Runtime(settings)), uvicorn_log_config(settings)
-    uvicorn.run(
-        app,
-        host=settings.http.host,
-        port=settings.http.port,
-        log_level=log_level,
-        log_config=log_config,
-        access_log=settings.http.access_log,
-    )
+    options: dict[str, Any] = {
+        "host": settings.http.host,
+        "port": settings.http.port,
+        "log_level": log_level,
+        "log_config": uvicorn_log_config(settings),
+        "access_log": settings.http.access_log,
+    }
+    if settings.http.workers == 1:
+        uvicorn.run(create_app(Runtime(settings)), **options)
+        return
+    from workers.prom_worker import enable_multiprocess
+
+    # Set before the processes start: each imports prometheus-client with the directory
+    # in its environment (under $PROMETHEUS_MULTIPROC_DIR/api when that is set, stale files
+    # of an earlier run removed; else a temporary directory removed at exit).
+    base = os.environ.get(METRICS_DIR_ENV)
+    enable_multiprocess(str(Path(base) / "api") if base else None)
+    os.environ[SERVE_SETTINGS_ENV] = settings.model_dump_json()
+    uvicorn.run("workers.http:app_for_serve_workers", factory=True, workers=settings.http.workers, **options)

@@ -25,12 +25,13 @@ IfMatch = Annotated[
 class ApiState:
     """The state routes share: runtime, queue, the lazily built service and rate limiter."""
 
-    def __init__(self, runtime: Runtime, queue: CompactionQueue) -> None:
+    def __init__(self, runtime: Runtime, queue: CompactionQueue, metrics_dir: str | None = None) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
         self.queue = queue
-        # Prometheus series of this app (its own registry: see workers/prom_api.py).
-        self.metrics = ApiMetrics()
+        # Prometheus series of this app (its own registry: see workers/prom_api.py; summed
+        # over ``metrics_dir``'s processes with ``ctxcore serve --workers N``).
+        self.metrics = ApiMetrics(metrics_dir)
         self._service: ContextService | None = None
         self._limiter: RateLimiter | None = None
         self._lock = Lock()

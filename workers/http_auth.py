@@ -1,21 +1,27 @@
 """Authentication and rate limiting: the bearer-token dependency every ``/v1`` route takes.
 
 The tenant is looked up by the token's sha256 in ``http.tokens``; each authenticated
-request takes one token from its tenant's bucket (429 with ``Retry-After`` when empty).
+request takes one token from its tenant's bucket (429 with ``Retry-After`` when empty),
+unless ``workers.admission`` admitted and charged it already, before reading its body.
 """
 
 import hmac
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ctxcore.config import Settings, hash_token
 from workers.http_api import ApiState
 from workers.http_errors import ApiError
 
-__all__ = ["rate_limit", "tenant_dependency", "tenant_for_token"]
+__all__ = ["ADMITTED", "rate_limit", "tenant_dependency", "tenant_for_token"]
+
+# The request scope's state key under which ``workers.admission`` leaves what the request's
+# bearer token is (its tenant, admitted and charged; None: no tenant's): the dependency
+# then neither compares the token again nor charges it again.
+ADMITTED = "ctxcore_admitted_tenant"
 
 
 def tenant_for_token(settings: Settings, token: str) -> str | None:
@@ -51,6 +57,7 @@ def tenant_dependency(api: ApiState) -> Callable[..., str]:
     bearer = HTTPBearer(auto_error=False, description="A tenant's API token (configured as its sha256)")
 
     def current_tenant(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> str:
         """Authenticate the request and charge the tenant's rate limit."""
@@ -61,7 +68,10 @@ def tenant_dependency(api: ApiState) -> Callable[..., str]:
                 "missing bearer token (Authorization: Bearer <token>)",
                 headers={"WWW-Authenticate": 'Bearer realm="ctxcore"'},
             )
-        tenant = tenant_for_token(api.settings, credentials.credentials)
+        state = request.scope.get("state", {})
+        # workers.admission looked this request's token up already (and charged its tenant).
+        admitted = ADMITTED in state
+        tenant = state[ADMITTED] if admitted else tenant_for_token(api.settings, credentials.credentials)
         if tenant is None:
             raise ApiError(
                 401,
@@ -69,7 +79,8 @@ def tenant_dependency(api: ApiState) -> Callable[..., str]:
                 "invalid bearer token",
                 headers={"WWW-Authenticate": 'Bearer realm="ctxcore", error="invalid_token"'},
             )
-        rate_limit(api, tenant)
-        return tenant
+        if not admitted:
+            rate_limit(api, tenant)
+        return str(tenant)
 
     return current_tenant

@@ -13,7 +13,8 @@ import copy
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,17 @@ from celery._state import get_current_task
 
 from ctxcore.config import Settings
 
-__all__ = ["SERVICE_LOGGERS", "JsonFormatter", "TaskJsonFormatter", "apply_log_format", "uvicorn_log_config"]
+__all__ = [
+    "SERVICE_LOGGERS",
+    "JsonFormatter",
+    "TaskJsonFormatter",
+    "apply_log_format",
+    "before_celery_logging",
+    "uvicorn_log_config",
+]
+
+# Celery's worker line format, for the lines a worker writes before Celery's logging is set up.
+_CELERY_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
 
 # The loggers of ``ctxcore serve``: the root (ctxcore's and workers' own), uvicorn's.
 SERVICE_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
@@ -93,3 +104,26 @@ def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
         config["formatters"] = {name: {"()": JsonFormatter} for name in config["formatters"]}
         config["root"] = {"handlers": ["default"]}
     return config
+
+
+@contextmanager
+def before_celery_logging(settings: Settings, loglevel: str, name: str) -> Iterator[None]:
+    """Logger ``name``'s lines at ``loglevel`` and above go to stderr while the block runs,
+    as Celery would write them (JSON with ``logging.format = "json"``): a worker's lines
+    before ``app.worker_main`` sets up logging (the root has no handler yet, so INFO would
+    be dropped). The logger is left as it was afterwards."""
+    logger = logging.getLogger(name)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if settings.logging.format == "json" else logging.Formatter(_CELERY_FORMAT)
+    )
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(loglevel.upper())
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate

@@ -1,9 +1,12 @@
 """The API process's Prometheus metrics (prometheus-client), served at ``GET /metrics``.
 
 Each app owns a ``CollectorRegistry`` (tests build many apps in one process; a module-level
-registry would add them up). An API process is one uvicorn process, so its metrics are plain
-in-process values: an observation is a lock and an add, no Redis round trip per window.
-Several API replicas are summed by Prometheus, as any per-instance series.
+registry would add them up). With one API process its metrics are plain in-process values:
+an observation is a lock and an add, no Redis round trip per window. ``ctxcore serve
+--workers N`` runs N processes on one port behind uvicorn's supervisor: they record in
+prometheus-client's multiprocess mode (each process's values in memory-mapped files of one
+directory) and ``/metrics``, whichever process answers, serves their sum. Several API
+replicas (hosts) are summed by Prometheus, as any per-instance series.
 
 Labels come from closed sets only: ``status`` (HTTP status codes the routes answer),
 ``route`` ("window"/"proxy") and ``fallback`` ("true"/"false"). No tenant, conversation or path label: cardinality stays
@@ -17,7 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,9 +38,16 @@ WINDOW_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 class ApiMetrics:
     """The API's series in their own registry (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Several API processes: /metrics serves the sum of the directory's files (the
+        # series above still record there: the value class follows $PROMETHEUS_MULTIPROC_DIR,
+        # set before the processes started).
+        self._exposed = r
+        if multiprocess_dir is not None:
+            self._exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._exposed, path=multiprocess_dir)  # type: ignore[no-untyped-call]  # untyped upstream
         self.fast_path_seconds = Histogram(
             "ctxcore_fast_path_seconds",
             "Wall time of the service's get_window (the fast path), by route (window: POST "
@@ -69,7 +79,7 @@ class ApiMetrics:
         )
         self._children: dict[tuple[str, ...], Any] = {}
         self._scrape = _ScrapeGauges()
-        r.register(self._scrape)
+        self._exposed.register(self._scrape)
 
     def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
         # ``labels()`` takes a lock and builds a key each call (half an observation's cost):
@@ -102,7 +112,7 @@ class ApiMetrics:
         if dead_letters is not None:
             gauges["ctxcore_dead_letter_messages"] = float(dead_letters)
         self._scrape.values = gauges
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)
 
 
 _GAUGE_HELP = {

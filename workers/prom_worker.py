@@ -32,6 +32,7 @@ __all__ = [
     "disable_multiprocess",
     "enable_multiprocess",
     "mark_process_dead",
+    "metrics_ports",
     "node_registry",
     "snapshot",
     "stage_metrics",
@@ -83,6 +84,11 @@ class StageMetrics:
         )
         self.circuit_open = Counter(
             "ctxcore_circuit_open", "Calls refused by an open circuit breaker.", registry=r
+        )
+        self.jobs_requeued = Counter(
+            "ctxcore_jobs_requeued",
+            "Running jobs queued again by the reconciler: no heartbeat and no pending stage.",
+            registry=r,
         )
 
     def value(self, name: str, **labels: str) -> float:
@@ -160,36 +166,75 @@ def mark_process_dead(pid: int) -> None:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # untyped upstream
 
 
+def metrics_ports(settings: Settings, node: str) -> list[int]:
+    """The ports a node tries, in order: ``worker.metrics_port`` (a drain node: the next
+    one), then every second port after it, ``worker.metrics_port_tries`` of them in all; a
+    stages or ``all`` node never takes a drain node's port, nor a drain node theirs."""
+    first = settings.worker.metrics_port + (1 if node == "drain" else 0)
+    return [p for p in range(first, first + 2 * settings.worker.metrics_port_tries, 2) if p <= 65535]
+
+
 def start_node_metrics(settings: Settings, node: str = "all") -> int | None:
-    """Multiprocess mode and the node's metrics server on ``worker.metrics_port`` (None: 0,
-    off), on every interface (a container's port; no tenant data is served).
+    """Multiprocess mode and the node's metrics server on ``worker.metrics_host`` (127.0.0.1
+    by default) at the first free port of ``metrics_ports``; returns it (None: port 0, off,
+    or every port taken, logged at ERROR: the worker runs without metrics).
 
     ``$PROMETHEUS_MULTIPROC_DIR``, when set, holds one directory per node kind (``all``,
-    ``stages``, ``drain``), so the two nodes of ``--node all`` keep their own files; a drain
-    node serves on the next port. ``ConfigError`` names a port already in use.
+    ``stages``, ``drain``), so the two nodes of ``--node all`` keep their own files; a node
+    that took another port than its first uses ``<kind>-<port>``, so a second worker on the
+    host never removes the first one's files. ``ConfigError`` when the address cannot be
+    served at all (not a local address, no permission).
     """
-    port = settings.worker.metrics_port
-    if port == 0:
+    if settings.worker.metrics_port == 0:
         return None
-    port += 1 if node == "drain" else 0
+    host = settings.worker.metrics_host
+    ports = metrics_ports(settings, node)
     base = os.environ.get(ENV)
-    directory = str(Path(base) / node) if base else tempfile.mkdtemp(prefix="ctxcore-metrics-")
-    if not base:
-        atexit.register(shutil.rmtree, directory, True)
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    try:
-        start_http_server(port, registry=node_registry(directory))
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
+    for port in ports:
+        registry = CollectorRegistry()
+        try:
+            start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                continue
             raise ConfigError(
-                f"worker.metrics_port {port}: cannot serve the worker's metrics: {exc}"
+                f"worker.metrics_host {host} port {port}: cannot serve the worker's metrics: {exc}"
             ) from exc
-        raise ConfigError(
-            f"worker.metrics_port {port} is already in use: another process (another worker "
-            "node on this host?) serves there; set CTXCORE_WORKER__METRICS_PORT to a free port, "
-            "or to 0 to serve no worker metrics"
-        ) from None
-    # After the bind: a node refused for its port leaves another node's files alone.
-    enable_multiprocess(directory)
-    log.info("worker metrics on :%d/metrics (the processes' files in %s)", port, directory)
-    return port
+        name = node if port == ports[0] else f"{node}-{port}"
+        directory = _node_directory(base, name)
+        # After the bind: a node refused for its port leaves another node's files alone.
+        enable_multiprocess(directory)
+        multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]  # untyped upstream
+        if port != ports[0]:
+            log.warning(
+                "worker metrics: port %d is in use (another worker on this host?); this %s node "
+                "serves on %s:%d instead",
+                ports[0],
+                node,
+                host,
+                port,
+            )
+        log.info("worker metrics on %s:%d/metrics (the processes' files in %s)", host, port, directory)
+        return port
+    log.error(
+        "worker metrics: every port tried on %s is in use (%s): this %s node starts WITHOUT "
+        "metrics; set worker.metrics_port to a free range or raise worker.metrics_port_tries "
+        "(0 serves none)",
+        host,
+        ", ".join(map(str, ports)),
+        node,
+    )
+    # Recorded into a private directory nobody serves: never another node's files.
+    enable_multiprocess(_node_directory(None, node))
+    return None
+
+
+def _node_directory(base: str | None, name: str) -> str:
+    """``<base>/<name>``, else a new temporary directory removed at exit."""
+    if not base:
+        directory = tempfile.mkdtemp(prefix="ctxcore-metrics-")
+        atexit.register(shutil.rmtree, directory, True)
+        return directory
+    directory = str(Path(base) / name)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return directory

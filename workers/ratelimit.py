@@ -7,6 +7,13 @@ Buckets expire once they would be full again, so idle tenants cost no memory.
 
 Each tenant's bucket is its own hash tag, ``{<prefix>:rate:<tenant>}``: on Redis Cluster the
 tenants spread over the masters instead of sharing one slot.
+
+``admit`` is what the API's admission (``workers.admission``) asks before it reads a body:
+in one script, the tenant's request token, its body bytes from a second pair of fields of
+the same bucket (``bytes``, refilled at ``bytes_per_second``) and a place among its
+requests in flight (a sorted set ``<bucket>:inflight`` of request ids by the time they are
+presumed dead: a process that died holding one frees it then). Nothing is taken unless all
+three allow; ``release`` gives the place back when the response is sent.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import redis
 from ctxcore.errors import StoreUnavailable
 from ctxcore.state.redis_common import UNAVAILABLE
 
-__all__ = ["RateDecision", "RateLimiter"]
+__all__ = ["Admission", "RateDecision", "RateLimiter"]
 
 # KEYS[1]: the tenant's bucket. ARGV: rate (tokens per second), burst (capacity), cost.
 # Returns {allowed (0/1), seconds to wait until `cost` tokens are available (as a string:
@@ -51,6 +58,62 @@ return {allowed, tostring(wait)}
 """
 
 
+# KEYS[1]: the tenant's bucket, KEYS[2]: its requests in flight. ARGV: request rate, burst,
+# byte rate, byte burst, body bytes, max in flight, request id, hold ms. Returns {verdict
+# ('ok', 'rate', 'bytes', 'concurrent'), seconds to wait (a string)}.
+_ADMIT = """
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local brate, bburst, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit, hold = tonumber(ARGV[6]), tonumber(ARGV[8])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local saved = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'bytes')
+local tokens, ts, bytes = tonumber(saved[1]), tonumber(saved[2]), tonumber(saved[3])
+if tokens == nil or ts == nil then tokens, ts = burst, now end
+if bytes == nil then bytes = bburst end
+if now > ts then
+  tokens = math.min(burst, tokens + (now - ts) * rate)
+  bytes = math.min(bburst, bytes + (now - ts) * brate)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now * 1000)
+local verdict, wait = 'ok', 0
+if tokens < 1 then
+  verdict, wait = 'rate', (1 - tokens) / rate
+elseif bytes < cost then
+  verdict, wait = 'bytes', (cost - bytes) / brate
+elseif redis.call('ZCARD', KEYS[2]) >= limit then
+  verdict, wait = 'concurrent', 1
+else
+  tokens, bytes = tokens - 1, bytes - cost
+  redis.call('ZADD', KEYS[2], now * 1000 + hold, ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], hold)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now), 'bytes', tostring(bytes))
+local full = math.max(burst / rate, bburst / brate)
+redis.call('PEXPIRE', KEYS[1], math.min(math.ceil(full * 1000) + 1000, 86400000))
+return {verdict, tostring(wait)}
+"""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome of ``RateLimiter.admit``: ``verdict`` is ``ok`` (admitted: ``release``
+    it) or what refused it (``rate``, ``bytes``, ``concurrent``)."""
+
+    verdict: str
+    wait_seconds: float
+
+    @property
+    def admitted(self) -> bool:
+        """True when the request may proceed."""
+        return self.verdict == "ok"
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds for a ``Retry-After`` header (at least 1)."""
+        return max(1, math.ceil(self.wait_seconds))
+
+
 @dataclass(frozen=True)
 class RateDecision:
     """The outcome of one ``RateLimiter.take``."""
@@ -71,6 +134,7 @@ class RateLimiter:
         self.client = client
         self._prefix = prefix
         self._take = client.register_script(_TAKE)
+        self._admit = client.register_script(_ADMIT)
 
     def key(self, tenant_id: str) -> str:
         """The Redis key of ``tenant_id``'s bucket."""
@@ -90,3 +154,38 @@ class RateLimiter:
             raise StoreUnavailable(f"rate limiter unavailable: {exc}") from exc
         text = wait.decode() if isinstance(wait, bytes) else str(wait)
         return RateDecision(allowed=bool(int(allowed)), wait_seconds=float(text))
+
+    def admit(
+        self,
+        tenant_id: str,
+        request_id: str,
+        *,
+        rate: float,
+        burst: int,
+        byte_rate: float,
+        byte_burst: int,
+        body_bytes: int,
+        max_in_flight: int,
+        hold_seconds: float = 300.0,
+    ) -> Admission:
+        """Take a request token and ``body_bytes`` from the tenant's bucket and a place among
+        its ``max_in_flight`` requests in flight (held ``hold_seconds`` at most), all or
+        nothing (see the module docstring). Raises ``StoreUnavailable`` when Redis cannot
+        be reached."""
+        key = self.key(tenant_id)
+        args: list[str | int] = [repr(float(rate)), burst, repr(float(byte_rate)), byte_burst]
+        args += [body_bytes, max_in_flight, request_id, int(hold_seconds * 1000)]
+        try:
+            verdict, wait = self._admit(keys=[key, f"{key}:inflight"], args=args)
+        except UNAVAILABLE as exc:
+            raise StoreUnavailable(f"rate limiter unavailable: {exc}") from exc
+        text = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+        seconds = wait.decode() if isinstance(wait, bytes) else str(wait)
+        return Admission(text, float(seconds))
+
+    def release(self, tenant_id: str, request_id: str) -> None:
+        """Give back the place ``admit`` took (the response was sent)."""
+        try:
+            self.client.zrem(f"{self.key(tenant_id)}:inflight", request_id)
+        except UNAVAILABLE as exc:
+            raise StoreUnavailable(f"rate limiter unavailable: {exc}") from exc

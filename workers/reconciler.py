@@ -18,6 +18,9 @@ died with a killed worker for as long as a busy ring kept its tokens in the queu
 imported: it is in the app's ``include``, which a worker imports before it builds its
 bootsteps, so the app never imports this module (nor, through it, the tasks).
 
+Each pass also queues again the running jobs that lost their stage (no heartbeat and no
+pending stage for ``2 x worker.heartbeat_seconds``: ``workers.lost_jobs``).
+
 With a retention (``service.retention_days`` or a tenant's) the step also runs the retention
 sweep (``workers.retention``) every ``SWEEP_EVERY_SECONDS``, one worker per interval.
 """
@@ -37,6 +40,7 @@ from workers.app import app, runtime, settings
 from workers.broker import declare_queues, queue_names, uses_amqp
 from workers.broker_queues import broker_channel, queue_ready
 from workers.dead_letters import report_dead_letters
+from workers.lost_jobs import requeue_lost_jobs
 from workers.retention import SWEEP_EVERY_SECONDS, sweep_if_due
 from workers.runtime import Runtime, retention_of
 from workers.tasks import send_drain_tokens
@@ -68,6 +72,7 @@ def reconcile(rt: Runtime) -> int:
     """``reconcile_once`` over ``rt`` (the worker's timer passes the process's runtime)."""
     wait = rt.settings.worker.requeue_after_seconds
     _report_dead_letters(rt)
+    requeue_lost_jobs(rt)
     try:
         stuck, others_out = rt.scheduler.reconcile_scan()
         if not stuck:

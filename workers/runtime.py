@@ -29,6 +29,7 @@ from ctxcore.turns import UserDetector
 from workers.broker import check_broker
 from workers.circuit import CircuitBreaker, CircuitBreakerClient
 from workers.failures import FailureStore
+from workers.heartbeat import heartbeat_interval
 from workers.prom_worker import stage_metrics
 from workers.redis_clients import redis_client, settings_client
 from workers.scheduler import FairScheduler
@@ -226,6 +227,7 @@ class Runtime:
             ring_tokens=worker.ring_tokens,
             mirror=self.failures.key,
             retention=RedisRetention(self.redis, self.settings.redis.key_prefix, self.retention),
+            liveness_seconds=2 * heartbeat_interval(worker),
         )
 
     @cached_property

@@ -26,6 +26,12 @@ queued when the run finishes (unless the run failed: the failure backoff decides
 conversation may queue again). A running job holds a lease; if its worker dies the lease
 runs out and the next request re-queues the conversation.
 
+Lost jobs: a running job's stage can be lost too (a retry that could not be published while
+Redis was down). Each running job has a beat deadline in its ring (``beat``): the job's start,
+its running stage's heartbeats and each stage sent or waiting for its retry countdown push it
+on by ``liveness_seconds``; ``requeue_lost`` (the reconciler, ``workers.lost_jobs``) queues
+again the running jobs whose deadline passed.
+
 Liveness: a token can be lost (a failed send, a consumer that died). Each ring stamps when
 its last token was sent or consumed; ``stuck_rings`` (the reconciler in every worker) finds
 the rings with jobs whose stamp is older than ``requeue_after_seconds``, re-stamps them and
@@ -126,6 +132,7 @@ class FairScheduler:
         ring_tokens: int = 2,
         mirror: Callable[[ConversationKey], str] | None = None,
         retention: RedisRetention | None = None,
+        liveness_seconds: float = 20.0,
     ) -> None:
         if rings < 1 or ring_tokens < 1:
             raise ConfigError(f"scheduler rings and ring_tokens must be >= 1, got {rings}, {ring_tokens}")
@@ -140,6 +147,8 @@ class FairScheduler:
         self._meta_checked = False
         self.lease_seconds = lease_seconds
         self.requeue_after_seconds = requeue_after_seconds
+        # Twice the heartbeat interval: how long a running job may go without news.
+        self.liveness_seconds = liveness_seconds
         self._enqueue = client.register_script(lua.ENQUEUE)
         self._rotate = client.register_script(lua.ROTATE)
         self._pop = client.register_script(lua.POP)
@@ -148,6 +157,8 @@ class FairScheduler:
         self._forget = client.register_script(lua.FORGET)
         self._stuck = client.register_script(lua.STUCK)
         self._mirror = client.register_script(lua.MIRROR)
+        self._beat = client.register_script(lua.BEAT)
+        self._requeue_lost = client.register_script(lua.REQUEUE_LOST)
 
     def ring_of(self, tenant_id: str) -> int:
         """The ring ``tenant_id`` is served in (a stable hash: every process agrees)."""
@@ -163,6 +174,7 @@ class FairScheduler:
             f"{tag}:out",
             f"{tag}:stamp",
             f"{tag}:seq",
+            f"{tag}:beat",
         ]
 
     def _ring_keys(self, ring: int) -> list[str]:
@@ -239,7 +251,7 @@ class FairScheduler:
             got = self._call(
                 self._pop,
                 self._keys(ring, name),
-                [name, repr(time.time()), self.lease_seconds, self.ring_tokens],
+                [name, repr(time.time()), self.lease_seconds, self.ring_tokens, self.liveness_seconds],
             )
             if got:
                 conv = got[0].decode() if isinstance(got[0], bytes) else str(got[0])
@@ -256,6 +268,43 @@ class FairScheduler:
         deadline = time.time() + self.lease_seconds
         keys = [self._status_key(key), f"{self.tags[self.ring_of(key.tenant_id)]}:seq"]
         return bool(self._mirrored(key, self._call(self._renew, keys, [self._member(key), deadline])))
+
+    def beat(self, key: ConversationKey, seconds_ahead: float | None = None) -> bool:
+        """The running job of ``key`` shows life for ``seconds_ahead`` more seconds (default
+        ``liveness_seconds``): a heartbeat, or a stage sent or waiting for its countdown.
+        False when it is not running (nothing written)."""
+        ahead = self.liveness_seconds if seconds_ahead is None else seconds_ahead
+        tag = self.tags[self.ring_of(key.tenant_id)]
+        keys = [f"{tag}:status", f"{tag}:beat"]
+        return bool(self._call(self._beat, keys, [self._member(key), repr(time.time() + ahead)]))
+
+    def requeue_lost(self) -> list[Job]:
+        """Queue again every running job whose beat deadline passed (its stage was lost);
+        each as a ``Job`` whose ``resend`` says a drain token of its ring is due. A job that
+        showed life meanwhile is left alone (re-checked atomically per job)."""
+        now = time.time()
+        lost: list[Job] = []
+        for ring in range(self.rings):
+            self._check_meta()
+            try:
+                beats = self.client.hgetall(f"{self.tags[ring]}:beat")
+            except _ERRORS as exc:
+                raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
+            for raw_member, raw_deadline in beats.items():
+                if float(raw_deadline) >= now:
+                    continue
+                member = raw_member.decode() if isinstance(raw_member, bytes) else str(raw_member)
+                tenant, _, conversation = member.partition("/")
+                key = ConversationKey(tenant, conversation)
+                got = self._call(
+                    self._requeue_lost,
+                    self._keys(ring, tenant),
+                    [member, tenant, conversation, repr(now), self.ring_tokens],
+                )
+                code = int(self._mirrored(key, got))
+                if code:
+                    lost.append(Job(key, ring, resend=code == 1))
+        return lost
 
     def finish(self, key: ConversationKey, *, follow_up: bool = True) -> int:
         """Mark a run finished: -1 when it was not running (nothing to finish), 0 finished,
@@ -309,7 +358,7 @@ class FairScheduler:
         ring = self.ring_of(key.tenant_id)
         args = [self._member(key), key.tenant_id, key.conversation_id]
         keys = self._keys(ring, key.tenant_id)
-        self._mirrored(key, self._call(self._forget, [*keys[:4], keys[6]], args))
+        self._mirrored(key, self._call(self._forget, [*keys[:4], keys[6], keys[7]], args))
 
     def _mirrored(self, key: ConversationKey, got: list[Any]) -> Any:
         """Mirror a script's status change (its last two values: status, ring seq) into the

@@ -8,15 +8,17 @@ Ring keys, in this order where a script takes them all: ``status`` (hash member 
 ``inring`` (set of tenants in the ring), ``ring`` (list of tenants, round-robin), ``q`` (the
 named tenant's queue of conversations), ``out`` (drain tokens outstanding for the ring),
 ``stamp`` (when a token of the ring was last sent or consumed) and ``seq`` (a counter bumped
-by every status change). Scripts that change a status return the new one ('' for idle) and
-the ring's new ``seq`` last (``seq`` 0: nothing changed), for ``MIRROR``.
+by every status change), then ``beat`` (hash member -> the time after which a running job
+with no news is lost: a running stage's heartbeat, or a stage sent or waiting for its retry
+countdown, pushes it on; ``workers.lost_jobs``). Scripts that change a status return the new
+one ('' for idle) and the ring's new ``seq`` last (``seq`` 0: nothing changed), for ``MIRROR``.
 """
 
 from __future__ import annotations
 
 from ctxcore.state.redis_retention import EXPIRY_LUA
 
-__all__ = ["ENQUEUE", "FINISH", "FORGET", "MIRROR", "POP", "RENEW", "ROTATE", "STUCK"]
+__all__ = ["BEAT", "ENQUEUE", "FINISH", "FORGET", "MIRROR", "POP", "RENEW", "REQUEUE_LOST", "ROTATE", "STUCK"]
 
 # Queue the job unless it is queued or running (absorbed: 0; a running job is marked dirty).
 # ARGV: member, tenant, conversation, now, stale seconds, ring tokens.
@@ -67,10 +69,10 @@ end
 return redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
 """
 
-# Start the named tenant's next job (ARGV: tenant, now, lease, ring tokens). Re-checks the
-# queue: an empty one takes the tenant out of the ring and returns nil. Returns
-# {conversation, 1 when a token for the ring must be re-sent (it has more jobs) else 0,
-# status, seq}.
+# Start the named tenant's next job (ARGV: tenant, now, lease, ring tokens, liveness
+# seconds). Re-checks the queue: an empty one takes the tenant out of the ring and returns
+# nil. Returns {conversation, 1 when a token for the ring must be re-sent (it has more jobs)
+# else 0, status, seq}.
 POP = """
 local status, inring, ring, q, out, stamp, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local tenant, now, lease, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -82,6 +84,7 @@ end
 if not conv then return nil end
 local running = 'running:' .. (now + lease)
 redis.call('HSET', status, tenant .. '/' .. conv, running)
+redis.call('HSET', KEYS[8], tenant .. '/' .. conv, now + tonumber(ARGV[5]))
 local resend = 0
 if redis.call('LLEN', ring) > 0 and tonumber(redis.call('GET', out) or '0') < limit then
   redis.call('INCR', out)
@@ -110,6 +113,7 @@ FINISH = """
 local status, inring, ring, q, out, stamp, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local member, tenant, conv, now, limit = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[6])
 local st = redis.call('HGET', status, member)
+if st and (string.match(st, '^running') or string.match(st, '^dirty')) then redis.call('HDEL', KEYS[8], member) end
 if st and string.match(st, '^dirty') and ARGV[5] == '1' then
   redis.call('HSET', status, member, 'queued:' .. now)
   redis.call('RPUSH', q, conv)
@@ -129,11 +133,12 @@ end
 return {-1, '', 0}
 """
 
-# Drop a conversation's queued job and status. KEYS: status, inring, ring, q, seq.
+# Drop a conversation's queued job and status. KEYS: status, inring, ring, q, seq, beat.
 # ARGV: member, tenant, conversation.
 FORGET = """
 local status, inring, ring, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 redis.call('HDEL', status, ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
 redis.call('LREM', q, 0, ARGV[3])
 if redis.call('LLEN', q) == 0 and redis.call('SREM', inring, ARGV[2]) == 1 then
   redis.call('LREM', ring, 0, ARGV[2])
@@ -175,4 +180,42 @@ if last >= tonumber(ARGV[1]) - tonumber(ARGV[2]) then return {0, out} end
 redis.call('SET', KEYS[3], ARGV[1])
 redis.call('SET', KEYS[2], 1)
 return {1, 0}
+"""
+
+# A running job shows life until ARGV[2] (a heartbeat of its running stage, or a stage sent
+# or waiting for its retry countdown). KEYS: status, beat. ARGV: member, deadline. Returns 1,
+# or 0 when the job is not running (finished, re-queued, forgotten): nothing is written.
+BEAT = """
+local st = redis.call('HGET', KEYS[1], ARGV[1])
+if not st then return 0 end
+local kind = string.match(st, '^(%a+)')
+if kind ~= 'running' and kind ~= 'dirty' then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# Re-queue a running job whose beat deadline passed (its stage was lost), re-checked here:
+# queued again at the tail of its tenant's queue, its beat dropped. Same KEYS as ENQUEUE
+# plus beat. ARGV: member, tenant, conversation, now, ring tokens. Returns {0, '', 0} when
+# the job showed life meanwhile or is not running; else {1, status, seq} with a token to
+# send (counted in `out`), or {3, status, seq} when the ring has its tokens out already.
+REQUEUE_LOST = """
+local status, inring, ring, q, out, stamp, seq, beat = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local member, tenant, conv, now, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local deadline = tonumber(redis.call('HGET', beat, member) or '')
+if not deadline or deadline >= now then return {0, '', 0} end
+local st = redis.call('HGET', status, member)
+local kind = st and string.match(st, '^(%a+)')
+redis.call('HDEL', beat, member)
+if kind ~= 'running' and kind ~= 'dirty' then return {0, '', 0} end
+redis.call('HSET', status, member, 'queued:' .. ARGV[4])
+local changed = redis.call('INCR', seq)
+redis.call('RPUSH', q, conv)
+if redis.call('SADD', inring, tenant) == 1 then redis.call('RPUSH', ring, tenant) end
+if tonumber(redis.call('GET', out) or '0') < limit then
+  redis.call('INCR', out)
+  redis.call('SET', stamp, ARGV[4])
+  return {1, 'queued:' .. ARGV[4], changed}
+end
+return {3, 'queued:' .. ARGV[4], changed}
 """

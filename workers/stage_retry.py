@@ -14,6 +14,7 @@ from ctxcore.summarize.errors import TRANSIENT_KINDS
 from workers.app import runtime
 from workers.broker import retry_countdown
 from workers.failures import model_error_message, public_endpoint
+from workers.heartbeat import beat_until_due
 
 __all__ = ["attempt_line", "retry_delay", "retry_or_raise"]
 
@@ -59,5 +60,7 @@ def retry_or_raise(
         log.warning(
             "%s; retry in %.1f s", attempt_line(task, key, stage, kind, error.__cause__ or error), countdown
         )
+        # A pending task: the job shows life until the retry is due (plus the margin).
+        beat_until_due(rt.scheduler, key, countdown)
         raise task.retry(countdown=countdown, exc=error, max_retries=len(rt.settings.worker.retry_delays))
     raise error

@@ -50,6 +50,7 @@ from workers.failures import (
     model_error_message,
     public_endpoint,
 )
+from workers.heartbeat import beat_until_due, heartbeat, heartbeat_interval
 from workers.holds import budget_hold, hold_at_job_end
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
@@ -175,13 +176,16 @@ def drain(ring: int | None = None) -> dict[str, Any]:
 
 
 def send_stage(key: ConversationKey, stage: Stage, exhausted: Sequence[str]) -> Any:
-    """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``."""
-    return STAGE_TASKS[stage.kind].apply_async(
+    """Send one stage task (returns its ``AsyncResult``); Flower lists it as ``tenant/conversation``.
+    The job shows life until the stage is due (now) plus the liveness margin."""
+    sent = STAGE_TASKS[stage.kind].apply_async(
         args=(key.tenant_id, key.conversation_id, stage.model_dump(mode="json"), list(exhausted)),
         queue=queue_names(runtime().settings).stages,
         # argsrepr is a message option Celery passes through **options; celery-types omits it.
         argsrepr=str(key),  # type: ignore[call-arg]
     )
+    beat_until_due(runtime().scheduler, key)
+    return sent
 
 
 def _finish(
@@ -229,7 +233,10 @@ def _run_stage(
     started = time.perf_counter()
     try:
         rt.scheduler.renew(key)
-        with conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout):
+        with (
+            heartbeat(rt.scheduler, key, heartbeat_interval(rt.settings.worker)),
+            conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout),
+        ):
             result = rt.coordinator.run_stage(key, stage)
     except LockBusy:
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
@@ -341,12 +348,12 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
             _finish(key, planned=False)
             raise
     except StoreUnavailable as err:
-        lease = rt.settings.worker.hard_time_limit * 4
         log.error(
-            "could not record the failure of %s or end its job (%s); the scheduler's lease re-queues it within %.0f s",
+            "could not record the failure of %s or end its job (%s); the reconciler re-queues it "
+            "(lost_task) %.0f s after its last heartbeat, once Redis answers",
             key,
             err,
-            lease,
+            rt.scheduler.liveness_seconds,
         )
 
 

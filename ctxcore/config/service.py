@@ -51,6 +51,17 @@ class ServiceSettings(BaseModel):
         return self
 
 
+def positive_byte_rate(value: float) -> float:
+    """A byte rate above 0: 0 would refuse every request with a body, which is what a
+    request rate is for."""
+    if not value > 0 or value == float("inf"):
+        raise ValueError(
+            f"must be a finite number of bytes per second above 0, got {value!r} (to block a "
+            "tenant, use the request rate limit, not a byte rate of 0)"
+        )
+    return value
+
+
 class HttpSettings(BaseModel):
     """HTTP API: limits and the bearer-token table (sha256 of token -> tenant id)."""
 
@@ -61,8 +72,24 @@ class HttpSettings(BaseModel):
     tokens: dict[str, str] = Field(default_factory=dict)
     requests_per_second: float = Field(default=50.0, gt=0)
     burst: int = Field(default=100, gt=0)
+    # Request bodies a tenant may send per second, in the same Redis token bucket as its
+    # requests (charged by the declared Content-Length before the body is read; a body
+    # without one is charged ``max_body_bytes``). The bucket holds at most
+    # max(max_body_bytes, bytes_per_second), so one maximum-size body always fits.
+    bytes_per_second: float = 1024.0 * 1024.0
+    # Requests of one tenant in flight at once, over every API process (Redis).
+    max_concurrent_requests: int = Field(default=20, gt=0)
     # uvicorn's line per request (a few percent of the API's CPU under load).
     access_log: bool = True
+    # API processes on the one port (``ctxcore serve --workers N``): the fast path is CPU
+    # bound and one Python process serves one request at a time; N processes share nothing
+    # but Redis, and their metrics are summed (prometheus-client's multiprocess mode).
+    workers: int = Field(default=1, gt=0)
+
+    @field_validator("bytes_per_second")
+    @classmethod
+    def _byte_rate(cls, value: float) -> float:
+        return positive_byte_rate(value)
 
     @field_validator("tokens")
     @classmethod
@@ -113,7 +140,14 @@ class TenantSettings(BaseModel):
     recall: RecallSettings | None = None
     default_budget: int | None = Field(default=None, gt=0)
     requests_per_second: float | None = Field(default=None, gt=0)
+    bytes_per_second: float | None = None
+    max_concurrent_requests: int | None = Field(default=None, gt=0)
     max_conversations: int | None = Field(default=None, gt=0)
     retention_days: int | None = Field(default=None, gt=0)
     # This tenant's summariser tokens per UTC day (None: ``service.summariser_tokens_per_day``).
     summariser_tokens_per_day: int | None = Field(default=None, ge=0)
+
+    @field_validator("bytes_per_second")
+    @classmethod
+    def _byte_rate(cls, value: float | None) -> float | None:
+        return None if value is None else positive_byte_rate(value)

@@ -40,6 +40,13 @@ class WorkerSettings(BaseModel):
     # A queued job whose last drain token was sent longer ago than this gets a new one (the
     # reconciler in every worker checks every half of it): no job waits without a token.
     requeue_after_seconds: float = Field(default=30.0, gt=0)
+    # A running stage writes a heartbeat this often (and a stage sent or waiting for its
+    # retry countdown counts as alive until it is due); a running job with neither for twice
+    # this long lost its stage (e.g. a retry that could not be published while Redis was
+    # down): the reconciler queues it again and the conversation shows ``failing`` with
+    # ``lost_task`` until the job runs again. At most ``hard_time_limit``; unset: 10 s, or
+    # half of ``hard_time_limit`` when that is shorter (``workers.heartbeat.heartbeat_interval``).
+    heartbeat_seconds: float | None = Field(default=None, gt=0)
     # The fair scheduler's shards (workers/scheduler.py): tenants hash onto this many rings,
     # each in its own cluster slot, with at most ``ring_tokens`` drain tokens out per ring.
     # Fixed at a deployment's first start (queued jobs would be stranded by a re-mapping).
@@ -58,9 +65,16 @@ class WorkerSettings(BaseModel):
     # the longest hold: ``hard_time_limit`` plus the longest retry countdown.
     consumer_timeout: float = Field(default=1800.0, gt=0)
     # Each worker node serves its Prometheus metrics (stage durations, failures; summed over
-    # its pool processes) on this port, all interfaces; 0 serves none. A drain node next to
-    # a stages node (``--node all``) uses the next port.
+    # its pool processes) on this port; 0 serves none. A drain node next to a stages node
+    # (``--node all``) uses the next port. A node whose port is taken (another worker on
+    # this host) takes the next free one of its kind: every second port, so a stages node
+    # never takes a drain node's; ``metrics_port_tries`` ports of its kind are tried, and
+    # with all of them taken the worker starts without metrics (logged at ERROR).
     metrics_port: int = Field(default=9808, ge=0, le=65534)
+    metrics_port_tries: int = Field(default=8, ge=1, le=64)
+    # The address the metrics listen on: this host only by default, like the API;
+    # "0.0.0.0" (or "::") serves every interface, e.g. a container's published port.
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
 
     @field_validator("broker_url", "result_backend_url")
     @classmethod
@@ -85,6 +99,12 @@ class WorkerSettings(BaseModel):
             raise ValueError(
                 f"worker.consumer_timeout ({self.consumer_timeout:g} s) must be above "
                 f"worker.hard_time_limit plus the longest retry countdown ({longest:g} s)"
+            )
+        if self.heartbeat_seconds is not None and self.heartbeat_seconds > self.hard_time_limit:
+            raise ValueError(
+                f"worker.heartbeat_seconds ({self.heartbeat_seconds:g} s) must not be longer than "
+                f"worker.hard_time_limit ({self.hard_time_limit:g} s): a stage would end before "
+                "its first heartbeat"
             )
         if self.failure_backoff_max_seconds < self.failure_backoff_seconds:
             raise ValueError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")

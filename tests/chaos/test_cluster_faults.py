@@ -8,7 +8,6 @@ goes through the real HTTP app, for as long as the surviving masters answer CLUS
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -109,8 +108,7 @@ def test_a_killed_master_is_store_unavailable_then_nothing_acknowledged_is_lost(
 
 
 def test_a_slot_resharded_mid_run_writes_nothing_twice(durable_cluster: ScratchCluster) -> None:
-    cli = shutil.which("redis-cli")
-    assert cli is not None
+    cli = durable_cluster.cli
     client = cluster_client(durable_cluster.nodes)
     source = durable_cluster.nodes[0]
     first = min(s for s, nodes in client.nodes_manager.slots_cache.items() if nodes[0].name == source)

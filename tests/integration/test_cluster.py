@@ -6,7 +6,6 @@ The store contract suites run on the cluster through the ``redis_cluster`` backe
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 import uuid
@@ -21,7 +20,8 @@ from redis.crc import key_slot
 from ctxcore.config import Settings
 from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.state import ConversationKey
-from tests.cluster import _free_ports
+from tests.cluster import ClusterUnavailable, _free_ports, cluster_binary
+from tests.conftest import server_unavailable
 from workers import scheduler_scripts
 from workers.locks import LockBusy, conversation_lock
 from workers.ratelimit import RateLimiter
@@ -163,8 +163,10 @@ def test_settings_build_a_cluster_client_and_refuse_a_cluster_broker(
 
 
 def test_a_cluster_without_full_coverage_is_refused(tmp_path: Path) -> None:
-    server = shutil.which("redis-server")
-    assert server is not None
+    try:
+        server = cluster_binary().server
+    except ClusterUnavailable as exc:
+        server_unavailable(f"no redis-server for a cluster node: {exc}")
     port, bus = _free_ports(2)
     args = [server, "--port", str(port), "--cluster-port", str(bus), "--cluster-enabled", "yes"]
     args += ["--cluster-config-file", str(tmp_path / "nodes.conf"), "--dir", str(tmp_path)]

@@ -121,14 +121,104 @@ def test_the_node_serves_its_processes_metrics_on_metrics_port() -> None:
     assert 'ctxcore_stage_seconds_bucket{le="0.25",outcome="compressed",stage="l0_to_l1"} 1.0' in body
 
 
-def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:
-    with socket.socket() as held:
-        held.bind(("0.0.0.0", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        settings = Settings.load({"worker": {"metrics_port": port}})
-        with pytest.raises(ConfigError, match=rf"worker.metrics_port {port} is already in use"):
-            start_node_metrics(settings)
+def held_ports(*ports: int) -> list[socket.socket]:
+    """Sockets listening on ``ports`` (on every interface: taken for 127.0.0.1 too)."""
+    held = []
+    for port in ports:
+        sock = socket.socket()
+        sock.bind(("0.0.0.0", port))
+        sock.listen()
+        held.append(sock)
+    return held
+
+
+def free_run(n: int) -> int:
+    """A port p with p .. p + n - 1 all free now."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for sock in held_ports(*range(base, base + n)):
+                sock.close()
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def listening_address(port: int) -> str:
+    """The local address a socket listening on ``port`` is bound to (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if int(hex_port, 16) == port and state == "0A":
+            return socket.inet_ntoa(bytes.fromhex(address)[::-1])
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_a_taken_metrics_port_moves_the_node_to_the_next_free_one_never_the_drains(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = free_run(6)
+    settings = Settings.load({"worker": {"metrics_port": base}})
+    held = held_ports(base)  # another worker's; base + 1 (a drain node's) stays free
+    try:
+        with caplog.at_level("INFO", logger="workers.prom_worker"):
+            # Each call stands for a node process of its own (one call per process).
+            assert start_node_metrics(settings) == base + 2
+            disable_multiprocess()
+            assert start_node_metrics(settings, "drain") == base + 1
+            disable_multiprocess()
+            assert start_node_metrics(settings, "drain") == base + 3
+    finally:
+        disable_multiprocess()
+        for sock in held:
+            sock.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings[0] == (
+        f"worker metrics: port {base} is in use (another worker on this host?); this all node "
+        f"serves on 127.0.0.1:{base + 2} instead"
+    )
+    assert warnings[1].startswith(f"worker metrics: port {base + 1} is in use")
+    for port in (base + 1, base + 2, base + 3):
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).status == 200
+
+
+def test_every_metrics_port_taken_starts_without_metrics_logged_at_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = free_run(4)
+    settings = Settings.load({"worker": {"metrics_port": base, "metrics_port_tries": 2}})
+    held = held_ports(base, base + 2)
+    try:
+        with caplog.at_level("INFO", logger="workers.prom_worker"):
+            assert start_node_metrics(settings) is None
+    finally:
+        disable_multiprocess()
+        for sock in held:
+            sock.close()
+    (error,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert error.getMessage().startswith(
+        f"worker metrics: every port tried on 127.0.0.1 is in use ({base}, {base + 2}): this all "
+        "node starts WITHOUT metrics"
+    )
+
+
+def test_worker_metrics_listen_on_127_0_0_1_unless_widened() -> None:
+    base = free_run(2)
+    try:
+        assert start_node_metrics(Settings.load({"worker": {"metrics_port": base}})) == base
+        wide = Settings.load({"worker": {"metrics_port": base + 1, "metrics_host": "0.0.0.0"}})
+        assert start_node_metrics(wide, "all") == base + 1
+    finally:
+        disable_multiprocess()
+    assert listening_address(base) == "127.0.0.1"
+    assert listening_address(base + 1) == "0.0.0.0"
+
+
+def test_an_address_that_cannot_be_served_fails_the_start_naming_it() -> None:
+    settings = Settings.load({"worker": {"metrics_port": free_port(), "metrics_host": "192.0.2.1"}})
+    with pytest.raises(ConfigError, match=r"worker.metrics_host 192.0.2.1 port \d+: cannot serve"):
+        start_node_metrics(settings)
 
 
 def test_metrics_port_zero_serves_nothing() -> None:
@@ -209,3 +299,65 @@ def test_a_pool_child_exiting_is_marked_dead(metrics_dir: str) -> None:
     kept.write_bytes(b"")
     worker_process_shutdown.send(sender=None, pid=4242, exitcode=0)
     assert not live.exists() and kept.exists()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_two_ctxcore_workers_with_the_same_settings_both_start_and_serve_metrics(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Scaling out on one host without a settings file per worker: the second worker's
+    metrics take the next free port of its kind, both on 127.0.0.1."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    port = free_run(3)
+    env = {
+        **os.environ,
+        "CTXCORE_REDIS_URL": redis_url,
+        "CTXCORE_REDIS__KEY_PREFIX": prefix,
+        "CTXCORE_WORKER__CONCURRENCY": "1",
+        "CTXCORE_WORKER__METRICS_PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+    }
+    env.pop("CTXCORE_CONFIG_FILE", None)
+    procs, logs = [], []
+    try:
+        for n in range(2):
+            logs.append(tmp_path / f"worker{n}.log")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "workers.cli", "worker", "--loglevel", "INFO"],
+                    env=env,
+                    cwd=REPO,
+                    stdout=logs[-1].open("wb"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            # One after the other, as an operator starts them: the first takes the port.
+            deadline = time.monotonic() + 60
+            while "worker metrics on 127.0.0.1:" not in logs[-1].read_text():
+                assert procs[-1].poll() is None and time.monotonic() < deadline, logs[-1].read_text()[-3000:]
+                time.sleep(0.2)
+        time.sleep(1)
+        assert all(p.poll() is None for p in procs), [log.read_text()[-2000:] for log in logs]
+        for p in (port, port + 2):
+            assert urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=5).status == 200
+            assert listening_address(p) == "127.0.0.1"
+        second = logs[1].read_text()
+        assert (
+            f"port {port} is in use (another worker on this host?); this all node serves on 127.0.0.1:{port + 2}"
+            in second
+        )
+        assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["all", f"all-{port + 2}"]
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        client = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(client, prefix)
+        client.close()

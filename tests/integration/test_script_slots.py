@@ -81,6 +81,10 @@ def test_every_script_call_stays_in_one_slot(
     assert job is not None
     sched.request(job.key)  # dirty
     sched.renew(job.key)
+    sched.beat(job.key, -1.0)  # a deadline already passed: lost
+    assert [lost.key for lost in sched.requeue_lost()] == [job.key]
+    again = sched.next_job(sched.ring_of("t1"))
+    assert again is not None and again.key == job.key
     sched.finish(job.key)
     sched.stuck_rings()
     sched.forget(ConversationKey("t2", "c1"))
