@@ -82,10 +82,12 @@ def _flower(port: int, redis_url: str, prefix: str, log: Path) -> subprocess.Pop
         "CTXCORE_REDIS_URL": redis_url,
         "CTXCORE_REDIS__KEY_PREFIX": prefix,
         "FLOWER_UNAUTHENTICATED_API": "true",
+        "CTXCORE_FLOWER__HOST": "127.0.0.1",
+        "CTXCORE_FLOWER__PORT": str(port),
     }
     env.pop("CTXCORE_CONFIG_FILE", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "flower", "--", f"--port={port}", "--address=127.0.0.1"],
+        [sys.executable, "-m", "workers.cli", "flower"],
         cwd=REPO,
         env=env,
         stdout=log.open("wb"),
