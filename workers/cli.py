@@ -246,9 +246,9 @@ def build_parser() -> Parser:
 
     flower = command(
         "flower",
-        "monitor the workers with Flower on the configured Redis and key prefix, on "
-        "flower.host:flower.port (127.0.0.1:5555; another address needs flower.basic_auth); "
-        "Flower's other options after --, e.g. -- --persistent=True",
+        "monitor the workers with Flower (the configured Redis and key prefix, on "
+        "flower.host:flower.port, 127.0.0.1:5555; another address needs flower.basic_auth; "
+        "Flower's other options after --, e.g. -- --persistent=True)",
         commands.cmd_flower,
     )
     flower.add_argument(
