@@ -59,15 +59,16 @@ def runtime(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Runtime]
     rt.redis.close()
 
 
-def _conversation_keys(client: redis.Redis, key: ConversationKey) -> dict[str, int]:
-    """Every key under the conversation's hash tag and its PTTL."""
+def _conversation_keys(client: redis.Redis, prefix: str, key: ConversationKey) -> dict[str, int]:
+    """Every key of this test's prefix under the conversation's hash tag, and its PTTL (other
+    tests' conversations of the same id, in the same database, are not this test's)."""
     tag = key.hash_tag.replace("{", "\\{").replace("}", "\\}")
-    names = sorted(n.decode() for n in client.scan_iter(match=f"*{tag}*", count=1000))
+    names = sorted(n.decode() for n in client.scan_iter(match=f"{prefix}*{tag}*", count=1000))
     return {name: int(client.pttl(name)) for name in names}
 
 
-def _assert_all_expire(client: redis.Redis, key: ConversationKey, after: str) -> dict[str, int]:
-    found = _conversation_keys(client, key)
+def _assert_all_expire(client: redis.Redis, prefix: str, key: ConversationKey, after: str) -> dict[str, int]:
+    found = _conversation_keys(client, prefix, key)
     without = [name for name, ttl in found.items() if ttl < 0]
     assert without == [], f"after {after}: keys without a TTL: {without}"
     return found
@@ -77,47 +78,48 @@ def test_every_key_of_a_conversation_expires(runtime: Runtime) -> None:
     # Checked after each write path: an append refreshes every key, hiding a path that
     # forgot its TTL, so the writes after the appends come one by one.
     rt, key, client = runtime, ConversationKey("acme", "c1"), runtime.redis
+    prefix = rt.settings.redis.key_prefix
     service = build_service(rt, InlineQueue())
     rng = random.Random(7)
     for r in range(6):
         service.append(key, agent_round(rng, f"c1-{r}", steps=3))
         service.get_window(key, BUDGET + r)  # a new budget each time: the budget is rewritten
-    _assert_all_expire(client, key, "appends and windows")
+    _assert_all_expire(client, prefix, key, "appends and windows")
     stage = rt.coordinator.plan(key)
     assert stage is not None
     assert rt.coordinator.run_stage(key, stage).outcome == "compressed"
     assert rt.state_store.load_archive(key) is not None
-    _assert_all_expire(client, key, "a compaction and its archive")
+    _assert_all_expire(client, prefix, key, "a compaction and its archive")
     service.get_window(key, BUDGET)
     service.get_window(key, BUDGET, model="gpt-4o")  # counts under another encoding
-    _assert_all_expire(client, key, "windows over the compacted state")
+    _assert_all_expire(client, prefix, key, "windows over the compacted state")
     client.delete(f"{rt.settings.redis.key_prefix}:{key.hash_tag}:budget")
     rt.state_store.set_budget(key, 1234)  # the windows off the one-script read
-    _assert_all_expire(client, key, "a budget set by set_budget")
+    _assert_all_expire(client, prefix, key, "a budget set by set_budget")
     assert rt.offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="x")])
     client.delete(f"{rt.settings.redis.key_prefix}:{key.hash_tag}:offload")
     assert isinstance(rt.offloads, RedisOffloadStore)
     rt.offloads.put_many_if_absent(key, [("fedcba9876543210", [UserMessage(content="y")])])
-    _assert_all_expire(client, key, "offloads")
+    _assert_all_expire(client, prefix, key, "offloads")
     rt.failures.record(key, "model_error", "boom", "l0_to_l1")
-    _assert_all_expire(client, key, "a failure")
+    _assert_all_expire(client, prefix, key, "a failure")
     rt.failures.job_finished(key, failed=True)
     client.delete(rt.failures.key(key))
     rt.scheduler.request(key)
-    _assert_all_expire(client, key, "the scheduler's mirror")
+    _assert_all_expire(client, prefix, key, "the scheduler's mirror")
     client.delete(rt.failures.key(key))
     rt.failures.version_saved(key)
-    _assert_all_expire(client, key, "a saved version")
+    _assert_all_expire(client, prefix, key, "a saved version")
     rt.failures.job_finished(key, failed=False)
-    _assert_all_expire(client, key, "a success")
+    _assert_all_expire(client, prefix, key, "a success")
     index = HashIndex(rt.redis, rt.settings.redis.key_prefix, rt.retention)
     entries = index.entries(key, rt.log)
-    _assert_all_expire(client, key, "the proxy's index")
+    _assert_all_expire(client, prefix, key, "the proxy's index")
     index.delete(key)
     index.extend(key, None, entries[:1])
-    _assert_all_expire(client, key, "extending the proxy's index")
+    _assert_all_expire(client, prefix, key, "extending the proxy's index")
     rt.log.truncate_after(key, entries[-2].log_id)
-    found = _assert_all_expire(client, key, "a truncation")
+    found = _assert_all_expire(client, prefix, key, "a truncation")
 
     suffixes = {name.rsplit("}:", 1)[1] for name in found}
     assert {
@@ -153,7 +155,7 @@ def test_no_retention_sets_no_ttl(redis_url: str) -> None:
         service.append(key, agent_round(random.Random(3), "n", steps=2))
         service.get_window(key, BUDGET)
         rt.failures.record(key, "model_error", "boom", None)
-        found = _conversation_keys(rt.redis, key)
+        found = _conversation_keys(rt.redis, prefix, key)
         assert found and all(ttl == -1 for ttl in found.values()), found
         assert not rt.redis.exists(tenant_activity_key(prefix, "other"))
     finally:
@@ -164,7 +166,7 @@ def test_no_retention_sets_no_ttl(redis_url: str) -> None:
 def test_tenant_override_sets_its_own_ttl(runtime: Runtime) -> None:
     key = ConversationKey("short", "c1")
     build_service(runtime, InlineQueue()).append(key, [UserMessage(content="hi")])
-    found = _conversation_keys(runtime.redis, key)
+    found = _conversation_keys(runtime.redis, runtime.settings.redis.key_prefix, key)
     assert found and all(86_340_000 < ttl <= 86_400_000 for ttl in found.values()), found
 
 
@@ -192,7 +194,7 @@ def test_short_retention_expires_for_real(
         # Appends keep one conversation alive; the other is left alone.
         log.append(kept, [UserMessage(content="still here")])
         time.sleep(0.2)
-    assert _conversation_keys(client, gone) == {}
+    assert _conversation_keys(client, prefix, gone) == {}
     assert log.last_id(gone) is None and state.load(gone) is None
     assert state.load(kept) is not None and log.last_id(kept) is not None
     # The listing is in another slot: it outlives the keys until the workers' sweep
