@@ -52,6 +52,7 @@ from workers.failures import (
     public_endpoint,
 )
 from workers.holds import budget_hold, hold_at_job_end
+from workers.journal import error_entry, result_entry, write_entry
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
 from workers.spend import SummariserBudgetExhausted, summariser_cap
@@ -260,10 +261,14 @@ def _run_stage(
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
+        entry = error_entry(stage.kind, "failed", started, kind="store_unavailable", message=str(exc))
+        write_entry(rt.journal, key, entry)
         _retry_or_raise(task, key, stage.kind, "store_unavailable", exc)
     except SummariserBudgetExhausted as exc:
-        return _budget_exhausted(key, stage, exhausted, exc)
+        return _budget_exhausted(key, stage, exhausted, exc, started)
     elapsed = time.perf_counter() - started
+    if result.outcome not in ("failed", "rejected"):  # those are journaled with their error below
+        write_entry(rt.journal, key, result_entry(stage.kind, result, started))
     metrics = stage_metrics()
     metrics.stage_seconds.labels(stage.kind, result.outcome).observe(elapsed)
     if result.model_calls:
@@ -307,6 +312,7 @@ def _run_stage(
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
+        write_entry(rt.journal, key, result_entry(stage.kind, result, started, error.message))
         _retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     if hold is not None:
         summary["hold"] = hold.reason  # Flower shows why the job stopped
@@ -315,11 +321,16 @@ def _run_stage(
 
 
 def _budget_exhausted(
-    key: ConversationKey, stage: Stage, exhausted: Sequence[str], exc: SummariserBudgetExhausted
+    key: ConversationKey,
+    stage: Stage,
+    exhausted: Sequence[str],
+    exc: SummariserBudgetExhausted,
+    started: float,
 ) -> dict[str, Any]:
     """A stage refused by its tenant's summariser cap (no model call was made): pause the
     conversation (``budget_exhausted``) and let only the model-free stages run on."""
     rt = runtime()
+    write_entry(rt.journal, key, error_entry(stage.kind, "paused", started, detail=str(exc)))
     hold = budget_hold(rt.coordinator.sizes(key), exc)
     rt.failures.put_hold(key, hold)
     stage_metrics().holds.labels(hold.reason).inc()
@@ -348,6 +359,10 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     )
     if kind == "internal":
         stage_metrics().failures.labels("internal").inc()
+    if not isinstance(exc, StageFailedError) and kind != "store_unavailable":
+        # Classified failures and outages were journaled by the attempt that met them.
+        entry = error_entry(stage or "planning", "error", None, kind=kind, message=message)
+        write_entry(rt.journal, key, entry)
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:
