@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import secrets
-import sys
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -240,20 +239,11 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
     """Make an earlier kept version of the state current again (as a new version)."""
     from ctxcore.state import ConversationKey
+    from workers.rollback import rollback_conversation
     from workers.runtime import Runtime
 
     rt = Runtime(settings_for(args))
     key = ConversationKey(args.tenant, args.conversation)
-    state = rt.state_store.load(key)
-    if state is None:
-        print(f"ctxcore: error: {key}: no saved state", file=sys.stderr)
-        return 2
-    if not rt.state_store.rollback(key, args.version, expected_version=state.version):
-        print(
-            f"ctxcore: error: {key}: rollback to version {args.version} failed "
-            "(unknown version or a concurrent save)",
-            file=sys.stderr,
-        )
-        return 1
-    out.write(f"{key}: version {args.version} restored as version {state.version + 1}\n")
+    done = rollback_conversation(rt, key, args.version)
+    out.write(f"{key}: version {done.restored} restored as version {done.version}\n")
     return 0

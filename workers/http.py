@@ -21,6 +21,9 @@ token's sha256 in ``http.tokens``):
 - ``GET    /v1/conversations/{id}/state``          blocks with provenance (``?history=1``)
   ``compaction`` and ``compaction_detail`` (the last error, the last success, the hold)
 - ``GET    /v1/conversations/{id}/offloads/{h}``   offloaded originals
+- ``GET    /v1/conversations/{id}/journal``        the stage journal, newest first (``limit``)
+- ``POST   /v1/conversations/{id}/rollback``       a kept state version made current again
+  (409 ``version_not_kept`` naming the kept ones; nothing changed)
 - ``GET    /v1/conversations``                     the tenant's conversations, paged
 - ``DELETE /v1/conversations/{id}``                log, state, offloads and queued work; 204
 - ``GET    /v1/usage``                             the tenant's summariser calls and tokens
@@ -45,6 +48,7 @@ the runtime's stores, and errors to responses through the one table:
                       -> http_log (messages: append, read, truncate) -> service, truncate
                       -> http_window (window) -> service
                       -> http_state (compact, state, offloads) -> http_status (models)
+                      -> http_history (journal, rollback) -> rollback
                       -> http_conversations (list, delete, usage) -> service_delete
                       -> http_recall, proxy, http_ops (healthz, metrics)
                       -> http_errors (handlers) -> http_statuses (ERROR_STATUSES)
@@ -61,6 +65,7 @@ from workers.http_api import ApiState
 from workers.http_auth import tenant_dependency
 from workers.http_conversations import conversations_router
 from workers.http_errors import install_error_handlers
+from workers.http_history import history_router
 from workers.http_log import log_router
 from workers.http_ops import operations_router
 from workers.http_recall import recall_router
@@ -107,6 +112,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     app.include_router(proxy_router(api))
     app.include_router(window_router(api, current_tenant))
     app.include_router(state_router(api, current_tenant))
+    app.include_router(history_router(api, current_tenant))
     app.include_router(conversations_router(api, current_tenant))
     app.include_router(operations_router(runtime, api.metrics))
     return app

@@ -14,8 +14,10 @@ from ctxcore.client.errors import error_for, parse_retry_after
 from ctxcore.client.models import (
     AppendResponse,
     CompactResponse,
+    JournalEntryOut,
     OffloadResponse,
     RecallResponse,
+    RollbackResponse,
     StateResponse,
     TruncateResponse,
     UsageResponse,
@@ -152,6 +154,15 @@ class CtxcoreClient:
         """The original messages behind an offload handle (``NotFoundError`` if unknown)."""
         response: OffloadResponse = self._send(calls.offload(conversation_id, handle))
         return from_openai(response.messages)
+
+    def journal(self, conversation_id: str, *, limit: int = 200) -> list[JournalEntryOut]:
+        """What each compaction stage run (and rollback) did, newest first (the newest 200 are kept)."""
+        return (self._send(calls.journal(conversation_id, limit))).entries
+
+    def rollback(self, conversation_id: str, version: int) -> RollbackResponse:
+        """Make kept state ``version`` current again (as a new version); ``VersionNotKept``
+        (with the kept versions) when it is no longer kept, nothing changed."""
+        return self._send(calls.rollback(conversation_id, version))
 
     def conversations(self, *, page_size: int = 100) -> Iterator[str]:
         """Every conversation id of the tenant, in id order (fetched a page at a time)."""

@@ -88,6 +88,13 @@ def test_inspect_and_rollback(redis_url: str) -> None:
     assert code == 0 and "restored as version 3" in out
     state = rt.state_store.load(key)
     assert state is not None and state.version == 3 and state.pinned == ["000000000001"]
+    # The rollback is journaled (the same path as POST .../rollback).
+    assert rt.journal.entries(key)[0].detail == "version 1 restored as version 3"
+    code, out = run_cli("rollback", "acme", "c1", "9", env=env)
+    assert code == 2 and out == ""
+    assert rt.state_store.load(key).version == 3  # type: ignore[union-attr]  # nothing changed
+    code, _ = run_cli("rollback", "acme", "nobody", "1", env=env)
+    assert code == 2
     client = redis.Redis.from_url(f"{base}/9")
     keys = list(client.scan_iter(f"{prefix}*"))
     if keys:
