@@ -136,11 +136,15 @@ class AsyncCtxcoreClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         model: str | None = None,
         format: WindowFormat = "ctxcore",
+        preview: bool = False,
     ) -> WindowResponse:
         """The window within ``budget_tokens`` (system + tools + messages; None: the tenant's
         default budget, else the service's); send
-        ``window.openai_messages()`` and ``window.tools`` to the model."""
-        return await self._send(calls.window(conversation_id, budget_tokens, system, tools, model, format))
+        ``window.openai_messages()`` and ``window.tools`` to the model. ``preview``: only look
+        (the budget is not recorded, no compaction is asked for)."""
+        return await self._send(
+            calls.window(conversation_id, budget_tokens, system, tools, model, format, preview)
+        )
 
     async def compact(self, conversation_id: str) -> CompactResponse:
         """Ask for a background compaction; the status after asking."""

@@ -149,8 +149,9 @@ class calls:
         tools: Sequence[Mapping[str, Any]] | None,
         model: str | None,
         format: WindowFormat,
+        preview: bool = False,
     ) -> Call[WindowResponse]:
-        """``POST .../window``."""
+        """``POST .../window`` (``?preview=true``: records nothing)."""
         body: dict[str, Any] = {
             "system_messages": _system(system),
             "tools": [dict(t) for t in tools or []],
@@ -164,7 +165,7 @@ class calls:
             f"{_conv(conversation_id)}/window",
             _model(WindowResponse),
             json=body,
-            params={"format": format},
+            params={"format": format, "preview": "true"} if preview else {"format": format},
         )
 
     @staticmethod
