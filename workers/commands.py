@@ -207,9 +207,11 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    """Print a conversation's compaction state (and history)."""
+    """Print a conversation's overview for people (``--json``: its compaction state, and
+    with ``--history`` the kept versions, as JSON)."""
     from ctxcore.state import ConversationKey
     from workers.holds import status_of
+    from workers.inspect_view import InspectView, render_overview
     from workers.runtime import Runtime
     from workers.spend import summariser_cap
 
@@ -217,20 +219,41 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     key = ConversationKey(args.tenant, args.conversation)
     state = rt.state_store.load(key)
     record = rt.failures.get(key)
+    status = status_of(
+        record,
+        backoff_seconds=rt.settings.worker.no_progress_backoff_seconds,
+        cap_tokens=summariser_cap(rt.settings, key.tenant_id),
+    )
+    history = rt.state_store.history(key, 20) if args.history or not args.json else []
+    if not args.json:
+        view = InspectView(
+            key=key,
+            status=status,
+            detail=record.detail,
+            state=state,
+            kept_versions=[s.version for s in history],
+            journal=rt.journal.entries(key),
+            last_log_id=rt.log.last_id(key),
+            budget=rt.state_store.get_budget(key),
+        )
+        lines = render_overview(view)
+        if args.history:
+            lines += [
+                "",
+                "kept versions: " + ", ".join(f"v{s.version} ({len(s.blocks)} blocks)" for s in history),
+            ]
+        out.write("\n".join(lines) + "\n")
+        return 0
     doc: dict[str, Any] = {
         "conversation": str(key),
         "last_log_id": rt.log.last_id(key),
         "budget": rt.state_store.get_budget(key),
-        "compaction": status_of(
-            record,
-            backoff_seconds=rt.settings.worker.no_progress_backoff_seconds,
-            cap_tokens=summariser_cap(rt.settings, key.tenant_id),
-        ),
+        "compaction": status,
         "compaction_detail": record.detail.as_dict(),
         "state": state.model_dump(mode="json") if state else None,
     }
     if args.history:
-        doc["history"] = [s.model_dump(mode="json") for s in rt.state_store.history(key, 20)]
+        doc["history"] = [s.model_dump(mode="json") for s in history]
     json.dump(doc, out, indent=2, ensure_ascii=False)
     out.write("\n")
     return 0
