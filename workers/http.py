@@ -28,6 +28,8 @@ token's sha256 in ``http.tokens``):
 - ``DELETE /v1/conversations/{id}``                log, state, offloads and queued work; 204
 - ``GET    /v1/usage``                             the tenant's summariser calls and tokens
 - ``GET    /healthz``, ``GET /metrics``            unauthenticated
+- ``/ui/...``                                       the web inspector (``workers.ui``): sign in
+  with a token into a session cookie; HTML pages without script
 
 Status codes: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``); 403 (tenant's
 ``max_conversations`` reached by an append that would create one more); 404 for an
@@ -76,6 +78,7 @@ from workers.prom_api import RequestMetricsMiddleware
 from workers.proxy import proxy_router
 from workers.runtime import Runtime, check_startup
 from workers.service import CompactionQueue
+from workers.ui import ui_router
 
 __all__ = ["app_from_env", "create_app", "serve"]
 
@@ -113,6 +116,7 @@ def create_app(runtime: Runtime, queue: CompactionQueue | None = None) -> FastAP
     app.include_router(window_router(api, current_tenant))
     app.include_router(state_router(api, current_tenant))
     app.include_router(history_router(api, current_tenant))
+    app.include_router(ui_router(api))
     app.include_router(conversations_router(api, current_tenant))
     app.include_router(operations_router(runtime, api.metrics))
     return app
