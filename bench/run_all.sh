@@ -54,6 +54,7 @@ if [[ $LONG -eq 1 ]]; then
     run turn_latency bench/turn_latency.py --long --plot "$OUT/turn_latency.png"
     run proxy bench/proxy.py --long
     run retention bench/retention.py --locomo-ratios 0.25 --json "$OUT/retention.json"
+    run ui_page bench/ui_page.py --long
 else
     run rule_processors bench/rule_processors.py
     run store_latency bench/store_latency.py
@@ -70,6 +71,7 @@ else
     run turn_latency bench/turn_latency.py --plot "$OUT/turn_latency.png"
     run proxy bench/proxy.py
     run retention bench/retention.py --quick --json "$OUT/retention.json"
+    run ui_page bench/ui_page.py
 fi
 
 if [[ -n "$STARTED_REDIS" ]]; then

@@ -99,6 +99,14 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def _shot(driver: Any, name: str) -> None:
+    """With ``CTXCORE_UI_SCREENSHOTS=<dir>``, save the page (the README's screenshots)."""
+    where = os.environ.get("CTXCORE_UI_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(where) / f"{name}.png"))
+
+
 def _pwned(driver: Any) -> Any:
     # WebDriver's own script runs whatever the page's CSP: it only reads the page's state.
     return driver.execute_script("return window.__pwned === undefined ? null : window.__pwned")
@@ -136,6 +144,7 @@ def test_the_inspector_in_chromium(live: LiveApi, browser: Any) -> None:
     cookie = browser.get_cookie("ctxcore_ui")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert browser.execute_script("return document.cookie") == ""  # HttpOnly: out of any script's reach
+    _shot(browser, "conversations")
 
     _follow(browser, browser.find_element(By.LINK_TEXT, cid))
     assert f"/ui/c/{cid}" in browser.current_url
@@ -147,6 +156,7 @@ def test_the_inspector_in_chromium(live: LiveApi, browser: Any) -> None:
     assert block.get_attribute("open") is None
     block.find_element(By.TAG_NAME, "summary").click()
     assert block.get_attribute("open") is not None
+    _shot(browser, "conversation")
     _follow(browser, block.find_element(By.CLASS_NAME, "sources"))
     sources = browser.find_element(By.ID, "sources").text
     assert "[tool call grep call-0]" in sources and "[result of call-0] notes 0" in sources
@@ -155,6 +165,7 @@ def test_the_inspector_in_chromium(live: LiveApi, browser: Any) -> None:
     browser.get(f"{live.url}/ui/c/{cid}/history")
     journal = browser.find_element(By.ID, "journal").text
     assert "compressed" in journal
+    _shot(browser, "history")
     versions = live.runtime.state_store.history(key)
     newest, older = versions[0].version, versions[1].version
     browser.find_element(By.ID, f"a-{older}").click()
@@ -162,6 +173,7 @@ def test_the_inspector_in_chromium(live: LiveApi, browser: Any) -> None:
     _follow(browser, browser.find_element(By.ID, "diff"))
     summary = browser.find_element(By.ID, "diff-summary").text
     assert "1 only in" in summary and _pwned(browser) is None
+    _shot(browser, "diff")
 
     browser.get(f"{live.url}/ui/c/{cid}/history")
     _follow(browser, browser.find_element(By.ID, f"rollback-{older}"))

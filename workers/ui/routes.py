@@ -170,7 +170,10 @@ def ui_router(api: ApiState) -> APIRouter:
         except NotFoundError:
             return not_found(session)
         versions = api.runtime.state_store.history(key)
-        journal = [e.as_dict() for e in api.runtime.journal.entries(key)]
+        journal = [
+            {**e.as_dict(), "at": e.at.strftime("%Y-%m-%d %H:%M:%S")}
+            for e in api.runtime.journal.entries(key)
+        ]
         return _page(
             "history.html", session=session, cid=cid, versions=versions, journal=journal, notice=notice
         )
