@@ -163,3 +163,28 @@ def test_diff_sources_preview_and_sign_out(ui: Any) -> None:
     assert client.post("/ui/logout", data={}).status_code == 403  # no CSRF token: still signed in
     out = client.post("/ui/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False)
     assert out.status_code == 303 and client.get("/ui/", follow_redirects=False).status_code == 303
+
+
+def test_offloads_the_rules_cleared_link_to_their_originals(ui: Any) -> None:
+    client, runtime, _ = ui
+    key = ConversationKey("acme", "tools")
+    for i in range(20):
+        runtime.log.append(
+            key,
+            [
+                UserMessage(content=f"step {i}"),
+                AssistantMessage(content=None, tool_calls=[ToolCall(id=f"c{i}", name="cat")]),
+                ToolMessage(content=f"file {i} {PLANTED} " + "line of output\n" * 120, tool_call_id=f"c{i}"),
+                AssistantMessage(content=f"read {i}"),
+            ],
+        )
+    _sign_in(client)
+    page = client.get("/ui/c/tools?budget=6000").text
+    assert 'id="cleared"' in page, "the rules cleared nothing at this budget"
+    link = page.split('class="offload" href="', 1)[1].split('"', 1)[0]
+    original = client.get(link)
+    assert original.status_code == 200 and "line of output" in original.text
+    assert "&lt;script&gt;" in original.text and "<script" not in original.text
+    assert client.get("/ui/c/tools/offload/0123456789abcdef").status_code == 404
+    assert client.get("/ui/c/tools/offload/not-a-handle").status_code == 404
+    assert runtime.state_store.get_budget(key) is None

@@ -8,6 +8,7 @@ from typing import Any
 
 from ctxcore.errors import CtxcoreError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, message_text
+from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.state.base import format_log_id, parse_log_id
 from workers.holds import status_of
@@ -20,19 +21,21 @@ MAX_TEXT = 4000  # characters of one message shown (the API serves it whole)
 RAW_LOG_ROWS = 200
 
 
-def _message(message: AnyMessage) -> dict[str, str]:
+def _message(message: AnyMessage) -> dict[str, Any]:
     text = message_text(message)
+    handles = [m.group(1) for m in OFFLOAD_MARKER_RE.finditer(text)]
     if isinstance(message, AssistantMessage) and message.tool_calls:
         text += "".join(f"\n[tool call {c.name} {c.id}]" for c in message.tool_calls)
     if isinstance(message, ToolMessage):
         text = f"[result of {message.tool_call_id}] {text}"
     if len(text) > MAX_TEXT:
         text = text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT} more characters)"
-    return {"id": message.context_message_id or "", "role": message.role, "text": text}
+    return {"id": message.context_message_id or "", "role": message.role, "text": text, "offloads": handles}
 
 
-def message_rows(messages: Sequence[AnyMessage]) -> list[dict[str, str]]:
-    """Messages as the templates show them (role, log id, text cut at ``MAX_TEXT``)."""
+def message_rows(messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
+    """Messages as the templates show them (role, log id, text cut at ``MAX_TEXT``, and the
+    offload handles their markers name)."""
     return [_message(m) for m in messages]
 
 
@@ -85,7 +88,9 @@ def conversation_page(api: ApiState, key: ConversationKey, budget: int | None) -
     window_error = None
     try:
         result = api.service.get_window(key, preview_budget, preview=True)
-        window = {"messages": message_rows(result.messages), "total_tokens": result.stats.total_tokens}
+        rows = message_rows(result.messages)
+        cleared = sum(len(r["offloads"]) for r in rows)
+        window = {"messages": rows, "total_tokens": result.stats.total_tokens, "cleared": cleared}
     except CtxcoreError as exc:  # a budget that cannot hold the anchors, a state that cannot be served
         window_error = str(exc)
     last = rt.log.last_id(key)

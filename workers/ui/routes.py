@@ -18,6 +18,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from ctxcore.errors import CtxcoreError, InvalidKeyError, NotFoundError
 from ctxcore.recall.archive import RecallAnswer
 from ctxcore.state import ConversationKey
+from ctxcore.state.filesystem import validate_handle
 from workers.http_api import ApiState
 from workers.http_auth import tenant_for_token
 from workers.rollback import rollback_conversation
@@ -156,6 +157,24 @@ def ui_router(api: ApiState) -> APIRouter:
             return not_found(session)
         return _page(
             "range.html", session=session, cid=cid, first=first, last=last, messages=message_rows(messages)
+        )
+
+    @router.get("/c/{cid}/offload/{handle}")
+    def offload(cid: str, handle: str, ctxcore_ui: Session = None) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+            validate_handle(handle)
+            messages = api.runtime.offloads.get(key, handle)
+        except (NotFoundError, InvalidKeyError):
+            messages = None
+        if messages is None:
+            return not_found(session)
+        rows = message_rows(messages)
+        return _page(
+            "range.html", session=session, cid=cid, first=f"offload {handle}", last="", messages=rows
         )
 
     @router.get("/c/{cid}/history")
