@@ -134,6 +134,18 @@ class ConflictError(CtxcoreError):
         super().__init__(message)
 
 
+class VersionNotKept(ConflictError):
+    """A rollback named a state version that is not among the kept ones; nothing changed.
+
+    ``kept`` lists the versions that are (newest first). Over HTTP a 409 ``version_not_kept``.
+    """
+
+    def __init__(self, message: str, *, version: int = 0, kept: Sequence[int] = ()) -> None:
+        self.version = version
+        self.kept = list(kept)
+        super().__init__(message)
+
+
 class CursorNotFoundError(StoreError):
     """The compaction cursor names a log id that is not in the log.
 

@@ -37,6 +37,9 @@ from ctxcore.state import (
     SqlStateStore,
     StateStore,
 )
+from ctxcore.state.journal import JOURNAL_LIMIT, MemoryStageJournal, StageJournal
+from ctxcore.state.redis_journal import RedisStageJournal
+from ctxcore.state.sql_journal import SqlStageJournal
 from tests.cluster import ClusterUnavailable, ScratchCluster, check_cluster, start_cluster
 from tests.rabbitmq import RABBITMQ_URL, delete_deployment, rabbitmq_problem
 from workers.keyspace import delete_prefixed_keys
@@ -292,6 +295,15 @@ class Backend:
             return RedisOffloadStore(*self._redis, ttl_seconds=ttl_seconds)
         engine, prefix = self._sql
         return SqlOffloadStore(engine=engine, table_prefix=prefix, ttl_seconds=ttl_seconds)
+
+    def journal(self, limit: int = JOURNAL_LIMIT) -> StageJournal:
+        """A new ``StageJournal`` of this backend over the test's data."""
+        if self.kind == "memory":
+            return MemoryStageJournal(limit)
+        if self.kind in ("redis", "redis_cluster"):
+            return RedisStageJournal(*self._redis, limit=limit)
+        engine, prefix = self._sql
+        return SqlStageJournal(engine=engine, table_prefix=prefix, limit=limit)
 
 
 BACKENDS = [

@@ -367,10 +367,13 @@ def build_parser() -> Parser:
     ev.add_argument("--quiet", action="store_true", help="print the overall row only")
     ev.add_argument("--progress", action="store_true", help="print each conversation's time to stderr")
 
-    inspect = command("inspect", "show a conversation's compaction state", commands.cmd_inspect)
+    inspect = command(
+        "inspect", "show a conversation's compaction: status, blocks, journal", commands.cmd_inspect
+    )
     inspect.add_argument("tenant", help="tenant id")
     inspect.add_argument("conversation", help="conversation id")
     inspect.add_argument("--history", action="store_true", help="also print the last 20 kept versions")
+    inspect.add_argument("--json", action="store_true", help="the whole compaction state as JSON")
 
     rollback = command(
         "rollback", "restore an earlier state version (as a new version)", commands.cmd_rollback

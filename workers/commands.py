@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import secrets
-import sys
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -246,9 +245,11 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    """Print a conversation's compaction state (and history)."""
+    """Print a conversation's overview for people (``--json``: its compaction state, and
+    with ``--history`` the kept versions, as JSON)."""
     from ctxcore.state import ConversationKey
     from workers.holds import status_of
+    from workers.inspect_view import InspectView, render_overview
     from workers.runtime import Runtime
     from workers.spend import summariser_cap
 
@@ -256,20 +257,41 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     key = ConversationKey(args.tenant, args.conversation)
     state = rt.state_store.load(key)
     record = rt.failures.get(key)
+    status = status_of(
+        record,
+        backoff_seconds=rt.settings.worker.no_progress_backoff_seconds,
+        cap_tokens=summariser_cap(rt.settings, key.tenant_id),
+    )
+    history = rt.state_store.history(key, 20) if args.history or not args.json else []
+    if not args.json:
+        view = InspectView(
+            key=key,
+            status=status,
+            detail=record.detail,
+            state=state,
+            kept_versions=[s.version for s in history],
+            journal=rt.journal.entries(key),
+            last_log_id=rt.log.last_id(key),
+            budget=rt.state_store.get_budget(key),
+        )
+        lines = render_overview(view)
+        if args.history:
+            lines += [
+                "",
+                "kept versions: " + ", ".join(f"v{s.version} ({len(s.blocks)} blocks)" for s in history),
+            ]
+        out.write("\n".join(lines) + "\n")
+        return 0
     doc: dict[str, Any] = {
         "conversation": str(key),
         "last_log_id": rt.log.last_id(key),
         "budget": rt.state_store.get_budget(key),
-        "compaction": status_of(
-            record,
-            backoff_seconds=rt.settings.worker.no_progress_backoff_seconds,
-            cap_tokens=summariser_cap(rt.settings, key.tenant_id),
-        ),
+        "compaction": status,
         "compaction_detail": record.detail.as_dict(),
         "state": state.model_dump(mode="json") if state else None,
     }
     if args.history:
-        doc["history"] = [s.model_dump(mode="json") for s in rt.state_store.history(key, 20)]
+        doc["history"] = [s.model_dump(mode="json") for s in history]
     json.dump(doc, out, indent=2, ensure_ascii=False)
     out.write("\n")
     return 0
@@ -278,20 +300,11 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
     """Make an earlier kept version of the state current again (as a new version)."""
     from ctxcore.state import ConversationKey
+    from workers.rollback import rollback_conversation
     from workers.runtime import Runtime
 
     rt = Runtime(settings_for(args))
     key = ConversationKey(args.tenant, args.conversation)
-    state = rt.state_store.load(key)
-    if state is None:
-        print(f"ctxcore: error: {key}: no saved state", file=sys.stderr)
-        return 2
-    if not rt.state_store.rollback(key, args.version, expected_version=state.version):
-        print(
-            f"ctxcore: error: {key}: rollback to version {args.version} failed "
-            "(unknown version or a concurrent save)",
-            file=sys.stderr,
-        )
-        return 1
-    out.write(f"{key}: version {args.version} restored as version {state.version + 1}\n")
+    done = rollback_conversation(rt, key, args.version)
+    out.write(f"{key}: version {done.restored} restored as version {done.version}\n")
     return 0

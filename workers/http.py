@@ -21,10 +21,15 @@ token's sha256 in ``http.tokens``):
 - ``GET    /v1/conversations/{id}/state``          blocks with provenance (``?history=1``)
   ``compaction`` and ``compaction_detail`` (the last error, the last success, the hold)
 - ``GET    /v1/conversations/{id}/offloads/{h}``   offloaded originals
+- ``GET    /v1/conversations/{id}/journal``        the stage journal, newest first (``limit``)
+- ``POST   /v1/conversations/{id}/rollback``       a kept state version made current again
+  (409 ``version_not_kept`` naming the kept ones; nothing changed)
 - ``GET    /v1/conversations``                     the tenant's conversations, paged
 - ``DELETE /v1/conversations/{id}``                log, state, offloads and queued work; 204
 - ``GET    /v1/usage``                             the tenant's summariser calls and tokens
 - ``GET    /healthz``, ``GET /metrics``            unauthenticated
+- ``/ui/...``                                       the web inspector (``workers.ui``): sign in
+  with a token into a session cookie; HTML pages without script
 
 Status codes: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``); 403 (tenant's
 ``max_conversations`` reached by an append that would create one more); 404 for an
@@ -46,6 +51,7 @@ the runtime's stores, and errors to responses through the one table:
                       -> http_log (messages: append, read, truncate) -> service, truncate
                       -> http_window (window) -> service
                       -> http_state (compact, state, offloads) -> http_status (models)
+                      -> http_history (journal, rollback) -> rollback
                       -> http_conversations (list, delete, usage) -> service_delete
                       -> http_recall, proxy, http_ops (healthz, metrics)
                       -> http_errors (handlers) -> http_statuses (ERROR_STATUSES)
@@ -69,6 +75,7 @@ from workers.http_api import ApiState
 from workers.http_auth import tenant_dependency
 from workers.http_conversations import conversations_router
 from workers.http_errors import install_error_handlers
+from workers.http_history import history_router
 from workers.http_log import log_router
 from workers.http_ops import operations_router
 from workers.http_recall import recall_router
@@ -79,6 +86,7 @@ from workers.prom_api import RequestMetricsMiddleware
 from workers.proxy import proxy_router
 from workers.runtime import Runtime, check_startup
 from workers.service import CompactionQueue
+from workers.ui import ui_router
 
 __all__ = ["app_for_serve_workers", "app_from_env", "create_app", "serve"]
 
@@ -125,6 +133,8 @@ def create_app(
     app.include_router(proxy_router(api))
     app.include_router(window_router(api, current_tenant))
     app.include_router(state_router(api, current_tenant))
+    app.include_router(history_router(api, current_tenant))
+    app.include_router(ui_router(api))
     app.include_router(conversations_router(api, current_tenant))
     app.include_router(operations_router(runtime, api.metrics))
     return app

@@ -44,7 +44,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         403: "The tenant's conversation limit is reached",
         404: "No such conversation (or not this tenant's)",
         409: "If-Match does not match the log, the conversation is busy, its state cannot be served, "
-        "or a truncation was refused",
+        "a truncation was refused, or a rollback named a version no longer kept",
         413: "Request body too large",
         422: "Invalid message, budget exceeded, malformed body or invalid conversation id",
         429: "Rate limited (see Retry-After)",

@@ -34,6 +34,7 @@ from ctxcore.errors import (
     StoreUnavailable,
     TruncateRefused,
     UnsupportedItemError,
+    VersionNotKept,
 )
 from ctxcore.summarize.errors import ModelCallError
 from workers.circuit import CircuitOpenError
@@ -166,6 +167,9 @@ ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
         headers=lambda x: {"ETag": f'"{x.last_id}"'} if x.last_id else None,
     ),
     RecallDisabled: ErrorStatus(409, "recall_disabled", fields=lambda x: {"setting": x.setting}),
+    VersionNotKept: ErrorStatus(
+        409, "version_not_kept", fields=lambda x: {"version": x.version, "kept": x.kept}
+    ),
     InvalidWindowError: ErrorStatus(
         409,
         "invalid_window",

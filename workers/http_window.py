@@ -37,6 +37,13 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
                 description="openai: messages with OpenAI keys only (ready to send); ctxcore: with log ids"
             ),
         ] = "ctxcore",
+        preview: Annotated[
+            bool,
+            Query(
+                description="Only look: the budget is not recorded and no compaction is asked for, "
+                "whatever the budget (an inspector's view)"
+            ),
+        ] = False,
     ) -> Response:
         """The window to send to the model: system messages first, within ``budget_tokens``,
         and ``tools``, exactly the tools the budget counted.
@@ -44,7 +51,8 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
         Never calls a model; asks for background compaction when the conversation is over
         its trigger. 422 ``budget_exceeded`` when system + tools + anchors alone do not fit;
         409 ``invalid_window`` (with the violations) when the saved state cannot be served
-        without breaking the chat protocol: roll the conversation back.
+        without breaking the chat protocol: roll the conversation back. ``?preview=true``
+        returns the window at any budget and records nothing.
         """
         key = api.key(tenant, conversation_id)
         try:
@@ -61,14 +69,15 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
             # The existence check is part of the window's read (one script call on Redis).
             budget = body.budget_tokens or api.settings.budget_for_tenant(key.tenant_id)
             result = api.service.get_window(
-                key, budget, system, body.tools, body.model, require_existing=True
+                key, budget, system, body.tools, body.model, require_existing=True, preview=preview
             )
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None
         except NotFoundError:
             raise not_found() from None
-        # In-process (no store round trip): cheap enough to record before answering.
-        api.metrics.window_served(time.perf_counter() - started, result.fallback_applied)
+        if not preview:  # the windows agents are served, not an inspector's looks
+            # In-process (no store round trip): cheap enough to record before answering.
+            api.metrics.window_served(time.perf_counter() - started, result.fallback_applied)
         response = WindowResponse(
             messages=to_openai(result.messages, include_extra=format == "ctxcore"),
             tools=result.tools,

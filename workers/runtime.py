@@ -19,6 +19,7 @@ from ctxcore.coordinator import Coordinator
 from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
+from ctxcore.state.journal import StageJournal
 from ctxcore.state.redis_retention import RedisRetention
 from ctxcore.state.retention import Retention
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -133,6 +134,20 @@ class Runtime:
             ttl_seconds=self.settings.service.offload_ttl_seconds,
             retention=self.retention,
         )
+
+    @cached_property
+    def journal(self) -> StageJournal:
+        """Each conversation's stage journal (``ctxcore.state.journal``), beside its state:
+        SQL when configured, else Redis."""
+        if self.settings.database.url:
+            from ctxcore.state.sql_journal import SqlStageJournal
+
+            store = SqlStageJournal(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            store.setup()
+            return store
+        from ctxcore.state.redis_journal import RedisStageJournal
+
+        return RedisStageJournal(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
 
     @cached_property
     def detector(self) -> UserDetector:

@@ -214,11 +214,12 @@ class ContextService:
         counter: WindowCounter,
         require_existing: bool,
         recall_index: bool,
+        recording: bool = True,
     ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
         """State, pinned anchors, tail and failure record: one round trip on Redis (with a
         ``TiktokenCounter``), else the stores one by one (the record read once). With
         ``recall_index`` the Redis read also brings a recall index newer than the one held."""
-        reader = self._window_reader
+        reader = self._window_reader if recording else None  # the readers record the budget
         tail_read: TailRead | None = None
         if reader is not None and isinstance(base, TiktokenCounter):
             held = self._indexes.version(key) if recall_index else None
@@ -241,9 +242,10 @@ class ContextService:
             if require_existing and loaded is None and self.log.last_id(key) is None:
                 raise NotFoundError(f"conversation {key} not found")
             state = loaded or CompressionState()
-            self.state_store.set_budget(key, budget_tokens)
-            if isinstance(self.log, RedisMessageLog):  # expiry refreshed when due; SQL stamps it
-                self.log.retention.touch(key)
+            if recording:
+                self.state_store.set_budget(key, budget_tokens)
+                if isinstance(self.log, RedisMessageLog):  # expiry refreshed when due; SQL stamps it
+                    self.log.retention.touch(key)
             pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
             record = self.failures.get(key) if self.failures is not None else None
         tail = read_window_tail(
@@ -305,6 +307,7 @@ class ContextService:
         *,
         own_tools: bool = True,
         require_existing: bool = False,
+        preview: bool = False,
     ) -> WindowResult:
         """The window for ``key`` within ``budget_tokens``; never calls a model.
 
@@ -316,7 +319,7 @@ class ContextService:
         anchors alone do not fit. ``own_tools=False`` counts and serves the request's tools
         alone (the proxy never injects the recall tool). With ``require_existing`` a
         conversation with neither log nor state is ``NotFoundError`` (checked in the same
-        read on Redis), and nothing is recorded for it.
+        read on Redis), and nothing is recorded for it, nor with ``preview`` (no compaction either).
         """
         if budget_tokens <= 0:
             raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
@@ -331,7 +334,7 @@ class ContextService:
         counter = WindowCounter(base)
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         state, pinned, read, record = self._window_reads(
-            key, budget_tokens, base, counter, require_existing, recall_settings.auto
+            key, budget_tokens, base, counter, require_existing, recall_settings.auto, recording=not preview
         )
         # Entries that no longer decode are left out with the results answering them, and
         # named in elided_ranges (ctxcore.state.undecodable): never a failed window.
@@ -378,7 +381,7 @@ class ContextService:
             # No job until the hold re-arms (workers.holds): the last one could not progress,
             # or the tenant's summariser tokens of the day are spent.
             result.compaction = "paused"
-        elif result.raw_tokens > trigger and not held and cap != 0:  # cap 0: rules only
+        elif result.raw_tokens > trigger and not held and cap != 0 and not preview:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
             # The queue's status from the record already read, where the queue reads it

@@ -52,6 +52,7 @@ from workers.failures import (
 )
 from workers.heartbeat import beat_until_due, heartbeat, heartbeat_interval
 from workers.holds import budget_hold, hold_at_job_end
+from workers.journal import error_entry, result_entry, write_entry
 from workers.locks import LockBusy, conversation_lock
 from workers.prom_worker import stage_metrics
 from workers.scrubbing import scrub_exception
@@ -243,22 +244,23 @@ def _run_stage(
         raise task.retry(countdown=1.0, max_retries=300) from None
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
-        retry_or_raise(task, key, stage.kind, "store_unavailable", scrub_exception(exc, rt.secrets))
+        scrubbed = scrub_exception(exc, rt.secrets)
+        entry = error_entry(stage.kind, "failed", started, kind="store_unavailable", message=str(scrubbed))
+        write_entry(rt.journal, key, entry)
+        retry_or_raise(task, key, stage.kind, "store_unavailable", scrubbed)
     except SummariserBudgetExhausted as exc:
-        return _budget_exhausted(key, stage, exhausted, exc)
+        return _budget_exhausted(key, stage, exhausted, exc, started)
     elapsed = time.perf_counter() - started
+    if result.outcome not in ("failed", "rejected"):  # those are journaled with their error below
+        write_entry(rt.journal, key, result_entry(stage.kind, result, started))
     metrics = stage_metrics()
     metrics.stage_seconds.labels(stage.kind, result.outcome).observe(elapsed)
     if result.model_calls:
         rt.usage.add(tenant, result.model_calls, result.input_tokens, result.output_tokens)
-    summary: dict[str, Any] = {
-        "conversation": str(key),
-        "stage": stage.kind,
-        "outcome": result.outcome,
-        "version": result.state.version,
-        "tokens_before": result.tokens_before,
-        "tokens_after": result.tokens_after,
-    }
+    summary: dict[str, Any] = {"conversation": str(key), "stage": stage.kind, "outcome": result.outcome}
+    summary.update(
+        version=result.state.version, tokens_before=result.tokens_before, tokens_after=result.tokens_after
+    )
     hold: Hold | None
     if result.outcome == "compressed":
         rt.failures.version_saved(key)
@@ -290,8 +292,9 @@ def _run_stage(
         cause = result.exception
         error = StageFailedError(kind, model_error_message(cause) if cause else result.error or kind)
         error.__cause__ = cause
-        # Before the retry's log line: a provider may echo the key it was sent.
+        # Before the retry's log line and the journal: a provider may echo the key it was sent.
         scrub_exception(error, rt.secrets)
+        write_entry(rt.journal, key, result_entry(stage.kind, result, started, error.message))
         retry_or_raise(task, key, stage.kind, kind, error, result.retry_after)
     if hold is not None:
         summary["hold"] = hold.reason  # Flower shows why the job stopped
@@ -300,11 +303,16 @@ def _run_stage(
 
 
 def _budget_exhausted(
-    key: ConversationKey, stage: Stage, exhausted: Sequence[str], exc: SummariserBudgetExhausted
+    key: ConversationKey,
+    stage: Stage,
+    exhausted: Sequence[str],
+    exc: SummariserBudgetExhausted,
+    started: float,
 ) -> dict[str, Any]:
     """A stage refused by its tenant's summariser cap (no model call was made): pause the
     conversation (``budget_exhausted``) and let only the model-free stages run on."""
     rt = runtime()
+    write_entry(rt.journal, key, error_entry(stage.kind, "paused", started, detail=str(exc)))
     hold = budget_hold(rt.coordinator.sizes(key), exc)
     rt.failures.put_hold(key, hold)
     stage_metrics().holds.labels(hold.reason).inc()
@@ -335,6 +343,10 @@ def _after_failure(key: ConversationKey, stage: str | None, exhausted: list[str]
     )
     if kind == "internal":
         stage_metrics().failures.labels("internal").inc()
+    if not isinstance(exc, StageFailedError) and kind != "store_unavailable":
+        # Classified failures and outages were journaled by the attempt that met them.
+        entry = error_entry(stage or "planning", "error", None, kind=kind, message=message)
+        write_entry(rt.journal, key, entry)
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:

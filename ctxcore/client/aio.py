@@ -14,8 +14,10 @@ from ctxcore.client.errors import error_for, parse_retry_after
 from ctxcore.client.models import (
     AppendResponse,
     CompactResponse,
+    JournalEntryOut,
     OffloadResponse,
     RecallResponse,
+    RollbackResponse,
     StateResponse,
     TruncateResponse,
     UsageResponse,
@@ -134,11 +136,15 @@ class AsyncCtxcoreClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         model: str | None = None,
         format: WindowFormat = "ctxcore",
+        preview: bool = False,
     ) -> WindowResponse:
         """The window within ``budget_tokens`` (system + tools + messages; None: the tenant's
         default budget, else the service's); send
-        ``window.openai_messages()`` and ``window.tools`` to the model."""
-        return await self._send(calls.window(conversation_id, budget_tokens, system, tools, model, format))
+        ``window.openai_messages()`` and ``window.tools`` to the model. ``preview``: only look
+        (the budget is not recorded, no compaction is asked for)."""
+        return await self._send(
+            calls.window(conversation_id, budget_tokens, system, tools, model, format, preview)
+        )
 
     async def compact(self, conversation_id: str) -> CompactResponse:
         """Ask for a background compaction; the status after asking."""
@@ -152,6 +158,15 @@ class AsyncCtxcoreClient:
         """The original messages behind an offload handle (``NotFoundError`` if unknown)."""
         response: OffloadResponse = await self._send(calls.offload(conversation_id, handle))
         return from_openai(response.messages)
+
+    async def journal(self, conversation_id: str, *, limit: int = 200) -> list[JournalEntryOut]:
+        """What each compaction stage run (and rollback) did, newest first (the newest 200 are kept)."""
+        return (await self._send(calls.journal(conversation_id, limit))).entries
+
+    async def rollback(self, conversation_id: str, version: int) -> RollbackResponse:
+        """Make kept state ``version`` current again (as a new version); ``VersionNotKept``
+        (with the kept versions) when it is no longer kept, nothing changed."""
+        return await self._send(calls.rollback(conversation_id, version))
 
     async def conversations(self, *, page_size: int = 100) -> AsyncIterator[str]:
         """Every conversation id of the tenant, in id order (fetched a page at a time)."""

@@ -17,10 +17,13 @@ from ctxcore.client.models import (
     AppendResponse,
     CompactResponse,
     ConversationList,
+    JournalResponse,
     MessagesPage,
     OffloadResponse,
     RecallRequest,
     RecallResponse,
+    RollbackRequest,
+    RollbackResponse,
     StateResponse,
     TruncateResponse,
     UsageResponse,
@@ -146,8 +149,9 @@ class calls:
         tools: Sequence[Mapping[str, Any]] | None,
         model: str | None,
         format: WindowFormat,
+        preview: bool = False,
     ) -> Call[WindowResponse]:
-        """``POST .../window``."""
+        """``POST .../window`` (``?preview=true``: records nothing)."""
         body: dict[str, Any] = {
             "system_messages": _system(system),
             "tools": [dict(t) for t in tools or []],
@@ -161,7 +165,7 @@ class calls:
             f"{_conv(conversation_id)}/window",
             _model(WindowResponse),
             json=body,
-            params={"format": format},
+            params={"format": format, "preview": "true"} if preview else {"format": format},
         )
 
     @staticmethod
@@ -179,6 +183,23 @@ class calls:
     def offload(conversation_id: str, handle: str) -> Call[OffloadResponse]:
         """``GET .../offloads/{handle}``."""
         return Call("GET", f"{_conv(conversation_id)}/offloads/{handle}", _model(OffloadResponse))
+
+    @staticmethod
+    def journal(conversation_id: str, limit: int) -> Call[JournalResponse]:
+        """``GET .../journal`` (newest first)."""
+        if not 1 <= limit <= 200:
+            raise InvalidMessageError(-1, "limit", "must be 1-200 entries")
+        return Call(
+            "GET", f"{_conv(conversation_id)}/journal", _model(JournalResponse), params={"limit": limit}
+        )
+
+    @staticmethod
+    def rollback(conversation_id: str, version: int) -> Call[RollbackResponse]:
+        """``POST .../rollback`` (the body validated before it is sent)."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise InvalidMessageError(-1, "version", "must be a positive state version")
+        body = RollbackRequest(version=version).model_dump()
+        return Call("POST", f"{_conv(conversation_id)}/rollback", _model(RollbackResponse), json=body)
 
     @staticmethod
     def conversations(after: str | None, limit: int) -> Call[ConversationList]:

@@ -24,6 +24,7 @@ from ctxcore.errors import (
     RecallDisabled,
     StoreUnavailable,
     TruncateRefused,
+    VersionNotKept,
 )
 from ctxcore.protocol import Violation
 
@@ -74,6 +75,9 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
             return InvalidWindowError(violations, int(body.get("state_version") or 0))
         if code == "invalid_state":
             return CursorNotFoundError(detail)
+        if code == "version_not_kept":
+            kept = [int(v) for v in body.get("kept") or []]
+            return VersionNotKept(detail, version=int(body.get("version") or 0), kept=kept)
         return ConflictError(detail, last_id=last_id)
     if status == 413:
         return InvalidMessageError(-1, "body", detail)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from ctxcore.client.history_models import JournalEntryOut, JournalResponse, RollbackRequest, RollbackResponse
 from ctxcore.messages import from_openai, to_openai
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "ErrorBody",
     "HealthResponse",
     "HoldOut",
+    "JournalEntryOut",
+    "JournalResponse",
     "LastErrorOut",
     "MessageIn",
     "MessageOut",
@@ -34,6 +37,8 @@ __all__ = [
     "RecallHit",
     "RecallRequest",
     "RecallResponse",
+    "RollbackRequest",
+    "RollbackResponse",
     "StateResponse",
     "StateSnapshot",
     "TruncateResponse",

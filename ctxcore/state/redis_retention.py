@@ -42,7 +42,8 @@ __all__ = [
 
 # Every key of a conversation but its offloads and lock, the log counter first: it is the
 # reference whose TTL windows read and later writes copy. ``compaction`` is the workers'
-# failure record (``workers.failures``), ``proxyidx`` the proxy's hash index.
+# failure record (``workers.failures``), ``proxyidx`` the proxy's hash index, ``journal``
+# the stage journal (``ctxcore.state.redis_journal``).
 RETAINED_SUFFIXES: tuple[str, ...] = (
     "log:seq",
     "log",
@@ -59,6 +60,7 @@ RETAINED_SUFFIXES: tuple[str, ...] = (
     "archive:index",
     "compaction",
     "proxyidx",
+    "journal",
 )
 # Apart: offloads may keep their own, shorter TTL (``Retention.offloads_apart``).
 OFFLOAD_SUFFIX = "offload"

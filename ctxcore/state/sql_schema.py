@@ -10,7 +10,7 @@ from ctxcore.errors import InvalidKeyError
 from ctxcore.state.base import parse_log_id
 from ctxcore.state.models import CompressionState
 
-# Every other name is private to the SQL backends (sql_engine, sql_state, sql_offload,
+# Every other name is private to the SQL backends (sql_engine, sql_state, sql_offload, sql_journal,
 # sql_log, sql_window).
 __all__ = ["window_head"]
 
@@ -113,6 +113,13 @@ _MIGRATIONS: tuple[_Migration, ...] = (
             "seq BIGINT NOT NULL, PRIMARY KEY (tenant_id, conversation_id, seq))",
         ),
     ),
+    _Migration(
+        "stage journal: the newest stage runs of each conversation",
+        (
+            'CREATE TABLE "{p}journal" (tenant_id {id} NOT NULL, conversation_id {id} NOT NULL, '
+            "seq BIGINT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (tenant_id, conversation_id, seq))",
+        ),
+    ),
 )
 
 # Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
@@ -141,6 +148,7 @@ class _Tables:
     offload: Table
     archive_chunk: Table
     archive_index: Table
+    journal: Table
 
     def conversation_tables(self) -> tuple[Table, ...]:
         """Every table with rows of a conversation (what deleting one removes)."""
@@ -155,6 +163,7 @@ class _Tables:
             self.offload,
             self.archive_chunk,
             self.archive_index,
+            self.journal,
         )
 
     @classmethod
@@ -242,5 +251,12 @@ class _Tables:
                 *_id_columns(),
                 Column("version", BigInteger),
                 Column("data", LargeBinary),
+            ),
+            journal=Table(
+                f"{p}journal",
+                md,
+                *_id_columns(),
+                Column("seq", BigInteger, primary_key=True),
+                Column("data", Text),
             ),
         )

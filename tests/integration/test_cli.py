@@ -80,7 +80,7 @@ def test_inspect_and_rollback(redis_url: str) -> None:
     key = ConversationKey("acme", "c1")
     assert rt.state_store.save(key, CompressionState(pinned=["000000000001"]), expected_version=0)
     assert rt.state_store.save(key, CompressionState(), expected_version=1)
-    code, out = run_cli("inspect", "acme", "c1", "--history", env=env)
+    code, out = run_cli("inspect", "acme", "c1", "--history", "--json", env=env)
     assert code == 0
     doc = json.loads(out)
     assert doc["state"]["version"] == 2 and [s["version"] for s in doc["history"]] == [2, 1]
@@ -88,6 +88,19 @@ def test_inspect_and_rollback(redis_url: str) -> None:
     assert code == 0 and "restored as version 3" in out
     state = rt.state_store.load(key)
     assert state is not None and state.version == 3 and state.pinned == ["000000000001"]
+    # The rollback is journaled (the same path as POST .../rollback).
+    assert rt.journal.entries(key)[0].detail == "version 1 restored as version 3"
+    code, out = run_cli("rollback", "acme", "c1", "9", env=env)
+    assert code == 2 and out == ""
+    assert rt.state_store.load(key).version == 3  # type: ignore[union-attr]  # nothing changed
+    code, _ = run_cli("rollback", "acme", "nobody", "1", env=env)
+    assert code == 2
+    # The overview for people: status first, versions, the journal's rollback entry.
+    code, out = run_cli("inspect", "acme", "c1", env=env)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "acme/c1  compaction: idle" and len(lines) <= 40, out
+    assert "state version 3 (kept 1..3)" in out and "journal (newest 1 of 1):" in out
+    assert "rolled_back" in out and "v3     version 1 resto" in out
     client = redis.Redis.from_url(f"{base}/9")
     keys = list(client.scan_iter(f"{prefix}*"))
     if keys:

@@ -160,7 +160,11 @@ def test_inspect_shows_the_compaction_detail(redis_url: str) -> None:
     key = ConversationKey("acme", "failing")
     rt.failures.record(key, "internal", "TypeError: boom", "l0_to_l1")
     code, out = run_cli(
-        "inspect", "acme", "failing", env={"CTXCORE_REDIS_URL": url, "CTXCORE_REDIS__KEY_PREFIX": prefix}
+        "inspect",
+        "acme",
+        "failing",
+        "--json",
+        env={"CTXCORE_REDIS_URL": url, "CTXCORE_REDIS__KEY_PREFIX": prefix},
     )
     assert code == 0
     detail = json.loads(out)["compaction_detail"]

@@ -260,6 +260,7 @@ def test_paused_is_public_in_the_http_api_the_openapi_document_and_ctxcore_inspe
         "inspect",
         h.key.tenant_id,
         h.key.conversation_id,
+        "--json",
         env={"CTXCORE_REDIS_URL": redis_url, "CTXCORE_REDIS__KEY_PREFIX": redis_prefix},
     )
     assert code == 0

@@ -267,6 +267,7 @@ def test_a_tenant_at_its_cap_is_paused_everywhere_and_the_next_utc_day_resumes_i
         "inspect",
         "acme",
         second.conversation_id,
+        "--json",
         env={
             "CTXCORE_REDIS_URL": d.rt.settings.redis.url,
             "CTXCORE_REDIS__KEY_PREFIX": d.rt.settings.redis.key_prefix,

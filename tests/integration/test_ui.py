@@ -1,0 +1,190 @@
+"""The web inspector (``workers.ui``) over HTTP: sign-in into a session cookie, tenant
+isolation, escaping under a script-free CSP, CSRF on rollback, diff, sources, preview."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from ctxcore.config import Settings, hash_token
+from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
+from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
+from workers.http import create_app
+from workers.keyspace import delete_prefixed_keys
+from workers.runtime import Runtime
+from workers.service import InlineQueue
+from workers.ui.sessions import COOKIE
+
+pytestmark = pytest.mark.redis
+
+TOKEN_A, TOKEN_B = "ui-token-of-acme", "ui-token-of-other"
+PLANTED = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>"
+BASE = "http://testserver.local"  # the test client's cookie jar keeps cookies of a dotted host
+
+
+@pytest.fixture()
+def ui(redis_url: str) -> Iterator[tuple[TestClient, Runtime, ConversationKey]]:
+    prefix = f"ui{uuid.uuid4().hex[:8]}"
+    settings = Settings.load(
+        {
+            "redis": {"url": redis_url, "key_prefix": prefix},
+            "http": {"tokens": {hash_token(TOKEN_A): "acme", hash_token(TOKEN_B): "other"}},
+        }
+    )
+    runtime = Runtime(settings)
+    client = TestClient(create_app(runtime, InlineQueue()), base_url=BASE)
+    key = ConversationKey("acme", "conv-1")
+    runtime.log.append(
+        key,
+        [
+            UserMessage(content="please list the files"),
+            AssistantMessage(content=None, tool_calls=[ToolCall(id="call-1", name="ls")]),
+            ToolMessage(content=f"a.txt {PLANTED}", tool_call_id="call-1"),
+            AssistantMessage(content="done"),
+        ],
+    )
+    block = SummaryBlock(
+        block_id="b1",
+        messages=[UserMessage(content=f"summary {PLANTED}")],
+        first_id="000000000001",
+        last_id="000000000003",
+        tokens_before=300,
+        tokens_after=40,
+    )
+    assert runtime.state_store.save(key, CompressionState(covered_until="000000000003", blocks=[block]), 0)
+    assert runtime.state_store.save(key, CompressionState(), 1)
+    try:
+        yield client, runtime, key
+    finally:
+        client.close()
+        runtime.redis.close()
+        cleaner = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(cleaner, prefix)
+        cleaner.close()
+
+
+def _sign_in(client: TestClient, token: str = TOKEN_A) -> None:
+    r = client.post("/ui/login", data={"token": token}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/"
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert token not in r.headers["location"]
+
+
+def _csrf(page: str) -> str:
+    return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+def test_sign_in_sessions_and_bad_tokens(ui: Any) -> None:
+    client, _, _ = ui
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login"
+    wrong = client.post("/ui/login", data={"token": "nope"})
+    assert wrong.status_code == 401 and COOKIE not in client.cookies
+    _sign_in(client)
+    page = client.get("/ui/")
+    assert page.status_code == 200 and "conv-1" in page.text
+    # An unknown (or expired: gone from Redis) session is sent back to sign in.
+    client.cookies.set(COOKIE, "forged-session", domain="testserver.local", path="/ui")
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login"
+
+
+def test_pages_escape_conversation_content_under_a_script_free_csp(ui: Any) -> None:
+    client, runtime, key = ui
+    _sign_in(client)
+    runtime.state_store.rollback(key, 1, expected_version=2)  # the version with the planted summary
+    for url in (
+        "/ui/c/conv-1",
+        "/ui/c/conv-1/range?first=000000000001&last=000000000003",
+        "/ui/c/conv-1/history",
+    ):
+        page = client.get(url)
+        assert page.status_code == 200, url
+        csp = page.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src" not in csp and "frame-ancestors 'none'" in csp
+        assert "<script" not in page.text and "<img" not in page.text, url
+    page = client.get("/ui/c/conv-1").text
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page  # the tool result and the summary, as text
+    assert page.count("&lt;script&gt;") >= 2
+
+
+def test_another_tenants_conversation_is_not_reachable(ui: Any) -> None:
+    client, _, _ = ui
+    _sign_in(client, TOKEN_B)
+    assert "conv-1" not in client.get("/ui/").text
+    for url in (
+        "/ui/c/conv-1",
+        "/ui/c/conv-1/history",
+        "/ui/c/conv-1/range?first=000000000001&last=000000000003",
+    ):
+        page = client.get(url)
+        assert page.status_code == 404 and "please list" not in page.text and "a.txt" not in page.text
+    unknown = client.get("/ui/c/nobody")
+    assert unknown.status_code == 404
+
+
+def test_rollback_needs_the_csrf_token_and_a_kept_version(ui: Any) -> None:
+    client, runtime, key = ui
+    _sign_in(client)
+    confirm = client.get("/ui/c/conv-1/rollback?version=1")
+    assert confirm.status_code == 200 and "roll back to version 1?" in confirm.text
+    token = _csrf(confirm.text)
+    refused = client.post("/ui/c/conv-1/rollback", data={"version": "1"})
+    wrong = client.post("/ui/c/conv-1/rollback", data={"version": "1", "csrf": "guess"})
+    assert refused.status_code == wrong.status_code == 403
+    assert runtime.state_store.load(key).version == 2 and runtime.journal.entries(key) == []
+    gone = client.post("/ui/c/conv-1/rollback", data={"version": "9", "csrf": token})
+    assert gone.status_code == 409 and "version 9 is not kept" in gone.text
+    assert runtime.state_store.load(key).version == 2
+    done = client.post("/ui/c/conv-1/rollback", data={"version": "1", "csrf": token})
+    assert done.status_code == 200 and "version 1 restored as version 3" in done.text
+    assert runtime.state_store.load(key).version == 3
+    assert runtime.journal.entries(key)[0].outcome == "rolled_back"
+
+
+def test_diff_sources_preview_and_sign_out(ui: Any) -> None:
+    client, runtime, key = ui
+    _sign_in(client)
+    diff = client.get("/ui/c/conv-1/diff?a=1&b=2")
+    assert diff.status_code == 200 and "1 only in 1, 0 only in 2" in diff.text
+    same = client.get("/ui/c/conv-1/diff?a=2&b=2")
+    assert "compared with itself: nothing differs" in same.text
+    assert client.get("/ui/c/conv-1/diff?a=1&b=77").status_code == 404
+    sources = client.get("/ui/c/conv-1/range?first=000000000001&last=000000000003")
+    assert "please list the files" in sources.text and "[tool call ls call-1]" in sources.text
+    for budget in (50, 500, 5000):
+        assert client.get(f"/ui/c/conv-1?budget={budget}").status_code == 200
+    assert runtime.state_store.get_budget(key) is None  # the inspector's preview records nothing
+    page = client.get("/ui/")
+    assert client.post("/ui/logout", data={}).status_code == 403  # no CSRF token: still signed in
+    out = client.post("/ui/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False)
+    assert out.status_code == 303 and client.get("/ui/", follow_redirects=False).status_code == 303
+
+
+def test_offloads_the_rules_cleared_link_to_their_originals(ui: Any) -> None:
+    client, runtime, _ = ui
+    key = ConversationKey("acme", "tools")
+    for i in range(20):
+        runtime.log.append(
+            key,
+            [
+                UserMessage(content=f"step {i}"),
+                AssistantMessage(content=None, tool_calls=[ToolCall(id=f"c{i}", name="cat")]),
+                ToolMessage(content=f"file {i} {PLANTED} " + "line of output\n" * 120, tool_call_id=f"c{i}"),
+                AssistantMessage(content=f"read {i}"),
+            ],
+        )
+    _sign_in(client)
+    page = client.get("/ui/c/tools?budget=6000").text
+    assert 'id="cleared"' in page, "the rules cleared nothing at this budget"
+    link = page.split('class="offload" href="', 1)[1].split('"', 1)[0]
+    original = client.get(link)
+    assert original.status_code == 200 and "line of output" in original.text
+    assert "&lt;script&gt;" in original.text and "<script" not in original.text
+    assert client.get("/ui/c/tools/offload/0123456789abcdef").status_code == 404
+    assert client.get("/ui/c/tools/offload/not-a-handle").status_code == 404
+    assert runtime.state_store.get_budget(key) is None

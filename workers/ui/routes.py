@@ -1,0 +1,289 @@
+"""The inspector's routes under ``/ui`` (see ``workers.ui``).
+
+Every page is rendered by Jinja2 with autoescaping on, so message contents, tool outputs,
+summaries and metadata are text, never markup; every response carries a
+Content-Security-Policy that allows no script at all (the pages have none) and no framing.
+A page of a conversation the signed-in tenant does not own answers like an unknown one.
+Forms that change something (rollback, sign-out) carry the session's CSRF token: without
+it the answer is 403 and nothing changes.
+"""
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Cookie, Form, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from ctxcore.errors import CtxcoreError, InvalidKeyError, NotFoundError
+from ctxcore.recall.archive import RecallAnswer
+from ctxcore.state import ConversationKey
+from ctxcore.state.filesystem import validate_handle
+from workers.http_api import ApiState
+from workers.http_auth import tenant_for_token
+from workers.rollback import rollback_conversation
+from workers.ui.pages import conversation_page, conversation_rows, diff_page, message_rows
+from workers.ui.sessions import COOKIE, UiSession, UiSessions
+
+__all__ = ["SECURITY_HEADERS", "ui_router"]
+
+_HERE = Path(__file__).parent
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
+
+
+def _page(template: str, status: int = 200, session: UiSession | None = None, **context: Any) -> HTMLResponse:
+    if session is not None:
+        context.setdefault("tenant", session.tenant)
+        context.setdefault("csrf", session.csrf)
+    html = _ENV.get_template(template).render(**context)
+    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+def _redirect(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303, headers=SECURITY_HEADERS)
+
+
+def ui_router(api: ApiState) -> APIRouter:
+    """The inspector's pages over ``api`` (not in the OpenAPI document: they are HTML)."""
+    router = APIRouter(prefix="/ui", include_in_schema=False)
+    sessions = UiSessions(api.runtime.redis, api.settings.redis.key_prefix)
+    Session = Annotated[str | None, Cookie(alias=COOKIE)]
+
+    def conversation(session: UiSession, cid: str) -> ConversationKey:
+        try:
+            key = ConversationKey(session.tenant, cid)
+        except InvalidKeyError:
+            raise NotFoundError("conversation not found") from None
+        if not api.exists(key):
+            raise NotFoundError("conversation not found")
+        return key
+
+    def not_found(session: UiSession) -> HTMLResponse:
+        return _page(
+            "range.html",
+            404,
+            session,
+            cid="",
+            first="",
+            last="",
+            messages=[],
+            notice="conversation not found",
+        )
+
+    @router.get("/static/ui.css")
+    def stylesheet() -> FileResponse:
+        return FileResponse(_HERE / "static" / "ui.css", media_type="text/css", headers=SECURITY_HEADERS)
+
+    @router.get("/login")
+    def login_form() -> HTMLResponse:
+        return _page("login.html")
+
+    @router.post("/login")
+    def login(request: Request, token: Annotated[str, Form(max_length=500)]) -> Response:
+        tenant = tenant_for_token(api.settings, token.strip())
+        if tenant is None:
+            return _page("login.html", 401, error="unknown token")
+        cookie, _ = sessions.create(tenant)
+        response = _redirect("/ui/")
+        response.set_cookie(
+            COOKIE,
+            cookie,
+            max_age=sessions.seconds,
+            path="/ui",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @router.post("/logout")
+    def logout(ctxcore_ui: Session = None, csrf: Annotated[str | None, Form()] = None) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is not None and not session.csrf_matches(csrf):
+            return _page("login.html", 403, error="sign-out refused: the form's CSRF token is missing")
+        sessions.delete(ctxcore_ui)
+        response = _redirect("/ui/login")
+        response.delete_cookie(COOKIE, path="/ui")
+        return response
+
+    @router.get("/")
+    def conversations(
+        ctxcore_ui: Session = None,
+        after: Annotated[str | None, Query(max_length=128)] = None,
+        prefix: Annotated[str, Query(max_length=128)] = "",
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        rows, following = conversation_rows(api, session.tenant, after or None, prefix)
+        return _page("conversations.html", session=session, rows=rows, next=following, prefix=prefix)
+
+    @router.get("/c/{cid}")
+    def conversation_view(
+        cid: str, ctxcore_ui: Session = None, budget: Annotated[int | None, Query(ge=1, le=10_000_000)] = None
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+        return _page("conversation.html", session=session, **conversation_page(api, key, budget))
+
+    @router.get("/c/{cid}/range")
+    def sources(
+        cid: str,
+        first: Annotated[str, Query(max_length=12)],
+        last: Annotated[str, Query(max_length=12)],
+        ctxcore_ui: Session = None,
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+            messages = api.runtime.log.read_range(key, first, last)
+        except (NotFoundError, InvalidKeyError):
+            return not_found(session)
+        return _page(
+            "range.html", session=session, cid=cid, first=first, last=last, messages=message_rows(messages)
+        )
+
+    @router.get("/c/{cid}/offload/{handle}")
+    def offload(cid: str, handle: str, ctxcore_ui: Session = None) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+            validate_handle(handle)
+            messages = api.runtime.offloads.get(key, handle)
+        except (NotFoundError, InvalidKeyError):
+            messages = None
+        if messages is None:
+            return not_found(session)
+        rows = message_rows(messages)
+        return _page(
+            "range.html", session=session, cid=cid, first=f"offload {handle}", last="", messages=rows
+        )
+
+    @router.get("/c/{cid}/history")
+    def history(
+        cid: str, ctxcore_ui: Session = None, notice: Annotated[str, Query(max_length=200)] = ""
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+        versions = api.runtime.state_store.history(key)
+        journal = [
+            {**e.as_dict(), "at": e.at.strftime("%Y-%m-%d %H:%M:%S")}
+            for e in api.runtime.journal.entries(key)
+        ]
+        return _page(
+            "history.html", session=session, cid=cid, versions=versions, journal=journal, notice=notice
+        )
+
+    @router.get("/c/{cid}/diff")
+    def diff(
+        cid: str, a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+        kept = {s.version: s for s in api.runtime.state_store.history(key)}
+        if a not in kept or b not in kept:
+            return _page(
+                "range.html",
+                404,
+                session,
+                cid=cid,
+                first="",
+                last="",
+                messages=[],
+                notice="that version is not kept",
+            )
+        return _page("diff.html", session=session, **diff_page(key, kept[a], kept[b]))
+
+    @router.get("/c/{cid}/rollback")
+    def confirm_rollback(
+        cid: str, version: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+        return _page("confirm.html", session=session, cid=cid, version=version)
+
+    @router.post("/c/{cid}/rollback")
+    def rollback(
+        cid: str,
+        version: Annotated[int, Form(ge=1)],
+        csrf: Annotated[str | None, Form()] = None,
+        ctxcore_ui: Session = None,
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _page("login.html", 401, error="sign in first")
+        if not session.csrf_matches(csrf):
+            return _page(
+                "login.html",
+                403,
+                session,
+                error="rollback refused: the form's CSRF token is missing or wrong; nothing changed",
+            )
+        try:
+            key = conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+        try:
+            done = rollback_conversation(api.runtime, key, version)
+        except CtxcoreError as exc:  # not kept, busy, a concurrent save: said on the page
+            return _page(
+                "confirm.html", 409, session, cid=cid, version=version, notice=f"nothing changed: {exc}"
+            )
+        return _redirect(
+            f"/ui/c/{cid}/history?notice=version+{done.restored}+restored+as+version+{done.version}"
+        )
+
+    @router.get("/c/{cid}/recall")
+    def recall(
+        cid: str, ctxcore_ui: Session = None, q: Annotated[str, Query(max_length=2000)] = ""
+    ) -> Response:
+        session = sessions.get(ctxcore_ui)
+        if session is None:
+            return _redirect("/ui/login")
+        try:
+            key = conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+        answer: RecallAnswer | None = None
+        error = None
+        if q.strip():
+            try:
+                answer = api.service.recall(key, q)
+            except CtxcoreError as exc:  # recall off for the tenant: the page says which setting
+                error = str(exc)
+        return _page("recall.html", session=session, cid=cid, query=q, answer=answer, error=error)
+
+    return router
