@@ -39,9 +39,11 @@ from ctxcore.summarize.extractive.features import (
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.tools import (
+    COMMAND_CHARS,
     TASK_TOOL,
     args_short,
     call_path,
+    command_text,
     parse_args,
     result_line,
     shell_files,
@@ -50,6 +52,7 @@ from ctxcore.summarize.extractive.tools import (
     writes_file,
 )
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
+from ctxcore.summarize.working_set import WorkingSet, mentions
 
 __all__ = ["Extractor"]
 
@@ -62,15 +65,33 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
+# A line of a file as a viewer prints it: ``nl -ba``'s "  526\t<code>", grep -n's
+# "path:526:<code>" or "526:<code>", or a definition ("def f(", "class A(").
+_NUMBERED_CODE = re.compile(r"^(?:[\w./-]+:)?\d+(?:\t|:|\s{2,})\s*\S")
+_DEFINITION = re.compile(r"^(?:async\s+)?(?:def|class|function|func|fn|interface|struct)\s+\w")
+# An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
+_LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
+# A plain word: what makes a line a sentence rather than a list of names or numbers.
+_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w./`'\"(-])")
+# A line naming a file or symbol of the working set is worth this much more: it is about
+# what the agent is doing now.
+_WORKING_BONUS: Final = 4.0
 
 
 class Extractor:
     """Builds scored candidates from source messages (one instance per call)."""
 
-    def __init__(self, query_words: frozenset[str], known: frozenset[str], with_paths: bool) -> None:
+    def __init__(
+        self,
+        query_words: frozenset[str],
+        known: frozenset[str],
+        with_paths: bool,
+        working: WorkingSet | None = None,
+    ) -> None:
         self.query_words = query_words
         self.known = known
         self.with_paths = with_paths
+        self.working = working.names() if working is not None else frozenset()
         self.items: list[Item] = []
         # Path -> how much it matters: written > used by a tool > merely mentioned.
         self.paths: dict[str, float] = {}
@@ -113,14 +134,17 @@ class Extractor:
         bonus: float = 0.0,
         independent: bool = False,
         section: str = "",
+        limit: int = MAX_LINE_CHARS,
     ) -> None:
         """One candidate line (nothing for a line without a word)."""
-        text = clip(text.strip())
+        text = clip(text.strip(), limit)
         if len(text) < 3 or not meaningful(text):
             return
         norm = key or collapse(text).casefold()
         value, words = self.features(text, tag)
         static = BASE_SCORE[category] + bonus + value
+        if mentions(text, self.working):
+            static += _WORKING_BONUS
         if norm in self.known:
             static *= 0.3
         self.items.append(
@@ -302,19 +326,23 @@ class Extractor:
         def classify(line: str) -> str:
             if is_error(line):
                 return "error"
+            if _LIST_ITEM.match(line):
+                # The agent's own plan or list: what it said it would do, and re-does.
+                return "plan"
             if PENDING.search(line):
                 return "pending"
             if DECISION.search(line):
                 return "decision"
             return "work"
 
-        self.lines(index, without_code(message.text), classify, "assistant")
+        self.lines(index, _with_lists_joined(without_code(message.text)), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
-        """The scanned lines of a tool result, computed once per message."""
+        """The scanned lines of a tool result, computed once per message; an error line
+        carries the traceback frame above it, where it happened."""
         lines = self._scans.get(index)
         if lines is None:
-            lines = self._scans[index] = scan(message.text)
+            lines = self._scans[index] = _located(scan(message.text))
         return lines
 
     def tool_call(
@@ -345,23 +373,28 @@ class Extractor:
         path = call_path(call, parsed)
         command = parsed.get("command") if isinstance(parsed, dict) else None
         written = shell_write_target(command) if isinstance(command, str) else None
+        # A shell command is shown whole (``command_text``): never cut after its first
+        # line number.
+        limit = COMMAND_CHARS + MAX_LINE_CHARS if command_text(parsed) is not None else MAX_LINE_CHARS
         order = (index, _CALL_ORDER + pos)
         if result is not None:
             self.last_call = order
         if failed or is_error(line):
-            self.add(order, "error", item_text, tag=tag)
+            self.add(order, "error", item_text, tag=tag, limit=limit)
         elif writes_file(name, written, path):
             target = written or path or ""
             if target:
                 self.written[target] = order
             # Keyed by path: only the last write of each file survives deduplication, and
-            # the path leads so that clipping the arguments never hides it.
-            brief = f"{head(clip(args, 60, mark=True))} -> {shown}"
-            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}")
+            # the path leads so that clipping the arguments never hides it. A shell
+            # command is its own brief, whole.
+            brief_args = args if limit > MAX_LINE_CHARS else clip(args, 60, mark=True)
+            brief = f"{head(brief_args)} -> {shown}"
+            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}", limit=limit)
         elif TASK_TOOL.search(name):
-            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}")
+            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}", limit=limit)
         else:
-            self.add(order, "tool", item_text, tag=tag)
+            self.add(order, "tool", item_text, tag=tag, limit=limit)
         if not failed and not writes_file(name, written, path):
             for seen in shell_files(command) if isinstance(command, str) else [path] if path else []:
                 self.looked_at[seen] = order
@@ -375,7 +408,8 @@ class Extractor:
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
-        """Error lines and dense lines of a tool result beyond the one already shown."""
+        """Error lines, code lines of a viewed file and dense lines of a tool result beyond
+        the one already shown."""
         sub = 0
         shown = set(used.split(" | "))
         for line, error in self.scanned(index, message):
@@ -384,6 +418,10 @@ class Extractor:
             sub += 1
             if error:
                 self.add((index, sub), "error", line, tag=tag)
+            elif _NUMBERED_CODE.match(line) or _DEFINITION.match(line):
+                # A line of a file the agent viewed, with its line number: where the agent
+                # edits next, kept as printed.
+                self.add((index, sub), "code", line, tag=tag)
             elif (
                 not line.startswith(COMMENT)
                 and not _FRAME.match(line)
@@ -393,3 +431,46 @@ class Extractor:
                 # A bare path is a directory listing; a path with words around it
                 # (a grep hit, a log line) says something about it.
                 self.add((index, sub), "fact", line, tag=tag)
+
+
+def _located(lines: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """``lines`` with each error line that follows a traceback frame (``File "a.py", line
+    12, in f``) followed by that frame in brackets: the error's location, from its own
+    source line."""
+    out: list[tuple[str, bool]] = []
+    frame = ""
+    for line, error in lines:
+        if _FRAME.match(line):
+            frame = line
+        elif error and frame:
+            out.append((f"{line} [{frame}]", error))
+            frame = ""
+            continue
+        out.append((line, error))
+    return out
+
+
+def _bare(line: str) -> bool:
+    """True for a line of names or numbers only: no plain word says what they are."""
+    return _PLAIN_WORD.search(line) is None
+
+
+def _with_lists_joined(text: str) -> str:
+    """``text`` with each run of the agent's list items that are bare names ("1. Arcsin")
+    joined to the sentence that introduces them, one line: a list of bare names is no use
+    without what it lists. A list item that is a sentence stays a line of its own."""
+    out: list[str] = []
+    joined = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        item = _LIST_ITEM.match(line)
+        if item is not None and _bare(line):
+            # No sentence to join it to: a bare name alone says nothing.
+            if out and (joined or not _bare(out[-1])):
+                body = line[item.end() - 1 :].strip()
+                out[-1] = f"{out[-1]}{'; ' if joined else ' '}{body}"
+                joined = True
+            continue
+        out.append(line)
+        joined = False
+    return "\n".join(out)
