@@ -72,7 +72,7 @@ _DEFINITION = re.compile(r"^(?:async\s+)?(?:def|class|function|func|fn|interface
 # An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
 _LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
 # A plain word: what makes a line a sentence rather than a list of names or numbers.
-_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w./`'\"(-])")
+_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w/`'\"(-]|\.\w)")
 # A line naming a file or symbol of the working set is worth this much more: it is about
 # what the agent is doing now.
 _WORKING_BONUS: Final = 4.0
