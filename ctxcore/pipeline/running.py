@@ -98,9 +98,10 @@ def run_stage(
     checked = f"working set: {restored} lines restored, {kept_raw} kept raw"
     blocks, covered, applied = _apply(targets, summaries, view, cfg, counter)
     if not applied:
-        return _unchanged(
+        unchanged = _unchanged(
             stage, view, before, f"no summary was usable ({checked})", calls, input_tokens, output_tokens
         )
+        return unchanged.model_copy(update={"restored_lines": restored, "kept_raw": kept_raw})
     result = _result(
         stage,
         view,

@@ -118,3 +118,21 @@ def test_the_extractive_model_follows_the_same_contract() -> None:
         ln for ln in summary_lines if not re.search(r"(?:^|\s)[a-z]{3,}(?=$|[\s.,;:])", ln.split(": ", 1)[-1])
     ]
     assert bare == [], bare
+
+
+def test_an_llm_summary_that_drops_the_working_set_gets_its_lines_back_recorded() -> None:
+    model = Recording("## Task state\n- user: Fix the date parser.\n## Files and changes\n(none)")
+    _, result = staged(model)
+    assert result.changed and result.restored_lines >= 1 and result.kept_raw == 0
+    assert "lines restored" in result.detail
+    text = "\n".join(message_text(m) for b in result.blocks for m in b.messages)
+    assert "parse_date" in text and "src/dates/parse.py" in text
+
+
+def test_an_llm_summary_with_no_room_for_the_working_set_leaves_the_steps_raw() -> None:
+    # Nothing in the reply may go to make room (the user's line only): the target stays raw.
+    filler = "\n".join(f"- user: requirement {k} stays as the user wrote it." for k in range(400))
+    model = Recording(f"## Task state\n{filler}\n## Files and changes\n(none)")
+    view, result = staged(model)
+    assert result.kept_raw >= 1 and result.restored_lines == 0
+    assert not result.changed and result.blocks == list(view.blocks)
