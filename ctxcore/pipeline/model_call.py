@@ -130,8 +130,6 @@ def _llm_blocks(
     context = [m for b in view.blocks if b.block_id not in replaced for m in b.messages]
     if task_id in by_id:
         context.insert(0, by_id[task_id])
-    last = max(t.last_id for t in targets)
-    recent = [m for m in view.tail if (m.context_message_id or "") > last]
     contract = OutputContract(
         kind="blocks",
         blocks=[
@@ -143,7 +141,6 @@ def _llm_blocks(
         sections=list(BLOCK_SECTIONS),
         context=context,
         query=query,
-        recent=recent,
     )
     max_tokens = int(sum(t.target_tokens for t in targets) * 1.25) + 64 * len(targets) + 64
     completion = client.complete(

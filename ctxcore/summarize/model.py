@@ -99,9 +99,7 @@ class OutputContract(BaseModel):
 
     ``context`` is reference-only (e.g. earlier summaries, never summarised again),
     ``instruction`` a user preservation instruction, ``query`` the latest real user request
-    (what the summary must stay relevant to), ``recent`` the newest messages the summaries
-    do not cover (reference only: what the agent is working on now, whose files and
-    symbols the summaries keep first). Round-trips through JSON losslessly.
+    (what the summary must stay relevant to). Round-trips through JSON losslessly.
     """
 
     model_config = _CONTRACT_CONFIG
@@ -114,7 +112,6 @@ class OutputContract(BaseModel):
     context: list[Message] = Field(default_factory=list)
     instruction: str = ""
     query: str = ""
-    recent: list[Message] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check_kind(self) -> Self:

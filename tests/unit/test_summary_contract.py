@@ -1,6 +1,6 @@
 """The summary contract: what a block keeps of the steps it replaces (line numbers, the agent's
-plan, open items, code lines of the working set), asked of an LLM by the prompt, sent with the
-newest messages as ``OutputContract.recent``, and followed by the extractive model."""
+plan, open items, code lines of the working set), asked of an LLM by the prompt, followed by the
+extractive model and checked by the stage before it saves a block (``pipeline/verify.py``)."""
 
 from __future__ import annotations
 
@@ -94,15 +94,13 @@ def test_the_prompt_asks_for_line_numbers_the_plan_open_items_and_working_set_co
         assert asked in CONTENT_RULE, asked
 
 
-def test_a_stage_sends_the_rule_and_the_newest_messages_with_the_contract() -> None:
+def test_a_stage_sends_the_rule_with_the_newest_messages_as_protected_context() -> None:
     model = Recording("## Task state\n- user: Fix the date parser.\n## Files and changes\n(none)")
-    view, _ = staged(model)
+    staged(model)
     assert model.prompts and CONTENT_RULE in model.prompts[0]
-    contract = model.contracts[0]
-    assert contract is not None and contract.recent
-    last = max(m.context_message_id or "" for b in contract.blocks for m in b.source)
-    assert all((m.context_message_id or "") > last for m in contract.recent)
-    assert contract.recent[-1].context_message_id == view.tail[-1].context_message_id
+    # The working set the rule names is what the protected recent context acts on.
+    protected = model.prompts[0].split("[Protected Recent Context]", 1)[1]
+    assert "nl -ba src/dates/parse.py | sed -n '40,45p'" in protected
 
 
 def test_the_extractive_model_follows_the_same_contract() -> None:
@@ -110,7 +108,8 @@ def test_the_extractive_model_follows_the_same_contract() -> None:
     assert result.changed
     text = "\n".join(message_text(m) for b in result.blocks for m in b.messages)
     assert EDIT in text  # the edit whole, both line numbers
-    assert "1. Change `parse_date` in src/dates/parse.py at line 42 to accept leap days." in text  # the plan
+    # The plan competes as an ordinary line (a prior for it did not pay on the development
+    # halves, bench/README): it is not asserted here.
     assert "Next, I still need to update the docs in docs/dates.rst." in text  # the open item
     assert "40 def parse_date(text: str) -> date:" in text  # a code line of the working set
     summary_lines = [ln[2:] for ln in text.splitlines() if ln.startswith("- ")]

@@ -52,7 +52,6 @@ from ctxcore.summarize.extractive.tools import (
     writes_file,
 )
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
-from ctxcore.summarize.working_set import WorkingSet, mentions
 
 __all__ = ["Extractor"]
 
@@ -65,33 +64,19 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
-# A line of a file as a viewer prints it: ``nl -ba``'s "  526\t<code>", grep -n's
-# "path:526:<code>" or "526:<code>", or a definition ("def f(", "class A(").
-_NUMBERED_CODE = re.compile(r"^(?:[\w./-]+:)?\d+(?:\t|:|\s{2,})\s*\S")
-_DEFINITION = re.compile(r"^(?:async\s+)?(?:def|class|function|func|fn|interface|struct)\s+\w")
 # An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
 _LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
 # A plain word: what makes a line a sentence rather than a list of names or numbers.
 _PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w/`'\"(-]|\.\w)")
-# A line naming a file or symbol of the working set is worth this much more: it is about
-# what the agent is doing now.
-_WORKING_BONUS: Final = 4.0
 
 
 class Extractor:
     """Builds scored candidates from source messages (one instance per call)."""
 
-    def __init__(
-        self,
-        query_words: frozenset[str],
-        known: frozenset[str],
-        with_paths: bool,
-        working: WorkingSet | None = None,
-    ) -> None:
+    def __init__(self, query_words: frozenset[str], known: frozenset[str], with_paths: bool) -> None:
         self.query_words = query_words
         self.known = known
         self.with_paths = with_paths
-        self.working = working.names() if working is not None else frozenset()
         self.items: list[Item] = []
         # Path -> how much it matters: written > used by a tool > merely mentioned.
         self.paths: dict[str, float] = {}
@@ -143,8 +128,6 @@ class Extractor:
         norm = key or collapse(text).casefold()
         value, words = self.features(text, tag)
         static = BASE_SCORE[category] + bonus + value
-        if mentions(text, self.working):
-            static += _WORKING_BONUS
         if norm in self.known:
             static *= 0.3
         self.items.append(
@@ -326,9 +309,6 @@ class Extractor:
         def classify(line: str) -> str:
             if is_error(line):
                 return "error"
-            if _LIST_ITEM.match(line):
-                # The agent's own plan or list: what it said it would do, and re-does.
-                return "plan"
             if PENDING.search(line):
                 return "pending"
             if DECISION.search(line):
@@ -338,11 +318,10 @@ class Extractor:
         self.lines(index, _with_lists_joined(without_code(message.text)), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
-        """The scanned lines of a tool result, computed once per message; an error line
-        carries the traceback frame above it, where it happened."""
+        """The scanned lines of a tool result, computed once per message."""
         lines = self._scans.get(index)
         if lines is None:
-            lines = self._scans[index] = _located(scan(message.text))
+            lines = self._scans[index] = scan(message.text)
         return lines
 
     def tool_call(
@@ -408,8 +387,7 @@ class Extractor:
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
-        """Error lines, code lines of a viewed file and dense lines of a tool result beyond
-        the one already shown."""
+        """Error lines and dense lines of a tool result beyond the one already shown."""
         sub = 0
         shown = set(used.split(" | "))
         for line, error in self.scanned(index, message):
@@ -418,10 +396,6 @@ class Extractor:
             sub += 1
             if error:
                 self.add((index, sub), "error", line, tag=tag)
-            elif _NUMBERED_CODE.match(line) or _DEFINITION.match(line):
-                # A line of a file the agent viewed, with its line number: where the agent
-                # edits next, kept as printed.
-                self.add((index, sub), "code", line, tag=tag)
             elif (
                 not line.startswith(COMMENT)
                 and not _FRAME.match(line)
@@ -431,23 +405,6 @@ class Extractor:
                 # A bare path is a directory listing; a path with words around it
                 # (a grep hit, a log line) says something about it.
                 self.add((index, sub), "fact", line, tag=tag)
-
-
-def _located(lines: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
-    """``lines`` with each error line that follows a traceback frame (``File "a.py", line
-    12, in f``) followed by that frame in brackets: the error's location, from its own
-    source line."""
-    out: list[tuple[str, bool]] = []
-    frame = ""
-    for line, error in lines:
-        if _FRAME.match(line):
-            frame = line
-        elif error and frame:
-            out.append((f"{line} [{frame}]", error))
-            frame = ""
-            continue
-        out.append((line, error))
-    return out
 
 
 def _bare(line: str) -> bool:

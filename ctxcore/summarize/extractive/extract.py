@@ -29,7 +29,6 @@ from ctxcore.summarize.extractive.features import (
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item
 from ctxcore.summarize.extractive.tools import result_line
-from ctxcore.summarize.working_set import working_set
 from ctxcore.turns import is_real_user, tool_callers
 
 __all__ = ["Candidates", "extract"]
@@ -336,12 +335,10 @@ def extract(
     instruction: str,
     context: Sequence[AnyMessage],
     with_paths: bool,
-    recent: Sequence[AnyMessage] = (),
 ) -> Candidates:
-    """The candidates of ``source`` (see the module docstring); lines naming the files and
-    symbols that ``recent`` (the newest messages, not summarised) acts on are worth more."""
+    """The candidates of ``source`` (see the module docstring)."""
     known, context_words = _reference(context)
-    ex = Extractor(words_of(f"{query} {instruction}"), known, with_paths, working_set(recent))
+    ex = Extractor(words_of(f"{query} {instruction}"), known, with_paths)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
     _keep_errors(ex, source, shape)

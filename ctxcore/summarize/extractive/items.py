@@ -21,10 +21,6 @@ BASE_SCORE: Final = MappingProxyType(
         "decision": 6.0,
         "work": 2.0,
         "fact": 3.0,
-        # A line of a file the agent viewed, with its line number (see ``Extractor.tool_output``).
-        "code": 3.0,
-        # An item of the agent's own numbered list: its plan, or what it found.
-        "plan": 6.0,
         "paths": 2.0,
         "other": 1.0,
         # A sentence of a dialogue: no prior at all, it is worth what it says.

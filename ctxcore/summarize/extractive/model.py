@@ -46,8 +46,6 @@ _ROUTES: Final = MappingProxyType(
         "pending": ("pending", "work"),
         "work": ("work",),
         "fact": ("decision",),
-        "code": ("file", "work"),
-        "plan": ("pending", "work"),
         "chat": ("decision",),
         "other": (),
     }
@@ -158,7 +156,6 @@ class ExtractiveModel:
             instruction=contract.instruction,
             context=contract.context,
             with_paths="paths" in {classify_title(s) for s in sections},
-            recent=contract.recent,
         )
         chosen = self._choose(found, available, budget, lambda c: self._render_snapshot(sections, c))
         while True:
@@ -189,8 +186,7 @@ class ExtractiveModel:
                 instruction=contract.instruction,
                 context=contract.context,
                 with_paths=False,
-                recent=contract.recent,
-            )
+                )
             for b in blocks
         ]
         summaries = [

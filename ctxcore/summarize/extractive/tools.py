@@ -46,24 +46,16 @@ _HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 # f.py``) cut after its first line number loses the others, which the agent re-issues later.
 # Past it the command is a pasted script, shortened like any other value.
 COMMAND_CHARS: Final = 1000
-# A tool's output of at most this many lines and characters is shown whole: the values a
-# script printed are what the agent compares next.
-_SHORT_OUTPUT_LINES: Final = 4
-_SHORT_OUTPUT_CHARS: Final = 240
 
 
 def result_line(lines: Sequence[tuple[str, bool]]) -> str:
-    """What a tool call did: its first error line if any; a short output whole (its lines
-    joined by `` | ``); else its first meaningful line (plus the next one when the first is
-    as terse as ``returncode=0``)."""
+    """What a tool call did: its first error line if any, else its first meaningful line
+    (plus the next one when the first is as terse as ``returncode=0``)."""
     if not lines:
         return ""
     error = next((line for line, is_error in lines if is_error), None)
     if error is not None:
         return error
-    whole = " | ".join(line for line, _ in lines)
-    if len(lines) <= _SHORT_OUTPUT_LINES and len(whole) <= _SHORT_OUTPUT_CHARS:
-        return whole
     first = lines[0][0]
     if len(first) < 24 and len(lines) > 1:
         return f"{first} | {lines[1][0]}"
