@@ -26,10 +26,9 @@ LINE_TAG_RULE = (
 
 
 # What a summary keeps of the steps it replaces, and how: each kept name or number in the
-# line it came from. The extractive model follows the same rule (``summarize/extractive``:
-# whole commands, numbered code lines, the agent's plan, located errors, working-set lines
-# first), and a stage checks the working-set part before it saves a block
-# (``pipeline/verify.py``).
+# line it came from. The extractive model keeps commands whole and joins a list of bare
+# names to its sentence (``summarize/extractive``); for any model, a stage checks the
+# working-set part before it saves a block (``pipeline/verify.py``).
 CONTENT_RULE = (
     "Keep what the agent returns to, each inside the line it came from: shell commands whole (never "
     "cut an edit command after its first line number); the agent's own plan and lists, and the open "

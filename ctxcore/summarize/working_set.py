@@ -2,9 +2,9 @@
 
 A summary replaces older steps; what the agent does next mostly touches what it is doing
 now. The newest messages a summary does not cover (the raw tail) name the files the agent
-is still working on and the functions, classes and attributes it handles there. The
-extractive summariser prefers the lines of the replaced steps that mention them, and a
-stage checks before it commits a block that those lines are in it (``missing_lines``).
+is still working on and the functions, classes and attributes it handles there. A stage
+checks before it commits a block that the replaced steps' lines naming them are in it
+(``ctxcore.pipeline.verify``).
 
 Written from what an agent's tool calls and messages look like, apart from the eval's
 scorer (``tests/unit/test_independence.py``).
