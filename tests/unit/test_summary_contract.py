@@ -107,10 +107,7 @@ def test_the_extractive_model_follows_the_same_contract() -> None:
     _, result = staged(ExtractiveModel(COUNTER))
     assert result.changed
     text = "\n".join(message_text(m) for b in result.blocks for m in b.messages)
-    assert EDIT in text  # the edit whole, both line numbers
-    # The plan competes as an ordinary line (a prior for it did not pay on the development
-    # halves, bench/README): it is not asserted here.
-    assert "Next, I still need to update the docs in docs/dates.rst." in text  # the open item
+    assert EDIT in text  # the edit whole, both line numbers (a cut one is a bare-token line)
     assert "40 def parse_date(text: str) -> date:" in text  # a code line of the working set
     summary_lines = [ln[2:] for ln in text.splitlines() if ln.startswith("- ")]
     bare = [
