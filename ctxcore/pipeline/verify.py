@@ -13,6 +13,7 @@ Written apart from the eval's scorer (``tests/unit/test_independence.py``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,9 @@ __all__ = ["Verdict", "verify_block"]
 # half A) and next-step references fell from 0.889 to 0.795; with 1.25x slack and no room
 # made, blocks grew and half A at 8k still lost 0.020 (0.869) while half B gained 0.010.
 RESTORE_SLACK = 1.0
+# A word of prose or code (three lower-case letters standing alone): a line without one is a
+# bare name or number ("src/a.py", "  526"), which restored alone tells the agent nothing.
+_WORD = re.compile(r"(?<![\w./-])[a-z]{3,}(?![\w/-])")
 # Where restored lines go: the block section about files and code.
 _FILES_HEADING = "## Files and changes"
 _NONE = "(none)"
@@ -54,11 +58,12 @@ def _tag(message: AnyMessage) -> str:
 
 
 def _tagged_lines(source: Sequence[AnyMessage]) -> list[tuple[str, str]]:
-    """Every line of ``source`` a block could keep, with its source tag, in order."""
+    """Every line of ``source`` a block could keep, with its source tag, in order: a line of
+    bare names or numbers is none (a name only such lines mention needs no restoring)."""
     out: list[tuple[str, str]] = []
     for message in source:
         tag = _tag(message)
-        out.extend((tag, line) for line in source_lines([message]))
+        out.extend((tag, line) for line in source_lines([message]) if _WORD.search(line))
     return out
 
 
