@@ -4,8 +4,8 @@ Before a stage saves a block it computes the conversation's working set: the fil
 symbols that the newest messages the block does not cover act on
 (``ctxcore.summarize.working_set``). Each of them that the replaced steps mention must be
 named in the block too. A missing one is restored from its newest line in those steps
-(verbatim, tagged with its source), within the block's token target and the slack a model
-reply has (``RESTORE_SLACK``); when the lines do not fit, the block is not saved and its
+(verbatim, tagged with its source), within the block's token target: the block's oldest
+lines about something else make room; when they cannot, the block is not saved and its
 steps stay raw. The outcome goes with the stage result.
 
 Written apart from the eval's scorer (``tests/unit/test_independence.py``).
@@ -23,12 +23,11 @@ from ctxcore.tokens import TokenCounter
 
 __all__ = ["Verdict", "verify_block"]
 
-# A block with restored lines may exceed its token target by this factor. With no room
-# made and no slack a block the summariser filled has no room left: on the development
-# runs at 8k the steps stayed raw so often that compactions doubled (148 -> 323 calls on
-# half A) and next-step references fell from 0.889 to 0.795; with 1.25x slack and no room
-# made, blocks grew and half A at 8k still lost 0.020 (0.869) while half B gained 0.010.
-RESTORE_SLACK = 1.0
+# Restored lines take the place of the block's oldest lines about something else, within
+# its token target. Without that, a block the summariser filled has no room: keeping those
+# steps raw doubled the compactions on the development runs at 8k (half A: 148 -> 323 calls,
+# next-step references 0.889 -> 0.795); letting blocks grow 1.25x instead cost half A 0.020
+# at 8k (bench/README, issue 33).
 # A word of prose or code (three lower-case letters standing alone): a line without one is a
 # bare name or number ("src/a.py", "  526"), which restored alone tells the agent nothing.
 _WORD = re.compile(r"(?<![\w./-])[a-z]{3,}(?![\w/-])")
@@ -119,10 +118,10 @@ def verify_block(
 def _make_room(
     text: str, restored: Sequence[str], names: frozenset[str], target_tokens: int, counter: TokenCounter
 ) -> str | None:
-    """``text`` within ``target_tokens * RESTORE_SLACK``: while over, the oldest summary line
-    that names nothing of the working set (never a restored line nor one of the user's) goes.
-    None when it cannot get there."""
-    limit = int(target_tokens * RESTORE_SLACK)
+    """``text`` within ``target_tokens``: while over, the oldest summary line that names
+    nothing of the working set (never a restored line nor one of the user's) goes. None when
+    it cannot get there."""
+    limit = target_tokens
     rows = text.splitlines()
     keep = set(restored)
     while counter.count_text("\n".join(rows)) > limit:

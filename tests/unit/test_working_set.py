@@ -76,7 +76,7 @@ def test_a_block_that_already_names_the_working_set_is_saved_as_it_is() -> None:
 
 def test_no_room_for_the_lines_keeps_the_steps_raw() -> None:
     counter = TiktokenCounter()
-    verdict = verify_block(SUMMARY, STEPS, RECENT, int(counter.count_text(SUMMARY) / 1.25), counter)
+    verdict = verify_block(SUMMARY, STEPS, RECENT, counter.count_text(SUMMARY) + 2, counter)
     assert verdict.text is None and verdict.restored == 0
 
 
