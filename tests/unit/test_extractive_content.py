@@ -86,3 +86,18 @@ def test_a_numbered_plan_item_is_a_line_of_its_own(model: ExtractiveModel) -> No
     ]
     text = summary(model, source, 400)
     assert "- assistant: 1. `lib/backend_agg.py`: updated `draw_text` and `draw_mathtext`." in text, text
+
+
+def test_a_directory_listing_line_is_no_fact(model: ExtractiveModel) -> None:
+    listing = "\n".join(
+        [
+            "total 160",
+            "drwxrwxrwx 8 root root 4096 Oct 24 2024 .git",
+            "-rw-r--r-- 1 root root 610 Oct 24 2024 .coveragerc",
+            "-rw-r--r-- 1 root root 19454 Oct 24 2024 CONTRIBUTING.rst",
+        ]
+    )
+    source: list[AnyMessage] = [UserMessage(content="Fix it."), bash("c1", "ls -la", ""), out("c1", listing)]
+    text = summary(model, source, 400)
+    # Only the call's own one-line result names the listing; its dated lines are no facts.
+    assert "CONTRIBUTING.rst" not in text and ".coveragerc" not in text, text

@@ -64,6 +64,8 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
+# A line of ``ls -l``: permissions, links, owner, group, size, date, name.
+_LISTING = re.compile(r"^[-dlcbps][-rwxsStT]{9}[.@+]?\s+\d+\s")
 # An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
 _LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
 # A plain word: what makes a line a sentence rather than a list of names or numbers.
@@ -399,11 +401,13 @@ class Extractor:
             elif (
                 not line.startswith(COMMENT)
                 and not _FRAME.match(line)
+                and not _LISTING.match(line)
                 and len(line.split()) >= 4
                 and (PATH.search(line) or DATE.search(line))
             ):
-                # A bare path is a directory listing; a path with words around it
-                # (a grep hit, a log line) says something about it.
+                # A bare path is a directory listing, and so is ``ls -l``'s line (its
+                # date is a file's mtime); a path with words around it (a grep hit, a log
+                # line) says something about it.
                 self.add((index, sub), "fact", line, tag=tag)
 
 

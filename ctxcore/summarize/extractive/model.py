@@ -186,7 +186,7 @@ class ExtractiveModel:
                 instruction=contract.instruction,
                 context=contract.context,
                 with_paths=False,
-                )
+            )
             for b in blocks
         ]
         summaries = [
