@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,12 @@ from typing import Any
 
 from ctxcore.eval import POLICIES, EvalConfig, evaluate_file
 from ctxcore.eval.report import format_row
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.summary_lines import line_stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = Path(os.environ.get("CTXCORE_DATA_DIR", HERE.parents[1] / "shared" / "data"))
@@ -101,9 +108,21 @@ def table(report: Mapping[str, Any]) -> str:
 
 def run(path: Path, label: str, config: EvalConfig) -> dict[str, Any]:
     started = time.perf_counter()
-    report = evaluate_file(path, config)
+    with tempfile.TemporaryDirectory() as tmp:
+        windows = Path(tmp) / "windows.jsonl"
+        config.windows_out = windows
+        report = evaluate_file(path, config)
+        # What full's summaries hold in the final windows (bench/summary_lines.py).
+        lines = line_stats(windows) if windows.exists() else None
     seconds = time.perf_counter() - started
     print(f"### {label} ({seconds:.0f} s)\n\n{table(report)}\n", flush=True)
+    if lines is not None and lines["lines"]:
+        print(
+            f"full's summaries in the final windows: {lines['lines']} lines, "
+            f"{lines['duplicates']} duplicate, {lines['bare']} bare-token\n",
+            flush=True,
+        )
+    report["summary_lines"] = lines
     for rep in report.get("reports", [report]):
         rep.pop("conversations", None)
     report["label"] = label

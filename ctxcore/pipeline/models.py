@@ -130,6 +130,10 @@ class StageResult(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     detail: str = ""
+    # Verify before commit (``pipeline.verify``): working-set lines put back into the
+    # stage's blocks, and targets whose steps stayed raw because their lines did not fit.
+    restored_lines: int = 0
+    kept_raw: int = 0
 
     def usage(self, model: str = "") -> Usage:
         """The summariser usage of this stage."""

@@ -13,6 +13,7 @@ from ctxcore.pipeline.models import PipelineConfig, Stage, StageResult
 from ctxcore.pipeline.sizing import message_tokens
 from ctxcore.pipeline.targets import Target, targets_for_stage
 from ctxcore.pipeline.truncate import truncate_blocks
+from ctxcore.pipeline.verify import verify_block
 from ctxcore.pipeline.view import BLOCK_META, View, block_message
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.blocks import Summarizer
@@ -52,7 +53,7 @@ def run_stage(
     if not targets:
         return _unchanged(stage, view, before, "no targets left for this stage")
 
-    calls = input_tokens = output_tokens = 0
+    calls = input_tokens = output_tokens = restored = kept_raw = 0
     summaries: dict[str, list[AnyMessage]] = {}
     model_name = getattr(model_client, "name", "") if model_client is not None else ""
     if stage.kind == "l0_to_l1" and summarizer is not None:
@@ -86,11 +87,21 @@ def run_stage(
         for target in targets:
             text = texts.get(target.target_id)
             if text:
-                summaries[target.target_id] = [_summary_message(text, target, cfg, model_name)]
+                verdict = verify_block(
+                    text, target.source_messages(), _newer(view, target), target.target_tokens, counter
+                )
+                restored += verdict.restored
+                kept_raw += int(verdict.text is None)
+                if verdict.text is not None:
+                    summaries[target.target_id] = [_summary_message(verdict.text, target, cfg, model_name)]
 
+    checked = f"working set: {restored} lines restored, {kept_raw} kept raw"
     blocks, covered, applied = _apply(targets, summaries, view, cfg, counter)
     if not applied:
-        return _unchanged(stage, view, before, "no summary was usable", calls, input_tokens, output_tokens)
+        unchanged = _unchanged(
+            stage, view, before, f"no summary was usable ({checked})", calls, input_tokens, output_tokens
+        )
+        return unchanged.model_copy(update={"restored_lines": restored, "kept_raw": kept_raw})
     result = _result(
         stage,
         view,
@@ -101,8 +112,14 @@ def run_stage(
         calls=calls,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
+        detail=checked if restored or kept_raw else "",
     )
-    return result
+    return result.model_copy(update={"restored_lines": restored, "kept_raw": kept_raw})
+
+
+def _newer(view: View, target: Target) -> list[AnyMessage]:
+    """The raw messages after ``target``: what the agent is doing now."""
+    return [m for m in view.tail if (m.context_message_id or "") > target.last_id]
 
 
 def _recent_blocks(blocks: Sequence[SummaryBlock], limit: int, counter: TokenCounter) -> list[SummaryBlock]:

@@ -25,6 +25,21 @@ LINE_TAG_RULE = (
 )
 
 
+# What a summary keeps of the steps it replaces, and how: each kept name or number in the
+# line it came from. The extractive model keeps commands whole and joins a list of bare
+# names to its sentence (``summarize/extractive``); for any model, a stage checks the
+# working-set part before it saves a block (``pipeline/verify.py``).
+CONTENT_RULE = (
+    "Keep what the agent returns to, each inside the line it came from: shell commands whole (never "
+    "cut an edit command after its first line number); the agent's own plan and lists, and the open "
+    "items it has not done yet; the code lines, signatures and line numbers of what it viewed or "
+    "changed in the files the protected recent context still works on (its working set: the files "
+    "and symbols the newest messages act on); the values it printed and compared; each error with "
+    "its file and line. Never write a bare list of names or numbers: a kept identifier or number "
+    "stays in its code line, command or sentence."
+)
+
+
 def block_sections_rule(sections: tuple[str, ...] = BLOCK_SECTIONS) -> str:
     """The prompt sentence that asks for ``sections`` in each block summary."""
     listed = ", ".join(f'"## {title}"' for title in sections)
@@ -215,4 +230,5 @@ Return one JSON object and nothing else:
 - preserve the original user requirements; do not weaken the user's request;
 - {block_sections_rule()}
 - {LINE_TAG_RULE}
+- {CONTENT_RULE}
 JSON only."""

@@ -142,7 +142,7 @@ def test_the_files_looked_at_are_listed_newest_first_and_merge(model: Extractive
 
 def test_the_newest_call_is_kept_where_the_tail_resumes(model: ExtractiveModel) -> None:
     source = [*filler("g", 30), *bash("z", "rm scratch_notes.py", "")]
-    assert 'command="rm scratch_notes.py"' in summary(model, source, 200)
+    assert "- tool bash: rm scratch_notes.py" in summary(model, source, 200)
     # Too long for its share of a small summary: it competes like any line, never cut.
     long = "python -c '" + " ".join(f"step_{i}()" for i in range(80)) + "'"
     text = summary(model, [*filler("h", 30), *bash("y", long, "ok")], 120)

@@ -39,9 +39,11 @@ from ctxcore.summarize.extractive.features import (
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.tools import (
+    COMMAND_CHARS,
     TASK_TOOL,
     args_short,
     call_path,
+    command_text,
     parse_args,
     result_line,
     shell_files,
@@ -62,6 +64,12 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
+# A line of ``ls -l``: permissions, links, owner, group, size, date, name.
+_LISTING = re.compile(r"^[-dlcbps][-rwxsStT]{9}[.@+]?\s+\d+\s")
+# An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
+_LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
+# A plain word: what makes a line a sentence rather than a list of names or numbers.
+_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w/`'\"(-]|\.\w)")
 
 
 class Extractor:
@@ -113,9 +121,10 @@ class Extractor:
         bonus: float = 0.0,
         independent: bool = False,
         section: str = "",
+        limit: int = MAX_LINE_CHARS,
     ) -> None:
         """One candidate line (nothing for a line without a word)."""
-        text = clip(text.strip())
+        text = clip(text.strip(), limit)
         if len(text) < 3 or not meaningful(text):
             return
         norm = key or collapse(text).casefold()
@@ -308,7 +317,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, without_code(message.text), classify, "assistant")
+        self.lines(index, _with_lists_joined(without_code(message.text)), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
@@ -345,23 +354,28 @@ class Extractor:
         path = call_path(call, parsed)
         command = parsed.get("command") if isinstance(parsed, dict) else None
         written = shell_write_target(command) if isinstance(command, str) else None
+        # A shell command is shown whole (``command_text``): never cut after its first
+        # line number.
+        limit = COMMAND_CHARS + MAX_LINE_CHARS if command_text(parsed) is not None else MAX_LINE_CHARS
         order = (index, _CALL_ORDER + pos)
         if result is not None:
             self.last_call = order
         if failed or is_error(line):
-            self.add(order, "error", item_text, tag=tag)
+            self.add(order, "error", item_text, tag=tag, limit=limit)
         elif writes_file(name, written, path):
             target = written or path or ""
             if target:
                 self.written[target] = order
             # Keyed by path: only the last write of each file survives deduplication, and
-            # the path leads so that clipping the arguments never hides it.
-            brief = f"{head(clip(args, 60, mark=True))} -> {shown}"
-            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}")
+            # the path leads so that clipping the arguments never hides it. A shell
+            # command is its own brief, whole.
+            brief_args = args if limit > MAX_LINE_CHARS else clip(args, 60, mark=True)
+            brief = f"{head(brief_args)} -> {shown}"
+            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}", limit=limit)
         elif TASK_TOOL.search(name):
-            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}")
+            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}", limit=limit)
         else:
-            self.add(order, "tool", item_text, tag=tag)
+            self.add(order, "tool", item_text, tag=tag, limit=limit)
         if not failed and not writes_file(name, written, path):
             for seen in shell_files(command) if isinstance(command, str) else [path] if path else []:
                 self.looked_at[seen] = order
@@ -387,9 +401,37 @@ class Extractor:
             elif (
                 not line.startswith(COMMENT)
                 and not _FRAME.match(line)
+                and not _LISTING.match(line)
                 and len(line.split()) >= 4
                 and (PATH.search(line) or DATE.search(line))
             ):
-                # A bare path is a directory listing; a path with words around it
-                # (a grep hit, a log line) says something about it.
+                # A bare path is a directory listing, and so is ``ls -l``'s line (its
+                # date is a file's mtime); a path with words around it (a grep hit, a log
+                # line) says something about it.
                 self.add((index, sub), "fact", line, tag=tag)
+
+
+def _bare(line: str) -> bool:
+    """True for a line of names or numbers only: no plain word says what they are."""
+    return _PLAIN_WORD.search(line) is None
+
+
+def _with_lists_joined(text: str) -> str:
+    """``text`` with each run of the agent's list items that are bare names ("1. Arcsin")
+    joined to the sentence that introduces them, one line: a list of bare names is no use
+    without what it lists. A list item that is a sentence stays a line of its own."""
+    out: list[str] = []
+    joined = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        item = _LIST_ITEM.match(line)
+        if item is not None and _bare(line):
+            # No sentence to join it to: a bare name alone says nothing.
+            if out and (joined or not _bare(out[-1])):
+                body = line[item.end() - 1 :].strip()
+                out[-1] = f"{out[-1]}{'; ' if joined else ' '}{body}"
+                joined = True
+            continue
+        out.append(line)
+        joined = False
+    return "\n".join(out)

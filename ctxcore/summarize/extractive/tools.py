@@ -18,6 +18,7 @@ __all__ = [
     "TASK_TOOL",
     "args_short",
     "call_path",
+    "command_text",
     "parse_args",
     "result_line",
     "shell_files",
@@ -36,6 +37,15 @@ _TEE = re.compile(r"\btee\s+(?:-a\s+)?([\w./~@-]+)")
 _SED_INPLACE = re.compile(r"\bsed\s+(?:-\w+\s+)*-i")
 _FILE_TOKEN = re.compile(r"[\w./~@-]+\.\w+")
 _PATH_KEYS: Final = ("path", "file_path", "filepath", "file", "filename", "notebook_path")
+# The argument that holds a shell command.
+_COMMAND_KEYS: Final = ("command", "cmd")
+# A heredoc's opening (``cat <<'EOF' > a.py``): the lines up to its delimiter are a file's
+# content, not the command.
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
+# A command is kept whole up to this many characters: an edit (``sed -i '1261s/a/b/;1722s/c/d/'
+# f.py``) cut after its first line number loses the others, which the agent re-issues later.
+# Past it the command is a pasted script, shortened like any other value.
+COMMAND_CHARS: Final = 1000
 
 
 def result_line(lines: Sequence[tuple[str, bool]]) -> str:
@@ -70,8 +80,37 @@ def parse_args(arguments: str) -> Any:
         return None
 
 
+def command_text(parsed: Any) -> str | None:
+    """A call's shell command as the agent wrote it, heredoc bodies left out (the file
+    they write is named on the command's line), None when the call has no command."""
+    if not isinstance(parsed, dict):
+        return None
+    command = next((parsed[k] for k in _COMMAND_KEYS if isinstance(parsed.get(k), str)), None)
+    if command is None or not command.strip():
+        return None
+    kept: list[str] = []
+    delimiter = ""
+    for raw in command.splitlines():
+        line = raw.strip()
+        if delimiter:
+            if line == delimiter:
+                delimiter = ""
+            continue
+        if line:
+            kept.append(line)
+        opened = _HEREDOC.search(line)
+        if opened:
+            delimiter = opened.group(2)
+    text = "\n".join(kept)
+    return text if len(text) <= COMMAND_CHARS else clip(collapse(text), COMMAND_CHARS, mark=True)
+
+
 def args_short(arguments: str, parsed: Any) -> str:
-    """A call's arguments as ``key=value, ...`` with long values shortened."""
+    """A call's arguments as ``key=value, ...`` with long values shortened; a shell
+    command alone, whole (``command_text``)."""
+    command = command_text(parsed)
+    if command is not None and isinstance(parsed, dict) and len(parsed) == 1:
+        return command
     if isinstance(parsed, dict):
         text = ", ".join(f"{k}={_short_value(v)}" for k, v in parsed.items())
     else:

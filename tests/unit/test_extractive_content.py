@@ -1,0 +1,103 @@
+"""The extractive summariser keeps content in the line it came from: shell commands whole,
+and the agent's own lists with the sentence that says what they list (no bare-name lines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
+from ctxcore.summarize import ContractBlock, ExtractiveModel, OutputContract
+from ctxcore.summarize.extractive.tools import COMMAND_CHARS, command_text
+from ctxcore.summarize.prompts import BLOCK_SECTIONS
+from ctxcore.tokens import TiktokenCounter
+
+SED = "sed -i '1261s/old_name/new_name/;1722s/a_b/c_d/;3342s/x1/y1/;700d;708d' django/db/models/base.py"
+
+
+def bash(cid: str, command: str, text: str = "") -> AssistantMessage:
+    return AssistantMessage(
+        content=text, tool_calls=[ToolCall(id=cid, name="bash", arguments=json.dumps({"command": command}))]
+    )
+
+
+def out(cid: str, text: str) -> ToolMessage:
+    return ToolMessage(tool_call_id=cid, name="bash", content=text)
+
+
+@pytest.fixture(scope="module")
+def model() -> ExtractiveModel:
+    return ExtractiveModel(TiktokenCounter())
+
+
+def summary(model: ExtractiveModel, source: list[AnyMessage], target: int) -> str:
+    contract = OutputContract(
+        kind="blocks",
+        blocks=[ContractBlock(block_id="b1", target_tokens=target, source=source)],
+        sections=list(BLOCK_SECTIONS),
+    )
+    text = model.complete([UserMessage(content="x")], max_tokens=target * 2, contract=contract).text
+    return str(json.loads(text)["blocks"][0]["summary"])
+
+
+def lines_of(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("- ")]
+
+
+def test_a_command_is_kept_whole_and_a_heredoc_body_left_out() -> None:
+    assert command_text({"command": SED}) == SED
+    heredoc = "cat <<'EOF' > check.py\nimport os\nprint(os.sep)\nEOF\npython3 check.py"
+    assert command_text({"command": heredoc}) == "cat <<'EOF' > check.py\npython3 check.py"
+    assert command_text({"path": "a.py"}) is None
+    long = "echo " + "word " * COMMAND_CHARS
+    shortened = command_text({"command": long})
+    assert shortened is not None and len(shortened) <= COMMAND_CHARS and shortened.endswith("…")
+
+
+def test_an_edit_command_is_never_cut_after_its_first_line_number(model: ExtractiveModel) -> None:
+    source: list[AnyMessage] = [
+        UserMessage(content="Rename the fields."),
+        bash("c1", SED, "THOUGHT: apply the five edits."),
+        out("c1", "<returncode>0</returncode>\n<output>\n</output>"),
+    ]
+    text = summary(model, source, 300)
+    assert any(SED in line for line in lines_of(text)), text
+
+
+def test_the_agents_list_of_bare_names_stays_with_its_sentence(model: ExtractiveModel) -> None:
+    plan = "THOUGHT: These distributions need a `_cdf` method:\n1. Arcsin\n2. Dagum\n3. Erlang\n\nI'll start with Arcsin."
+    source: list[AnyMessage] = [
+        UserMessage(content="Add _cdf methods."),
+        bash("c1", "ls", plan),
+        out("c1", "a.py"),
+    ]
+    text = summary(model, source, 400)
+    assert "These distributions need a `_cdf` method: Arcsin; Dagum; Erlang" in text, text
+    assert not any(line.endswith((": Arcsin", ": Dagum", ": Erlang")) for line in lines_of(text))
+
+
+def test_a_numbered_plan_item_is_a_line_of_its_own(model: ExtractiveModel) -> None:
+    plan = "THOUGHT: Done so far:\n1. `lib/backend_agg.py`: updated `draw_text` and `draw_mathtext`.\n2. `lib/text.py`: set the flag."
+    source: list[AnyMessage] = [
+        UserMessage(content="Fix antialiasing."),
+        bash("c1", "git diff", plan),
+        out("c1", ""),
+    ]
+    text = summary(model, source, 400)
+    assert "- assistant: 1. `lib/backend_agg.py`: updated `draw_text` and `draw_mathtext`." in text, text
+
+
+def test_a_directory_listing_line_is_no_fact(model: ExtractiveModel) -> None:
+    listing = "\n".join(
+        [
+            "total 160",
+            "drwxrwxrwx 8 root root 4096 Oct 24 2024 .git",
+            "-rw-r--r-- 1 root root 610 Oct 24 2024 .coveragerc",
+            "-rw-r--r-- 1 root root 19454 Oct 24 2024 CONTRIBUTING.rst",
+        ]
+    )
+    source: list[AnyMessage] = [UserMessage(content="Fix it."), bash("c1", "ls -la", ""), out("c1", listing)]
+    text = summary(model, source, 400)
+    # Only the call's own one-line result names the listing; its dated lines are no facts.
+    assert "CONTRIBUTING.rst" not in text and ".coveragerc" not in text, text
