@@ -23,7 +23,7 @@ from ctxcore import __version__
 from ctxcore.config import environment_variables
 from ctxcore.errors import CtxcoreError
 from workers import commands
-from workers.cli_parser import Parser
+from workers.cli_parser import Parser, port, positive_float, positive_int
 from workers.commands import bundled_sample, counter_for, settings_for
 
 __all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
@@ -130,36 +130,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         if action.default is None or "(default" in text:
             return text
         return super()._get_help_string(action) or text
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer greater than 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
-    return value
-
-
-def port(text: str) -> int:
-    """An argparse type: a TCP port."""
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"must be at most 65535, got {value}")
-    return value
 
 
 def environment_epilog() -> str:

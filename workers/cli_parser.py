@@ -1,5 +1,6 @@
 """The ``ctxcore`` parser class: one-line usage errors, and the short usage of bare
-``ctxcore`` or an unknown command (each command on one line, then where the full help is).
+``ctxcore`` or an unknown command (each command on one line, then where the full help is);
+the argument types its commands share.
 
 argparse's convention: a usage error, a missing command included, exits 2 on stderr; the
 full ``--help`` (every option and ``CTXCORE_*`` variable, over a hundred lines) only when
@@ -12,7 +13,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["Parser"]
+__all__ = ["Parser", "port", "positive_float", "positive_int"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -44,3 +45,33 @@ class Parser(argparse.ArgumentParser):
         if self.commands:
             sys.stderr.write(self.short_usage() + "\n")
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer greater than 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be at most 65535, got {value}")
+    return value

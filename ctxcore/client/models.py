@@ -10,9 +10,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema
 
+from ctxcore.client.bodies import RequestBody, ResponseBody
 from ctxcore.client.history_models import JournalEntryOut, JournalResponse, RollbackRequest, RollbackResponse
+from ctxcore.client.recall_models import RecallHit, RecallRequest, RecallResponse
 from ctxcore.messages import from_openai, to_openai
 
 __all__ = [
@@ -106,28 +108,20 @@ CompactionStatusOut = Annotated[
 WindowFormat = Literal["ctxcore", "openai"]
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class AppendRequest(_Request):
+class AppendRequest(RequestBody):
     """Messages to append, in OpenAI chat format (system messages are rejected)."""
 
     messages: list[MessageIn] = Field(min_length=1)
 
 
-class AppendResponse(_Response):
+class AppendResponse(ResponseBody):
     """The log ids of the messages (existing ids for duplicates) and the id to send as If-Match."""
 
     ids: list[str]
     last_id: str | None
 
 
-class WindowRequest(_Request):
+class WindowRequest(RequestBody):
     """What the model will be called with besides the conversation."""
 
     # Bounded: the budget is stored beside the state (a BIGINT column on SQL backends) and
@@ -150,7 +144,7 @@ class WindowRequest(_Request):
     tools: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class WindowStats(_Response):
+class WindowStats(ResponseBody):
     """Message and token counts of the served window."""
 
     total_messages: int
@@ -168,14 +162,14 @@ class WindowStats(_Response):
     tool_tokens: int
 
 
-class ElidedRange(_Response):
+class ElidedRange(ResponseBody):
     """Log ids of tail messages the fast-path fallback left out of this window."""
 
     first_id: str
     last_id: str
 
 
-class LastErrorOut(_Response):
+class LastErrorOut(ResponseBody):
     """The failure that ended the conversation's last compaction job."""
 
     kind: str = Field(
@@ -187,7 +181,7 @@ class LastErrorOut(_Response):
     at: datetime = Field(description="When it failed (UTC)")
 
 
-class HoldOut(_Response):
+class HoldOut(ResponseBody):
     """Why no compaction job starts, and the sizes (tokens) that say so."""
 
     reason: str = Field(description="no_progress, budget_exhausted (status paused) or newest_step (idle)")
@@ -206,7 +200,7 @@ class HoldOut(_Response):
     day: str | None = Field(default=None, description="budget_exhausted: the UTC day (YYYY-MM-DD)")
 
 
-class CompactionDetailOut(_Response):
+class CompactionDetailOut(ResponseBody):
     """Why ``compaction`` says ``failing`` (set until a later job succeeds) or ``paused``."""
 
     last_error: LastErrorOut | None
@@ -220,7 +214,7 @@ class CompactionDetailOut(_Response):
     hold: HoldOut | None = Field(default=None, description="The hold's sizes (null: jobs may start)")
 
 
-class WindowResponse(_Response):
+class WindowResponse(ResponseBody):
     """The window to send to the model and how it was made.
 
     ``messages`` come system messages first; with ``format=openai`` they carry OpenAI keys
@@ -244,13 +238,13 @@ class WindowResponse(_Response):
         return to_openai(from_openai(self.messages), include_extra=False)
 
 
-class CompactResponse(_Response):
+class CompactResponse(ResponseBody):
     """The conversation's compaction status after the request."""
 
     status: CompactionStatusOut
 
 
-class BlockOut(_Response):
+class BlockOut(ResponseBody):
     """A summary block and its provenance (the log-id range it stands for)."""
 
     block_id: str
@@ -264,7 +258,7 @@ class BlockOut(_Response):
     text: str
 
 
-class StateSnapshot(_Response):
+class StateSnapshot(ResponseBody):
     """One version of a conversation's compaction state."""
 
     version: int
@@ -287,14 +281,14 @@ class StateResponse(StateSnapshot):
     )
 
 
-class OffloadResponse(_Response):
+class OffloadResponse(ResponseBody):
     """Original messages kept behind an offload handle."""
 
     handle: str
     messages: list[MessageOut]
 
 
-class UndecodableEntry(_Response):
+class UndecodableEntry(ResponseBody):
     """A log entry that no longer decodes as a message (written by an older version, or
     damaged in the store): left out of ``messages`` and of every window."""
 
@@ -302,7 +296,7 @@ class UndecodableEntry(_Response):
     detail: str = Field(description="Why it does not decode")
 
 
-class MessagesPage(_Response):
+class MessagesPage(ResponseBody):
     """A page of the raw log, oldest first, each with its ``context_message_id``; pass
     ``next`` as ``after`` for the following page (null: this was the last). Entries of the
     page that no longer decode are listed in ``undecodable`` instead."""
@@ -312,21 +306,21 @@ class MessagesPage(_Response):
     undecodable: list[UndecodableEntry] = Field(default_factory=list)
 
 
-class TruncateResponse(_Response):
+class TruncateResponse(ResponseBody):
     """The log ids removed by ``DELETE .../messages?after=`` and where the log now ends."""
 
     removed: list[str]
     last_id: str | None
 
 
-class ConversationList(_Response):
+class ConversationList(ResponseBody):
     """A page of conversation ids; pass ``next`` as ``after`` for the following page."""
 
     conversations: list[str]
     next: str | None
 
 
-class UsageResponse(_Response):
+class UsageResponse(ResponseBody):
     """Summariser calls and tokens spent on the tenant's conversations."""
 
     tenant: str
@@ -342,37 +336,7 @@ class UsageResponse(_Response):
     )
 
 
-class RecallRequest(_Request):
-    """What to look for in the conversation's archive."""
-
-    query: str = Field(min_length=1, description="Words to look for (cut to its first 512 tokens)")
-    # 2000 is ``ctxcore.processors.recall_tool.DEFAULT_RECALL_TOKENS``; this module stays
-    # importable without the engine.
-    max_tokens: int = Field(default=2000, gt=0, description="The most tokens to return")
-
-
-class RecallHit(_Response):
-    """One archived chunk: its log-id range, bm25 score (higher is better) and text."""
-
-    first_id: str
-    last_id: str
-    part: int = Field(description="0, or the piece of one long message split across chunks")
-    range: str
-    score: float
-    tokens: int
-    text: str
-
-
-class RecallResponse(_Response):
-    """At most two chunks within ``max_tokens``; ``note`` says why there are none."""
-
-    hits: list[RecallHit]
-    note: str = ""
-    query_truncated: bool = False
-    archived_chunks: int = 0
-
-
-class HealthResponse(_Response):
+class HealthResponse(ResponseBody):
     """``ok`` when Redis answers."""
 
     status: Literal["ok", "unavailable"]

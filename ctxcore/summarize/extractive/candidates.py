@@ -14,13 +14,10 @@ from typing import Final
 from ctxcore.markers import INTERNAL_USER_PREFIXES
 from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage
 from ctxcore.summarize.extractive.features import (
-    COMMENT,
     CONSTRAINT,
-    DATE,
     DECISION,
     ELLIPSIS,
     MAX_LINE_CHARS,
-    PATH,
     PENDING,
     SENTENCE_SPLIT,
     SPEAKER,
@@ -32,12 +29,14 @@ from ctxcore.summarize.extractive.features import (
     line_features,
     meaningful,
     opens_with_error,
+    output_fact,
     scan,
     spoken_runs,
     tool_tag,
     without_code,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
+from ctxcore.summarize.extractive.lists import with_lists_joined
 from ctxcore.summarize.extractive.tools import (
     COMMAND_CHARS,
     TASK_TOOL,
@@ -55,8 +54,6 @@ from ctxcore.summarize.prompts import BLOCK_SECTIONS
 
 __all__ = ["Extractor"]
 
-# A frame of a Python traceback: where a failure passed, which its error line says better.
-_FRAME = re.compile(r'^File "[^"]+", line \d+')
 # A call's line is ordered after every text line of its message, from here.
 _CALL_ORDER: Final = 10_000
 # What a dialogue question is worth against a statement: it asks for a fact, and the
@@ -64,12 +61,6 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
-# A line of ``ls -l``: permissions, links, owner, group, size, date, name.
-_LISTING = re.compile(r"^[-dlcbps][-rwxsStT]{9}[.@+]?\s+\d+\s")
-# An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
-_LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
-# A plain word: what makes a line a sentence rather than a list of names or numbers.
-_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w/`'\"(-]|\.\w)")
 
 
 class Extractor:
@@ -317,7 +308,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, _with_lists_joined(without_code(message.text)), classify, "assistant")
+        self.lines(index, with_lists_joined(without_code(message.text)), classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
@@ -398,40 +389,5 @@ class Extractor:
             sub += 1
             if error:
                 self.add((index, sub), "error", line, tag=tag)
-            elif (
-                not line.startswith(COMMENT)
-                and not _FRAME.match(line)
-                and not _LISTING.match(line)
-                and len(line.split()) >= 4
-                and (PATH.search(line) or DATE.search(line))
-            ):
-                # A bare path is a directory listing, and so is ``ls -l``'s line (its
-                # date is a file's mtime); a path with words around it (a grep hit, a log
-                # line) says something about it.
+            elif output_fact(line):
                 self.add((index, sub), "fact", line, tag=tag)
-
-
-def _bare(line: str) -> bool:
-    """True for a line of names or numbers only: no plain word says what they are."""
-    return _PLAIN_WORD.search(line) is None
-
-
-def _with_lists_joined(text: str) -> str:
-    """``text`` with each run of the agent's list items that are bare names ("1. Arcsin")
-    joined to the sentence that introduces them, one line: a list of bare names is no use
-    without what it lists. A list item that is a sentence stays a line of its own."""
-    out: list[str] = []
-    joined = False
-    for raw in text.splitlines():
-        line = raw.strip()
-        item = _LIST_ITEM.match(line)
-        if item is not None and _bare(line):
-            # No sentence to join it to: a bare name alone says nothing.
-            if out and (joined or not _bare(out[-1])):
-                body = line[item.end() - 1 :].strip()
-                out[-1] = f"{out[-1]}{'; ' if joined else ' '}{body}"
-                joined = True
-            continue
-        out.append(line)
-        joined = False
-    return "\n".join(out)

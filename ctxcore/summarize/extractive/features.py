@@ -32,6 +32,7 @@ __all__ = [
     "is_error",
     "line_features",
     "meaningful",
+    "output_fact",
     "scan",
     "split_tag",
     "spoken_runs",
@@ -331,3 +332,23 @@ def earlier_lines(text: str) -> Iterator[tuple[str, str, str]]:
             line = line[len("Summary:") :]
         tag, rest = split_tag(line.lstrip("-*• ").strip())
         yield section, tag, rest
+
+
+# A frame of a Python traceback: where a failure passed, which its error line says better.
+_FRAME = re.compile(r'^File "[^"]+", line \d+')
+# A line of ``ls -l``: permissions, links, owner, group, size, date, name.
+_LISTING = re.compile(r"^[-dlcbps][-rwxsStT]{9}[.@+]?\s+\d+\s")
+
+
+def output_fact(line: str) -> bool:
+    """A tool output line worth keeping as a fact: four words or more naming a path or a date.
+    A bare path is a directory listing, and so is ``ls -l``'s line (its date is a file's
+    mtime); a path with words around it (a grep hit, a log line) says something about it.
+    Comments and traceback frames are not facts (the error line says more)."""
+    return (
+        not line.startswith(COMMENT)
+        and not _FRAME.match(line)
+        and not _LISTING.match(line)
+        and len(line.split()) >= 4
+        and bool(PATH.search(line) or DATE.search(line))
+    )

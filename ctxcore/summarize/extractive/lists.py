@@ -1,0 +1,38 @@
+"""Lines of bare names or numbers, and the agent's lists of them joined to their sentence."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["bare_line", "with_lists_joined"]
+
+# An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
+_LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
+# A plain word: what makes a line a sentence rather than a list of names or numbers.
+_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w/`'\"(-]|\.\w)")
+
+
+def bare_line(line: str) -> bool:
+    """True for a line of names or numbers only: no plain word says what they are."""
+    return _PLAIN_WORD.search(line) is None
+
+
+def with_lists_joined(text: str) -> str:
+    """``text`` with each run of the agent's list items that are bare names ("1. Arcsin")
+    joined to the sentence that introduces them, one line: a list of bare names is no use
+    without what it lists. A list item that is a sentence stays a line of its own."""
+    out: list[str] = []
+    joined = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        item = _LIST_ITEM.match(line)
+        if item is not None and bare_line(line):
+            # No sentence to join it to: a bare name alone says nothing.
+            if out and (joined or not bare_line(out[-1])):
+                body = line[item.end() - 1 :].strip()
+                out[-1] = f"{out[-1]}{'; ' if joined else ' '}{body}"
+                joined = True
+            continue
+        out.append(line)
+        joined = False
+    return "\n".join(out)
