@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         StoreUnavailable,
         TruncateRefused,
         UnsupportedItemError,
+        VersionNotKept,
     )
     from ctxcore.messages import (
         AssistantMessage,
@@ -81,6 +82,7 @@ _ERRORS = (
     "StoreUnavailable",
     "TruncateRefused",
     "UnsupportedItemError",
+    "VersionNotKept",
 )
 
 # Public name -> the module defining it.
@@ -151,6 +153,7 @@ __all__ = [
     "TruncateRefused",
     "UnsupportedItemError",
     "UserMessage",
+    "VersionNotKept",
     "Violation",
     "assemble_window",
     "check_window",

@@ -49,6 +49,7 @@ PINNED = [
     "TruncateRefused",
     "UnsupportedItemError",
     "UserMessage",
+    "VersionNotKept",
     "Violation",
     "assemble_window",
     "check_window",
