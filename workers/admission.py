@@ -172,8 +172,10 @@ class AdmissionMiddleware:
                 return message
             try:
                 parser.send(message.get("body", b""))
-            except ijson.JSONError:
-                parser = None  # not JSON: the route's own parsing answers it
+            except (ijson.JSONError, UnicodeError):
+                # Not JSON, or a string ijson cannot decode (a lone surrogate escape): the
+                # route's own parsing and the message contract answer it, naming the rule.
+                parser = None
                 return message
             if counter.count > limit:
                 refused = True

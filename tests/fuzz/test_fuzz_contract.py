@@ -261,3 +261,15 @@ def test_proxy_never_5xx_and_what_is_accepted_reads_back(
         return
     logged = [m for m in batch if m.get("role") not in ("system", "developer")]
     _readable_and_windowed(client, conversation, logged)
+
+
+def test_a_lone_surrogate_escape_is_answered_by_the_contract_not_as_bad_utf8(client: TestClient) -> None:
+    # The append's streaming message count (workers.admission) cannot decode it; the route's
+    # parsing and the message contract must still answer, naming their rule.
+    raw = b'{"messages": [{"role": "user", "content": "x", "metadata": {"k": "\\ud800"}}]}'
+    r = client.post(f"/v1/conversations/s-{uuid.uuid4().hex[:8]}/messages", content=raw, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert "UTF-8" not in r.text and "surrogate" in r.text.lower(), r.text
+    with_key = raw[:-1] + b', "stream": true}'
+    r = client.post(f"/v1/conversations/s-{uuid.uuid4().hex[:8]}/messages", content=with_key, headers=AUTH)
+    assert r.status_code == 422 and any(e["loc"] == ["body", "stream"] for e in r.json()["detail"]), r.text
