@@ -23,7 +23,7 @@ def history_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRout
     runtime = api.runtime
 
     @router.get(
-        f"{conv}/journal", response_model=JournalResponse, responses=error_responses(401, 404, 429, 503)
+        f"{conv}/journal", response_model=JournalResponse, responses=error_responses(401, 404, 422, 429, 503)
     )
     def get_journal(
         conversation_id: ConversationId,
