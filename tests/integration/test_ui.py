@@ -3,6 +3,7 @@ isolation, escaping under a script-free CSP, CSRF on rollback, diff, sources, pr
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 from ctxcore.config import Settings, hash_token
 from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
+from ctxcore.tokens import TiktokenCounter
 from workers.http import create_app
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
@@ -188,3 +190,39 @@ def test_offloads_the_rules_cleared_link_to_their_originals(ui: Any) -> None:
     assert client.get("/ui/c/tools/offload/0123456789abcdef").status_code == 404
     assert client.get("/ui/c/tools/offload/not-a-handle").status_code == 404
     assert runtime.state_store.get_budget(key) is None
+
+
+def test_the_list_shows_stored_tokens_and_last_activity(redis_url: str) -> None:
+    prefix = f"ui{uuid.uuid4().hex[:8]}"
+    settings = Settings.load(
+        {
+            "redis": {"url": redis_url, "key_prefix": prefix},
+            "http": {"tokens": {hash_token(TOKEN_A): "acme"}},
+            "service": {"retention_days": 1},  # Redis keeps the activity stamp with a retention
+        }
+    )
+    runtime = Runtime(settings)
+    client = TestClient(create_app(runtime, InlineQueue()), base_url=BASE)
+    try:
+        messages = [{"role": "user", "content": f"question {i} " + "word " * 40} for i in range(30)]
+        auth = {"Authorization": f"Bearer {TOKEN_A}"}
+        r = client.post("/v1/conversations/counted/messages", json={"messages": messages}, headers=auth)
+        assert r.status_code in (200, 201), r.text
+        runtime.log.append(ConversationKey("acme", "plain"), [UserMessage(content="logged without counts")])
+        key = ConversationKey("acme", "counted")
+        counter = TiktokenCounter(settings.engine.tokenizer_model)
+        expected = sum(counter.count_message(m) for m in runtime.log.read_after(key, None))
+        _sign_in(client)
+        page = client.get("/ui/").text
+        counted = page.split('href="/ui/c/counted"', 1)[1].split("</tr>", 1)[0]
+        assert f'<td class="tokens">{expected:,}</td>' in counted
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        assert f'<td class="active">{today} ' in counted and " UTC</td>" in counted
+        plain = page.split('href="/ui/c/plain"', 1)[1].split("</tr>", 1)[0]
+        assert '<td class="tokens">not counted</td>' in plain
+    finally:
+        client.close()
+        runtime.redis.close()
+        cleaner = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(cleaner, prefix)
+        cleaner.close()
