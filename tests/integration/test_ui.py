@@ -3,9 +3,13 @@ isolation, escaping under a script-free CSP, CSRF on rollback, diff, sources, pr
 
 from __future__ import annotations
 
+import hashlib
+import html
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,7 +24,8 @@ from workers.http import create_app
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 from workers.service import InlineQueue
-from workers.ui.sessions import COOKIE
+from workers.ui.routes import EXPIRED
+from workers.ui.sessions import COOKIE, SESSION_SECONDS
 
 pytestmark = pytest.mark.redis
 
@@ -90,9 +95,9 @@ def test_sign_in_sessions_and_bad_tokens(ui: Any) -> None:
     _sign_in(client)
     page = client.get("/ui/")
     assert page.status_code == 200 and "conv-1" in page.text
-    # An unknown (or expired: gone from Redis) session is sent back to sign in.
+    # An unknown session is sent back to sign in like an expired one (Redis cannot tell them apart).
     client.cookies.set(COOKIE, "forged-session", domain="testserver.local", path="/ui")
-    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login"
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login?expired=1"
 
 
 def test_pages_escape_conversation_content_under_a_script_free_csp(ui: Any) -> None:
@@ -226,3 +231,65 @@ def test_the_list_shows_stored_tokens_and_last_activity(redis_url: str) -> None:
         cleaner = redis.Redis.from_url(redis_url)
         delete_prefixed_keys(cleaner, prefix)
         cleaner.close()
+
+
+@contextmanager
+def _app(
+    redis_url: str, http: dict[str, Any], address: str = "10.0.0.1"
+) -> Iterator[tuple[TestClient, Runtime]]:
+    prefix = f"ui{uuid.uuid4().hex[:8]}"
+    tokens = {hash_token(TOKEN_A): "acme", hash_token(TOKEN_B): "other"}
+    settings = Settings.load(
+        {"redis": {"url": redis_url, "key_prefix": prefix}, "http": {"tokens": tokens, **http}}
+    )
+    runtime = Runtime(settings)
+    client = TestClient(create_app(runtime, InlineQueue()), base_url=BASE, client=(address, 5000))
+    try:
+        yield client, runtime
+    finally:
+        client.close()
+        runtime.redis.close()
+        cleaner = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(cleaner, prefix)
+        cleaner.close()
+
+
+def _session_key(client: TestClient, runtime: Runtime) -> str:
+    digest = hashlib.sha256(client.cookies[COOKIE].encode()).hexdigest()
+    return f"{runtime.settings.redis.key_prefix}:ui:session:{digest}"
+
+
+def _sent_back_as_expired(client: TestClient) -> None:
+    r = client.get("/ui/c/conv-1/history", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?expired=1"
+    assert f"{COOKIE}=" in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
+    page = client.get(r.headers["location"])
+    assert page.status_code == 200 and html.escape(EXPIRED) in page.text
+
+
+def test_an_expired_session_is_sent_back_to_sign_in_saying_so(ui: Any) -> None:
+    client, runtime, key = ui
+    _sign_in(client)
+    assert client.get("/ui/c/conv-1/history").status_code == 200
+    # 1. Redis dropped it: its TTL ran out.
+    name = _session_key(client, runtime)
+    assert 0 < runtime.redis.ttl(name) <= SESSION_SECONDS
+    runtime.redis.pexpire(name, 1)
+    time.sleep(0.05)
+    _sent_back_as_expired(client)
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login"  # cookie gone
+    # 2. Its stored expiry has passed (the key itself still there, say its TTL was lost).
+    _sign_in(client)
+    name = _session_key(client, runtime)
+    stored = json.loads(runtime.redis.get(name))
+    runtime.redis.set(name, json.dumps({**stored, "expires": time.time() - 1}))  # no TTL now
+    _sent_back_as_expired(client)
+    assert runtime.redis.exists(name) == 0  # the stale session is deleted, not only refused
+    # 3. A rollback posted from a page whose session expired changes nothing.
+    _sign_in(client)
+    token = _csrf(client.get("/ui/c/conv-1/rollback?version=1").text)
+    runtime.redis.delete(_session_key(client, runtime))
+    r = client.post("/ui/c/conv-1/rollback", data={"version": "1", "csrf": token})
+    assert r.status_code == 401 and html.escape(EXPIRED) in r.text
+    assert runtime.state_store.load(key).version == 2 and runtime.journal.entries(key) == []
+

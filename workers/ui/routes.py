@@ -25,7 +25,7 @@ from workers.rollback import rollback_conversation
 from workers.ui.pages import conversation_page, conversation_rows, diff_page, message_rows
 from workers.ui.sessions import COOKIE, UiSession, UiSessions
 
-__all__ = ["SECURITY_HEADERS", "ui_router"]
+__all__ = ["EXPIRED", "SECURITY_HEADERS", "ui_router"]
 
 _HERE = Path(__file__).parent
 SECURITY_HEADERS = {
@@ -37,15 +37,22 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+EXPIRED = "your session has expired or was ended: sign in again"
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
 
 
-def _page(template: str, status: int = 200, session: UiSession | None = None, **context: Any) -> HTMLResponse:
+def _page(
+    template: str,
+    status: int = 200,
+    session: UiSession | None = None,
+    headers: dict[str, str] | None = None,
+    **context: Any,
+) -> HTMLResponse:
     if session is not None:
         context.setdefault("tenant", session.tenant)
         context.setdefault("csrf", session.csrf)
     html = _ENV.get_template(template).render(**context)
-    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+    return HTMLResponse(html, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
 
 
 def _redirect(url: str) -> RedirectResponse:
@@ -57,6 +64,15 @@ def ui_router(api: ApiState) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
     sessions = UiSessions(api.runtime.redis, api.settings.redis.key_prefix)
     Session = Annotated[str | None, Cookie(alias=COOKIE)]
+
+    def signed_in(cookie: str | None) -> UiSession | Response:
+        """The cookie's session; else the answer: sign in (again, saying why, when a cookie came)."""
+        session = sessions.get(cookie)
+        if session is None:
+            response = _redirect("/ui/login?expired=1" if cookie else "/ui/login")
+            response.delete_cookie(COOKIE, path="/ui")
+            return response
+        return session
 
     def conversation(session: UiSession, cid: str) -> ConversationKey:
         try:
@@ -84,8 +100,8 @@ def ui_router(api: ApiState) -> APIRouter:
         return FileResponse(_HERE / "static" / "ui.css", media_type="text/css", headers=SECURITY_HEADERS)
 
     @router.get("/login")
-    def login_form() -> HTMLResponse:
-        return _page("login.html")
+    def login_form(expired: Annotated[int, Query(ge=0, le=1)] = 0) -> HTMLResponse:
+        return _page("login.html", error=EXPIRED if expired else None)
 
     @router.post("/login")
     def login(request: Request, token: Annotated[str, Form(max_length=500)]) -> Response:
@@ -121,9 +137,9 @@ def ui_router(api: ApiState) -> APIRouter:
         after: Annotated[str | None, Query(max_length=128)] = None,
         prefix: Annotated[str, Query(max_length=128)] = "",
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         rows, following = conversation_rows(api, session.tenant, after or None, prefix)
         return _page("conversations.html", session=session, rows=rows, next=following, prefix=prefix)
 
@@ -131,9 +147,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def conversation_view(
         cid: str, ctxcore_ui: Session = None, budget: Annotated[int | None, Query(ge=1, le=10_000_000)] = None
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
@@ -147,9 +163,9 @@ def ui_router(api: ApiState) -> APIRouter:
         last: Annotated[str, Query(max_length=12)],
         ctxcore_ui: Session = None,
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
             messages = api.runtime.log.read_range(key, first, last)
@@ -161,9 +177,9 @@ def ui_router(api: ApiState) -> APIRouter:
 
     @router.get("/c/{cid}/offload/{handle}")
     def offload(cid: str, handle: str, ctxcore_ui: Session = None) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
             validate_handle(handle)
@@ -181,9 +197,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def history(
         cid: str, ctxcore_ui: Session = None, notice: Annotated[str, Query(max_length=200)] = ""
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
@@ -201,9 +217,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def diff(
         cid: str, a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
@@ -226,9 +242,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def confirm_rollback(
         cid: str, version: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             conversation(session, cid)
         except NotFoundError:
@@ -242,9 +258,9 @@ def ui_router(api: ApiState) -> APIRouter:
         csrf: Annotated[str | None, Form()] = None,
         ctxcore_ui: Session = None,
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _page("login.html", 401, error="sign in first")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return _page("login.html", 401, error=f"{EXPIRED if ctxcore_ui else 'sign in first'}; nothing changed")
         if not session.csrf_matches(csrf):
             return _page(
                 "login.html",
@@ -270,9 +286,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def recall(
         cid: str, ctxcore_ui: Session = None, q: Annotated[str, Query(max_length=2000)] = ""
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
