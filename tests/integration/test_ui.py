@@ -24,7 +24,7 @@ from workers.http import create_app
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 from workers.service import InlineQueue
-from workers.ui.routes import EXPIRED
+from workers.ui.routes import EXPIRED, LOGIN_BURST
 from workers.ui.sessions import COOKIE, SESSION_SECONDS
 
 pytestmark = pytest.mark.redis
@@ -293,3 +293,37 @@ def test_an_expired_session_is_sent_back_to_sign_in_saying_so(ui: Any) -> None:
     assert r.status_code == 401 and html.escape(EXPIRED) in r.text
     assert runtime.state_store.load(key).version == 2 and runtime.journal.entries(key) == []
 
+
+def test_ui_pages_count_against_the_tenants_request_rate(redis_url: str) -> None:
+    with _app(redis_url, {"requests_per_second": 0.01, "burst": 3}) as (client, runtime):
+        runtime.log.append(ConversationKey("acme", "conv-1"), [UserMessage(content="hello")])
+        _sign_in(client)  # signing in is not a tenant request: its address's bucket pays
+        assert client.get("/ui/").status_code == 200
+        assert client.get("/ui/c/conv-1").status_code == 200
+        auth = {"Authorization": f"Bearer {TOKEN_A}"}
+        assert client.get("/v1/conversations", headers=auth).status_code == 200  # the third: same bucket
+        refused = client.get("/ui/c/conv-1")
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "more than 0.01 requests per second" in refused.text and "hello" not in refused.text
+        assert "default-src 'none'" in refused.headers["content-security-policy"]
+        assert client.get("/v1/conversations", headers=auth).status_code == 429  # the API's too
+        # Another tenant's bucket is its own.
+        other = TestClient(client.app, base_url=BASE, client=("10.0.0.9", 5000))
+        _sign_in(other, TOKEN_B)
+        assert other.get("/ui/").status_code == 200
+        other.close()
+
+
+def test_sign_in_attempts_are_limited_per_client_address(redis_url: str) -> None:
+    with _app(redis_url, {}) as (client, _):
+        for _ in range(LOGIN_BURST):
+            assert client.post("/ui/login", data={"token": "guess"}).status_code == 401
+        refused = client.post("/ui/login", data={"token": "guess"})
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "too many sign-in attempts" in refused.text
+        right = client.post("/ui/login", data={"token": TOKEN_A}, follow_redirects=False)
+        assert right.status_code == 429 and COOKIE not in client.cookies  # even the right token waits
+        # Another address has its own bucket.
+        elsewhere = TestClient(client.app, base_url=BASE, client=("10.0.0.2", 5000))
+        _sign_in(elsewhere)
+        elsewhere.close()

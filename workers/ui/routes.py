@@ -20,12 +20,14 @@ from ctxcore.recall.archive import RecallAnswer
 from ctxcore.state import ConversationKey
 from ctxcore.state.filesystem import validate_handle
 from workers.http_api import ApiState
-from workers.http_auth import tenant_for_token
+from workers.http_auth import rate_limit, tenant_for_token
+from workers.http_errors import ApiError
+from workers.ratelimit import RateLimiter
 from workers.rollback import rollback_conversation
 from workers.ui.pages import conversation_page, conversation_rows, diff_page, message_rows
 from workers.ui.sessions import COOKIE, UiSession, UiSessions
 
-__all__ = ["EXPIRED", "SECURITY_HEADERS", "ui_router"]
+__all__ = ["EXPIRED", "LOGIN_ATTEMPTS_PER_SECOND", "LOGIN_BURST", "SECURITY_HEADERS", "ui_router"]
 
 _HERE = Path(__file__).parent
 SECURITY_HEADERS = {
@@ -38,6 +40,9 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 EXPIRED = "your session has expired or was ended: sign in again"
+# A person mistyping a token gets 5 tries at once, then one every 12 s; a guesser gets the same.
+LOGIN_BURST = 5
+LOGIN_ATTEMPTS_PER_SECOND = 1 / 12
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
 
 
@@ -63,15 +68,22 @@ def ui_router(api: ApiState) -> APIRouter:
     """The inspector's pages over ``api`` (not in the OpenAPI document: they are HTML)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     sessions = UiSessions(api.runtime.redis, api.settings.redis.key_prefix)
+    # Sign-in attempts per client address: their own buckets, apart from the tenants'.
+    attempts = RateLimiter(api.runtime.redis, f"{api.settings.redis.key_prefix}:ui-login")
     Session = Annotated[str | None, Cookie(alias=COOKIE)]
 
     def signed_in(cookie: str | None) -> UiSession | Response:
-        """The cookie's session; else the answer: sign in (again, saying why, when a cookie came)."""
+        """The cookie's session, charged to its tenant's request rate like the API's
+        requests; else the answer: sign in (again, saying why, when a cookie came), or 429."""
         session = sessions.get(cookie)
         if session is None:
             response = _redirect("/ui/login?expired=1" if cookie else "/ui/login")
             response.delete_cookie(COOKIE, path="/ui")
             return response
+        try:
+            rate_limit(api, session.tenant)
+        except ApiError as exc:
+            return _page("limited.html", 429, session, error=exc.detail, headers=exc.headers)
         return session
 
     def conversation(session: UiSession, cid: str) -> ConversationKey:
@@ -105,6 +117,14 @@ def ui_router(api: ApiState) -> APIRouter:
 
     @router.post("/login")
     def login(request: Request, token: Annotated[str, Form(max_length=500)]) -> Response:
+        # Every attempt takes a token from its address's small bucket before the token is
+        # compared: guessing is slowed whatever the guesses are.
+        address = request.client.host if request.client else "unknown"
+        attempt = attempts.take(address, LOGIN_ATTEMPTS_PER_SECOND, LOGIN_BURST)
+        if not attempt.allowed:
+            headers = {"Retry-After": str(attempt.retry_after)}
+            error = f"too many sign-in attempts from this address; retry in {attempt.retry_after} s"
+            return _page("login.html", 429, error=error, headers=headers)
         tenant = tenant_for_token(api.settings, token.strip())
         if tenant is None:
             return _page("login.html", 401, error="unknown token")
