@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,13 +198,18 @@ def test_offloads_the_rules_cleared_link_to_their_originals(ui: Any) -> None:
     assert runtime.state_store.get_budget(key) is None
 
 
-def test_the_list_shows_stored_tokens_and_last_activity(redis_url: str) -> None:
+@pytest.mark.parametrize("store", ["redis", "sqlite"])
+def test_the_list_shows_stored_tokens_and_last_activity(redis_url: str, store: str, tmp_path: Path) -> None:
     prefix = f"ui{uuid.uuid4().hex[:8]}"
+    # Redis keeps the activity stamp with a retention; SQL stamps its counter row always.
+    stores = {"service": {"retention_days": 1}} if store == "redis" else {}
+    if store == "sqlite":
+        stores["database"] = {"url": f"sqlite:///{tmp_path / 'ui.db'}"}
     settings = Settings.load(
         {
             "redis": {"url": redis_url, "key_prefix": prefix},
             "http": {"tokens": {hash_token(TOKEN_A): "acme"}},
-            "service": {"retention_days": 1},  # Redis keeps the activity stamp with a retention
+            **stores,
         }
     )
     runtime = Runtime(settings)
