@@ -76,7 +76,8 @@ def main() -> None:
     settings = Settings.load(
         {
             "redis": {"url": "redis://127.0.0.1:6379/0", "key_prefix": prefix},
-            "http": {"tokens": {hash_token(TOKEN): "acme"}},
+            # Pages count against the tenant's request rate: a bucket the repeats never empty.
+            "http": {"tokens": {hash_token(TOKEN): "acme"}, "requests_per_second": 10_000, "burst": 10_000},
         }
     )
     rt = Runtime(settings)

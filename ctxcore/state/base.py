@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError, TruncateRefused
@@ -17,6 +18,7 @@ __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
     "BatchOffloadStore",
+    "LogOverview",
     "MessageLog",
     "OffloadStore",
     "StateStore",
@@ -35,6 +37,22 @@ __all__ = [
 ]
 
 HISTORY_LIMIT = 20
+
+
+@dataclass(frozen=True)
+class LogOverview:
+    """A log's figures the store keeps beside it (read without reading any entry).
+
+    ``tokens``: the counted run's running total under ``encoding`` when that run covers the
+    whole log (0 for an empty log); None when some entries were logged without stored counts
+    (counting them would mean reading them). ``last_active``: epoch seconds of the last
+    activity the store stamped (the retention's clock); None when it keeps none (Redis
+    without a retention, the memory log).
+    """
+
+    tokens: int | None
+    encoding: str | None
+    last_active: float | None
 
 
 @runtime_checkable
@@ -156,6 +174,10 @@ class MessageLog(Protocol):
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """Conversation ids of a tenant in id order, after ``after`` (paging)."""
+        ...
+
+    def overview(self, key: ConversationKey) -> LogOverview:
+        """What a listing shows of the log without reading its entries (``LogOverview``)."""
         ...
 
 

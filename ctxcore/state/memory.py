@@ -16,6 +16,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
 from ctxcore.state.base import (
     HISTORY_LIMIT,
+    LogOverview,
     append_conflict,
     check_budget,
     check_loggable,
@@ -334,6 +335,15 @@ class MemoryMessageLog:
             log = self._logs.get(key)
             if log is not None:
                 log.other.setdefault(encoding, {}).update({parse_log_id(i): c for i, c in counts.items()})
+
+    def overview(self, key: ConversationKey) -> LogOverview:
+        """The stored run's total when it covers the whole log (``MessageLog.overview``)."""
+        with self._lock:
+            log = self._logs.get(key) or _Log()
+            if not log.seqs:
+                return LogOverview(0, log.run_encoding, None)
+            whole = log.run_from is not None and log.run_from <= log.seqs[0]
+            return LogOverview(log.totals[-1] if whole else None, log.run_encoding, None)
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""

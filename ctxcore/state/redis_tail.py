@@ -16,11 +16,11 @@ from typing import Any
 import redis
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import format_log_id, parse_log_id
+from ctxcore.state.base import LogOverview, format_log_id, parse_log_id
 from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import as_bytes, translated
-from ctxcore.state.redis_retention import RedisRetention
+from ctxcore.state.redis_retention import RedisRetention, tenant_activity_key
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
 __all__ = ["CountedRedisLog", "decode_rows"]
@@ -84,6 +84,22 @@ class CountedRedisLog:
             omitted_tokens=int(omitted),
             anchors=extra,
         )
+
+    def overview(self, key: ConversationKey) -> LogOverview:
+        """The run hash's total when the run starts at the first entry, and the tenant's
+        activity score (kept with a retention): one pipelined round trip, no entry read."""
+        with translated(f"overview of {key}"):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hmget(self._key(key, "log:run"), ["enc", "from", "total"])
+            pipe.xlen(self._key(key, "log"))
+            pipe.zscore(tenant_activity_key(self._retention.prefix, key.tenant_id), key.conversation_id)
+            (enc, start, total), length, active = pipe.execute()
+        encoding = enc.decode() if isinstance(enc, bytes) else enc
+        if not length:
+            tokens: int | None = 0
+        else:  # ids start at 1 and only the newest are ever removed: from 1 is the whole log
+            tokens = int(total) if start is not None and int(start) <= 1 and total is not None else None
+        return LogOverview(tokens, encoding, float(active) if active is not None else None)
 
     def store_counts(self, key: ConversationKey, encoding: str, counts: Mapping[str, int]) -> None:
         """Keep counts under ``encoding`` (one HSET into the slot's other-encodings hash)."""

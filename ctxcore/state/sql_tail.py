@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Row, Table, func, select
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
+from ctxcore.state.base import LogOverview, decode_log_messages, format_log_id, parse_log_id
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
@@ -143,6 +143,19 @@ class CountedSqlLog:
         )
         stored: dict[int, int] = {r.seq: r.tokens for r in found}
         return TailRead(messages, [stored.get(r.seq) for r in rows])
+
+    def overview(self, key: ConversationKey) -> LogOverview:
+        """The counter row's run total (when the run starts at the first entry) and its
+        retention stamp: one row read, no entry read."""
+        counter = self._t.log_counter
+        cols = (counter.c.run_encoding, counter.c.run_from, counter.c.run_total, counter.c.last_active_at)
+        with self._read(f"overview of {key}") as conn:
+            row = conn.execute(select(*cols).where(self._where(counter, key))).first()
+        if row is None:
+            return LogOverview(0, None, None)
+        # Ids start at 1 and only the newest are ever removed: a run from 1 is the whole log.
+        whole = row.run_from is not None and row.run_from <= 1 and row.run_total is not None
+        return LogOverview(int(row.run_total) if whole else None, row.run_encoding, row.last_active_at)
 
     def store_counts(self, key: ConversationKey, encoding: str, counts: Mapping[str, int]) -> None:
         """Keep counts under ``encoding`` (first write wins: a count does not change)."""

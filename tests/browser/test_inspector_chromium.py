@@ -9,6 +9,7 @@ does not run (the CSP allows no script, and the templates escape it to text).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
@@ -24,6 +26,8 @@ from ctxcore.state import ConversationKey
 from tests.conftest import server_unavailable
 from tests.live_server import SLOW_TOKEN, TOKEN, LiveApi, serve_api
 from workers.journal import result_entry, write_entry
+from workers.ui.routes import EXPIRED
+from workers.ui.sessions import COOKIE
 
 pytestmark = pytest.mark.redis
 
@@ -192,3 +196,28 @@ def test_the_inspector_in_chromium(live: LiveApi, browser: Any) -> None:
     browser.get(f"{live.url}/ui/c/{cid}")
     text = browser.find_element(By.TAG_NAME, "body").text
     assert "conversation not found" in text and "kestrel" not in text
+
+
+def test_an_expired_session_in_chromium(live: LiveApi, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    key = ConversationKey("acme", f"short-{uuid.uuid4().hex[:6]}")
+    sent = httpx.post(
+        f"{live.url}/v1/conversations/{key.conversation_id}/messages",
+        json={"messages": [{"role": "user", "content": "a short conversation"}]},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert sent.status_code in (200, 201), sent.text
+    _sign_in(browser, live, TOKEN)
+    row = browser.find_element(By.LINK_TEXT, key.conversation_id).find_element(By.XPATH, "../..")
+    assert int(row.find_element(By.CLASS_NAME, "tokens").text) > 0  # the stored count of the append
+    # The session's Redis key runs out (WebDriver reads the HttpOnly cookie; no page script can).
+    cookie = browser.get_cookie(COOKIE)["value"]
+    name = f"{live.runtime.settings.redis.key_prefix}:ui:session:{hashlib.sha256(cookie.encode()).hexdigest()}"
+    assert live.runtime.redis.pexpire(name, 1)
+    time.sleep(0.05)
+    browser.get(f"{live.url}/ui/c/{key.conversation_id}")
+    assert browser.current_url.endswith("/ui/login?expired=1")
+    assert browser.find_element(By.ID, "error").text == EXPIRED
+    assert browser.get_cookie(COOKIE) is None  # the stale cookie is cleared
+    assert "a short conversation" not in browser.find_element(By.TAG_NAME, "body").text

@@ -98,3 +98,19 @@ def test_truncation_keeps_the_running_total(log: CountedLog, conv_key: Conversat
     # The removed real user messages are no anchors
     assert all(m.context_message_id in (*ids[:300], *more) for m in read.anchors)
     assert format_log_id(401) == more[0]
+
+
+def test_the_overview_gives_the_stored_total_without_reading_entries(
+    log: CountedLog, conv_key: ConversationKey
+) -> None:
+    assert isinstance(log, MessageLog)
+    assert log.overview(conv_key).tokens == 0  # nothing logged yet
+    ids = append(log, conv_key, batch(300))
+    seen = log.overview(conv_key)
+    assert seen.tokens == 3000 and seen.encoding == ENC
+    log.truncate_after(conv_key, ids[99], expected_last_id=ids[-1])
+    assert log.overview(conv_key).tokens == 1000  # the run's total follows a truncation
+    log.append(conv_key, batch(1, start=7))  # a plain append: this entry has no stored count
+    assert log.overview(conv_key).tokens is None
+    log.delete(conv_key)
+    assert log.overview(conv_key).tokens == 0

@@ -3,8 +3,14 @@ isolation, escaping under a script-free CSP, CSRF on rollback, diff, sources, pr
 
 from __future__ import annotations
 
+import hashlib
+import html
+import json
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +20,13 @@ from fastapi.testclient import TestClient
 from ctxcore.config import Settings, hash_token
 from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
+from ctxcore.tokens import TiktokenCounter
 from workers.http import create_app
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 from workers.service import InlineQueue
-from workers.ui.sessions import COOKIE
+from workers.ui.routes import EXPIRED, LOGIN_BURST
+from workers.ui.sessions import COOKIE, SESSION_SECONDS
 
 pytestmark = pytest.mark.redis
 
@@ -88,9 +96,9 @@ def test_sign_in_sessions_and_bad_tokens(ui: Any) -> None:
     _sign_in(client)
     page = client.get("/ui/")
     assert page.status_code == 200 and "conv-1" in page.text
-    # An unknown (or expired: gone from Redis) session is sent back to sign in.
+    # An unknown session is sent back to sign in like an expired one (Redis cannot tell them apart).
     client.cookies.set(COOKIE, "forged-session", domain="testserver.local", path="/ui")
-    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login"
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login?expired=1"
 
 
 def test_pages_escape_conversation_content_under_a_script_free_csp(ui: Any) -> None:
@@ -188,3 +196,140 @@ def test_offloads_the_rules_cleared_link_to_their_originals(ui: Any) -> None:
     assert client.get("/ui/c/tools/offload/0123456789abcdef").status_code == 404
     assert client.get("/ui/c/tools/offload/not-a-handle").status_code == 404
     assert runtime.state_store.get_budget(key) is None
+
+
+@pytest.mark.parametrize("store", ["redis", "sqlite"])
+def test_the_list_shows_stored_tokens_and_last_activity(redis_url: str, store: str, tmp_path: Path) -> None:
+    prefix = f"ui{uuid.uuid4().hex[:8]}"
+    # Redis keeps the activity stamp with a retention; SQL stamps its counter row always.
+    stores = {"service": {"retention_days": 1}} if store == "redis" else {}
+    if store == "sqlite":
+        stores["database"] = {"url": f"sqlite:///{tmp_path / 'ui.db'}"}
+    settings = Settings.load(
+        {
+            "redis": {"url": redis_url, "key_prefix": prefix},
+            "http": {"tokens": {hash_token(TOKEN_A): "acme"}},
+            **stores,
+        }
+    )
+    runtime = Runtime(settings)
+    client = TestClient(create_app(runtime, InlineQueue()), base_url=BASE)
+    try:
+        messages = [{"role": "user", "content": f"question {i} " + "word " * 40} for i in range(30)]
+        auth = {"Authorization": f"Bearer {TOKEN_A}"}
+        r = client.post("/v1/conversations/counted/messages", json={"messages": messages}, headers=auth)
+        assert r.status_code in (200, 201), r.text
+        runtime.log.append(ConversationKey("acme", "plain"), [UserMessage(content="logged without counts")])
+        key = ConversationKey("acme", "counted")
+        counter = TiktokenCounter(settings.engine.tokenizer_model)
+        expected = sum(counter.count_message(m) for m in runtime.log.read_after(key, None))
+        _sign_in(client)
+        page = client.get("/ui/").text
+        counted = page.split('href="/ui/c/counted"', 1)[1].split("</tr>", 1)[0]
+        assert f'<td class="tokens">{expected:,}</td>' in counted
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        assert f'<td class="active">{today} ' in counted and " UTC</td>" in counted
+        plain = page.split('href="/ui/c/plain"', 1)[1].split("</tr>", 1)[0]
+        assert '<td class="tokens">not counted</td>' in plain
+    finally:
+        client.close()
+        runtime.redis.close()
+        cleaner = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(cleaner, prefix)
+        cleaner.close()
+
+
+@contextmanager
+def _app(
+    redis_url: str, http: dict[str, Any], address: str = "10.0.0.1"
+) -> Iterator[tuple[TestClient, Runtime]]:
+    prefix = f"ui{uuid.uuid4().hex[:8]}"
+    tokens = {hash_token(TOKEN_A): "acme", hash_token(TOKEN_B): "other"}
+    settings = Settings.load(
+        {"redis": {"url": redis_url, "key_prefix": prefix}, "http": {"tokens": tokens, **http}}
+    )
+    runtime = Runtime(settings)
+    client = TestClient(create_app(runtime, InlineQueue()), base_url=BASE, client=(address, 5000))
+    try:
+        yield client, runtime
+    finally:
+        client.close()
+        runtime.redis.close()
+        cleaner = redis.Redis.from_url(redis_url)
+        delete_prefixed_keys(cleaner, prefix)
+        cleaner.close()
+
+
+def _session_key(client: TestClient, runtime: Runtime) -> str:
+    digest = hashlib.sha256(client.cookies[COOKIE].encode()).hexdigest()
+    return f"{runtime.settings.redis.key_prefix}:ui:session:{digest}"
+
+
+def _sent_back_as_expired(client: TestClient) -> None:
+    r = client.get("/ui/c/conv-1/history", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?expired=1"
+    assert f"{COOKIE}=" in r.headers["set-cookie"] and "Max-Age=0" in r.headers["set-cookie"]
+    page = client.get(r.headers["location"])
+    assert page.status_code == 200 and html.escape(EXPIRED) in page.text
+
+
+def test_an_expired_session_is_sent_back_to_sign_in_saying_so(ui: Any) -> None:
+    client, runtime, key = ui
+    _sign_in(client)
+    assert client.get("/ui/c/conv-1/history").status_code == 200
+    # 1. Redis dropped it: its TTL ran out.
+    name = _session_key(client, runtime)
+    assert 0 < runtime.redis.ttl(name) <= SESSION_SECONDS
+    runtime.redis.pexpire(name, 1)
+    time.sleep(0.05)
+    _sent_back_as_expired(client)
+    assert client.get("/ui/", follow_redirects=False).headers["location"] == "/ui/login"  # cookie gone
+    # 2. Its stored expiry has passed (the key itself still there, say its TTL was lost).
+    _sign_in(client)
+    name = _session_key(client, runtime)
+    stored = json.loads(runtime.redis.get(name))
+    runtime.redis.set(name, json.dumps({**stored, "expires": time.time() - 1}))  # no TTL now
+    _sent_back_as_expired(client)
+    assert runtime.redis.exists(name) == 0  # the stale session is deleted, not only refused
+    # 3. A rollback posted from a page whose session expired changes nothing.
+    _sign_in(client)
+    token = _csrf(client.get("/ui/c/conv-1/rollback?version=1").text)
+    runtime.redis.delete(_session_key(client, runtime))
+    r = client.post("/ui/c/conv-1/rollback", data={"version": "1", "csrf": token})
+    assert r.status_code == 401 and html.escape(EXPIRED) in r.text
+    assert runtime.state_store.load(key).version == 2 and runtime.journal.entries(key) == []
+
+
+def test_ui_pages_count_against_the_tenants_request_rate(redis_url: str) -> None:
+    with _app(redis_url, {"requests_per_second": 0.01, "burst": 3}) as (client, runtime):
+        runtime.log.append(ConversationKey("acme", "conv-1"), [UserMessage(content="hello")])
+        _sign_in(client)  # signing in is not a tenant request: its address's bucket pays
+        assert client.get("/ui/").status_code == 200
+        assert client.get("/ui/c/conv-1").status_code == 200
+        auth = {"Authorization": f"Bearer {TOKEN_A}"}
+        assert client.get("/v1/conversations", headers=auth).status_code == 200  # the third: same bucket
+        refused = client.get("/ui/c/conv-1")
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "more than 0.01 requests per second" in refused.text and "hello" not in refused.text
+        assert "default-src 'none'" in refused.headers["content-security-policy"]
+        assert client.get("/v1/conversations", headers=auth).status_code == 429  # the API's too
+        # Another tenant's bucket is its own.
+        other = TestClient(client.app, base_url=BASE, client=("10.0.0.9", 5000))
+        _sign_in(other, TOKEN_B)
+        assert other.get("/ui/").status_code == 200
+        other.close()
+
+
+def test_sign_in_attempts_are_limited_per_client_address(redis_url: str) -> None:
+    with _app(redis_url, {}) as (client, _):
+        for _ in range(LOGIN_BURST):
+            assert client.post("/ui/login", data={"token": "guess"}).status_code == 401
+        refused = client.post("/ui/login", data={"token": "guess"})
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "too many sign-in attempts" in refused.text
+        right = client.post("/ui/login", data={"token": TOKEN_A}, follow_redirects=False)
+        assert right.status_code == 429 and COOKIE not in client.cookies  # even the right token waits
+        # Another address has its own bucket.
+        elsewhere = TestClient(client.app, base_url=BASE, client=("10.0.0.2", 5000))
+        _sign_in(elsewhere)
+        elsewhere.close()

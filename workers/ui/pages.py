@@ -4,6 +4,7 @@ templates, which escape every value)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from ctxcore.errors import CtxcoreError
@@ -49,6 +50,12 @@ def _status(api: ApiState, key: ConversationKey) -> tuple[str, Any]:
     return status, record.detail
 
 
+def _when(stamp: float | None) -> str:
+    if stamp is None:
+        return "not kept"  # Redis without a retention keeps no activity stamp
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def conversation_rows(
     api: ApiState, tenant: str, after: str | None, prefix: str, limit: int = 50
 ) -> tuple[list[dict[str, Any]], str | None]:
@@ -63,10 +70,15 @@ def conversation_rows(
         state = rt.state_store.load(key)
         last = rt.log.last_id(key)
         status, detail = _status(api, key)
+        # The store's own figures: the stored counts' running total and the retention's
+        # stamp, so a page of 50 reads no entry (and tokenizes nothing).
+        overview = rt.log.overview(key)
         rows.append(
             {
                 "id": cid,
                 "messages": parse_log_id(last) if last else 0,
+                "tokens": f"{overview.tokens:,}" if overview.tokens is not None else "not counted",
+                "last_active": _when(overview.last_active),
                 "version": state.version if state else 0,
                 "blocks": len(state.blocks) if state else 0,
                 "status": status,

@@ -20,12 +20,14 @@ from ctxcore.recall.archive import RecallAnswer
 from ctxcore.state import ConversationKey
 from ctxcore.state.filesystem import validate_handle
 from workers.http_api import ApiState
-from workers.http_auth import tenant_for_token
+from workers.http_auth import rate_limit, tenant_for_token
+from workers.http_errors import ApiError
+from workers.ratelimit import RateLimiter
 from workers.rollback import rollback_conversation
 from workers.ui.pages import conversation_page, conversation_rows, diff_page, message_rows
 from workers.ui.sessions import COOKIE, UiSession, UiSessions
 
-__all__ = ["SECURITY_HEADERS", "ui_router"]
+__all__ = ["EXPIRED", "LOGIN_ATTEMPTS_PER_SECOND", "LOGIN_BURST", "SECURITY_HEADERS", "ui_router"]
 
 _HERE = Path(__file__).parent
 SECURITY_HEADERS = {
@@ -37,15 +39,25 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+EXPIRED = "your session has expired or was ended: sign in again"
+# A person mistyping a token gets 5 tries at once, then one every 12 s; a guesser gets the same.
+LOGIN_BURST = 5
+LOGIN_ATTEMPTS_PER_SECOND = 1 / 12
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
 
 
-def _page(template: str, status: int = 200, session: UiSession | None = None, **context: Any) -> HTMLResponse:
+def _page(
+    template: str,
+    status: int = 200,
+    session: UiSession | None = None,
+    headers: dict[str, str] | None = None,
+    **context: Any,
+) -> HTMLResponse:
     if session is not None:
         context.setdefault("tenant", session.tenant)
         context.setdefault("csrf", session.csrf)
     html = _ENV.get_template(template).render(**context)
-    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+    return HTMLResponse(html, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
 
 
 def _redirect(url: str) -> RedirectResponse:
@@ -56,7 +68,23 @@ def ui_router(api: ApiState) -> APIRouter:
     """The inspector's pages over ``api`` (not in the OpenAPI document: they are HTML)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     sessions = UiSessions(api.runtime.redis, api.settings.redis.key_prefix)
+    # Sign-in attempts per client address: their own buckets, apart from the tenants'.
+    attempts = RateLimiter(api.runtime.redis, f"{api.settings.redis.key_prefix}:ui-login")
     Session = Annotated[str | None, Cookie(alias=COOKIE)]
+
+    def signed_in(cookie: str | None) -> UiSession | Response:
+        """The cookie's session, charged to its tenant's request rate like the API's
+        requests; else the answer: sign in (again, saying why, when a cookie came), or 429."""
+        session = sessions.get(cookie)
+        if session is None:
+            response = _redirect("/ui/login?expired=1" if cookie else "/ui/login")
+            response.delete_cookie(COOKIE, path="/ui")
+            return response
+        try:
+            rate_limit(api, session.tenant)
+        except ApiError as exc:
+            return _page("limited.html", 429, session, error=exc.detail, headers=exc.headers)
+        return session
 
     def conversation(session: UiSession, cid: str) -> ConversationKey:
         try:
@@ -84,11 +112,19 @@ def ui_router(api: ApiState) -> APIRouter:
         return FileResponse(_HERE / "static" / "ui.css", media_type="text/css", headers=SECURITY_HEADERS)
 
     @router.get("/login")
-    def login_form() -> HTMLResponse:
-        return _page("login.html")
+    def login_form(expired: Annotated[int, Query(ge=0, le=1)] = 0) -> HTMLResponse:
+        return _page("login.html", error=EXPIRED if expired else None)
 
     @router.post("/login")
     def login(request: Request, token: Annotated[str, Form(max_length=500)]) -> Response:
+        # Every attempt takes a token from its address's small bucket before the token is
+        # compared: guessing is slowed whatever the guesses are.
+        address = request.client.host if request.client else "unknown"
+        attempt = attempts.take(address, LOGIN_ATTEMPTS_PER_SECOND, LOGIN_BURST)
+        if not attempt.allowed:
+            headers = {"Retry-After": str(attempt.retry_after)}
+            error = f"too many sign-in attempts from this address; retry in {attempt.retry_after} s"
+            return _page("login.html", 429, error=error, headers=headers)
         tenant = tenant_for_token(api.settings, token.strip())
         if tenant is None:
             return _page("login.html", 401, error="unknown token")
@@ -121,9 +157,9 @@ def ui_router(api: ApiState) -> APIRouter:
         after: Annotated[str | None, Query(max_length=128)] = None,
         prefix: Annotated[str, Query(max_length=128)] = "",
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         rows, following = conversation_rows(api, session.tenant, after or None, prefix)
         return _page("conversations.html", session=session, rows=rows, next=following, prefix=prefix)
 
@@ -131,9 +167,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def conversation_view(
         cid: str, ctxcore_ui: Session = None, budget: Annotated[int | None, Query(ge=1, le=10_000_000)] = None
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
@@ -147,9 +183,9 @@ def ui_router(api: ApiState) -> APIRouter:
         last: Annotated[str, Query(max_length=12)],
         ctxcore_ui: Session = None,
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
             messages = api.runtime.log.read_range(key, first, last)
@@ -161,9 +197,9 @@ def ui_router(api: ApiState) -> APIRouter:
 
     @router.get("/c/{cid}/offload/{handle}")
     def offload(cid: str, handle: str, ctxcore_ui: Session = None) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
             validate_handle(handle)
@@ -181,9 +217,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def history(
         cid: str, ctxcore_ui: Session = None, notice: Annotated[str, Query(max_length=200)] = ""
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
@@ -201,9 +237,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def diff(
         cid: str, a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
@@ -226,9 +262,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def confirm_rollback(
         cid: str, version: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             conversation(session, cid)
         except NotFoundError:
@@ -242,9 +278,9 @@ def ui_router(api: ApiState) -> APIRouter:
         csrf: Annotated[str | None, Form()] = None,
         ctxcore_ui: Session = None,
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _page("login.html", 401, error="sign in first")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return _page("login.html", 401, error=f"{EXPIRED if ctxcore_ui else 'sign in first'}; nothing changed")
         if not session.csrf_matches(csrf):
             return _page(
                 "login.html",
@@ -270,9 +306,9 @@ def ui_router(api: ApiState) -> APIRouter:
     def recall(
         cid: str, ctxcore_ui: Session = None, q: Annotated[str, Query(max_length=2000)] = ""
     ) -> Response:
-        session = sessions.get(ctxcore_ui)
-        if session is None:
-            return _redirect("/ui/login")
+        session = signed_in(ctxcore_ui)
+        if not isinstance(session, UiSession):
+            return session
         try:
             key = conversation(session, cid)
         except NotFoundError:
