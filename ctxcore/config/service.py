@@ -51,15 +51,16 @@ class ServiceSettings(BaseModel):
         return self
 
 
-def positive_byte_rate(value: float) -> float:
-    """A byte rate above 0: 0 would refuse every request with a body, which is what a
-    request rate is for."""
-    if not value > 0 or value == float("inf"):
-        raise ValueError(
-            f"must be a finite number of bytes per second above 0, got {value!r} (to block a "
-            "tenant, use the request rate limit, not a byte rate of 0)"
-        )
-    return value
+def byte_rate_ok(value: float) -> bool:
+    """A byte rate above 0 and finite: 0 would refuse every request with a body, which is
+    what a request rate is for."""
+    return value > 0 and value != float("inf")
+
+
+BYTE_RATE_RULE = (
+    "must be a finite number of bytes per second above 0, got {!r} (to block a tenant, use the "
+    "request rate limit, not a byte rate of 0)"
+)
 
 
 class HttpSettings(BaseModel):
@@ -89,7 +90,9 @@ class HttpSettings(BaseModel):
     @field_validator("bytes_per_second")
     @classmethod
     def _byte_rate(cls, value: float) -> float:
-        return positive_byte_rate(value)
+        if not byte_rate_ok(value):
+            raise ValueError(BYTE_RATE_RULE.format(value))
+        return value
 
     @field_validator("tokens")
     @classmethod
@@ -150,4 +153,6 @@ class TenantSettings(BaseModel):
     @field_validator("bytes_per_second")
     @classmethod
     def _byte_rate(cls, value: float | None) -> float | None:
-        return None if value is None else positive_byte_rate(value)
+        if value is not None and not byte_rate_ok(value):
+            raise ValueError(BYTE_RATE_RULE.format(value))
+        return value
