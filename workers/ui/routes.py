@@ -95,6 +95,17 @@ def ui_router(api: ApiState) -> APIRouter:
             raise NotFoundError("conversation not found")
         return key
 
+    def open_conversation(cookie: str | None, cid: str) -> tuple[UiSession, ConversationKey] | Response:
+        """The signed-in session and the conversation ``cid`` of its tenant; else the answer
+        (sign in, 429, or the same 404 for an unknown or another tenant's conversation)."""
+        session = signed_in(cookie)
+        if not isinstance(session, UiSession):
+            return session
+        try:
+            return session, conversation(session, cid)
+        except NotFoundError:
+            return not_found(session)
+
     def not_found(session: UiSession) -> HTMLResponse:
         return _page(
             "range.html",
@@ -167,13 +178,10 @@ def ui_router(api: ApiState) -> APIRouter:
     def conversation_view(
         cid: str, ctxcore_ui: Session = None, budget: Annotated[int | None, Query(ge=1, le=10_000_000)] = None
     ) -> Response:
-        session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
-        try:
-            key = conversation(session, cid)
-        except NotFoundError:
-            return not_found(session)
+        opened = open_conversation(ctxcore_ui, cid)
+        if isinstance(opened, Response):
+            return opened
+        session, key = opened
         return _page("conversation.html", session=session, **conversation_page(api, key, budget))
 
     @router.get("/c/{cid}/range")
@@ -217,13 +225,10 @@ def ui_router(api: ApiState) -> APIRouter:
     def history(
         cid: str, ctxcore_ui: Session = None, notice: Annotated[str, Query(max_length=200)] = ""
     ) -> Response:
-        session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
-        try:
-            key = conversation(session, cid)
-        except NotFoundError:
-            return not_found(session)
+        opened = open_conversation(ctxcore_ui, cid)
+        if isinstance(opened, Response):
+            return opened
+        session, key = opened
         versions = api.runtime.state_store.history(key)
         journal = [
             {**e.as_dict(), "at": e.at.strftime("%Y-%m-%d %H:%M:%S")}
@@ -237,13 +242,10 @@ def ui_router(api: ApiState) -> APIRouter:
     def diff(
         cid: str, a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
-        try:
-            key = conversation(session, cid)
-        except NotFoundError:
-            return not_found(session)
+        opened = open_conversation(ctxcore_ui, cid)
+        if isinstance(opened, Response):
+            return opened
+        session, key = opened
         kept = {s.version: s for s in api.runtime.state_store.history(key)}
         if a not in kept or b not in kept:
             return _page(
@@ -262,14 +264,10 @@ def ui_router(api: ApiState) -> APIRouter:
     def confirm_rollback(
         cid: str, version: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
-        try:
-            conversation(session, cid)
-        except NotFoundError:
-            return not_found(session)
-        return _page("confirm.html", session=session, cid=cid, version=version)
+        opened = open_conversation(ctxcore_ui, cid)
+        if isinstance(opened, Response):
+            return opened
+        return _page("confirm.html", session=opened[0], cid=cid, version=version)
 
     @router.post("/c/{cid}/rollback")
     def rollback(
@@ -280,7 +278,9 @@ def ui_router(api: ApiState) -> APIRouter:
     ) -> Response:
         session = signed_in(ctxcore_ui)
         if not isinstance(session, UiSession):
-            return _page("login.html", 401, error=f"{EXPIRED if ctxcore_ui else 'sign in first'}; nothing changed")
+            return _page(
+                "login.html", 401, error=f"{EXPIRED if ctxcore_ui else 'sign in first'}; nothing changed"
+            )
         if not session.csrf_matches(csrf):
             return _page(
                 "login.html",
@@ -306,13 +306,10 @@ def ui_router(api: ApiState) -> APIRouter:
     def recall(
         cid: str, ctxcore_ui: Session = None, q: Annotated[str, Query(max_length=2000)] = ""
     ) -> Response:
-        session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
-        try:
-            key = conversation(session, cid)
-        except NotFoundError:
-            return not_found(session)
+        opened = open_conversation(ctxcore_ui, cid)
+        if isinstance(opened, Response):
+            return opened
+        session, key = opened
         answer: RecallAnswer | None = None
         error = None
         if q.strip():
