@@ -9,8 +9,11 @@ attributes are never computed (``Tracer.enabled``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
+
+import httpx
 
 from ctxcore.assemble import WindowResult
 from ctxcore.coordinator import CoordinatorResult
@@ -25,12 +28,14 @@ __all__ = [
     "describe_append",
     "describe_window",
     "traced_stage",
+    "upstream_span",
     "window_span",
 ]
 
 WINDOW_SPAN = "ctxcore.window"
 APPEND_SPAN = "ctxcore.append"
 STAGE_SPAN = "ctxcore.compaction.stage"
+UPSTREAM_SPAN = "ctxcore.proxy.upstream"
 
 
 def conversation_attributes(key: ConversationKey) -> dict[str, AttributeValue]:
@@ -114,3 +119,30 @@ def traced_stage(
         if result.detail:
             span.set("ctxcore.stage.detail", result.detail[:300])
         return result
+
+
+@contextmanager
+def upstream_span(
+    tracer: Tracer, request: httpx.Request, body: Mapping[str, Any], key: ConversationKey | None
+) -> Iterator[Span]:
+    """The span of the proxy's call to its upstream (the URL without credentials: the API
+    key travels in a header, never in the span)."""
+    if not tracer.enabled:
+        with tracer.span(UPSTREAM_SPAN) as span:
+            yield span
+        return
+    attributes = conversation_attributes(key) if key is not None else {}
+    model = body.get("model")
+    attributes.update(
+        {
+            "http.request.method": request.method,
+            "server.address": request.url.host,
+            "url.full": str(request.url.copy_with(username=None, password=None, query=None)),
+            "gen_ai.operation.name": "chat",
+            "ctxcore.proxy.stream": body.get("stream") is True,
+        }
+    )
+    if isinstance(model, str):
+        attributes["gen_ai.request.model"] = model
+    with tracer.span(UPSTREAM_SPAN, attributes) as span:
+        yield span
