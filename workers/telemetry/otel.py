@@ -32,11 +32,9 @@ __all__ = ["DroppingExporter", "OtelSpan", "OtelTracer", "otlp_tracer", "span_co
 
 log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
-# The OTLP exporter logs every failed batch itself: one WARNING of ours says it instead.
-_EXPORTER_LOGGERS = (
-    "opentelemetry.exporter.otlp.proto.http",
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-)
+# The OTLP exporter logs every failed batch itself (at ERROR, each retry at WARNING): one
+# WARNING of ours (DroppingExporter) says it instead, once.
+_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
 
 
 def span_context(traceparent: str) -> trace.SpanContext | None:
@@ -212,8 +210,7 @@ def otlp_tracer(settings: TelemetrySettings) -> OtelTracer:
     variables for what the settings leave unset (endpoint, headers, batching, sampler)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    for name in _EXPORTER_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger(_EXPORTER_LOGGER).setLevel(logging.CRITICAL)
     exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint)
     endpoint = settings.otlp_endpoint or "the endpoint of the OTEL_EXPORTER_OTLP_* variables"
     options: dict[str, Any] = {}
