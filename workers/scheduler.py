@@ -40,6 +40,9 @@ interval; a request for a queued job of such a ring sends a token at once. The r
 also learns how many tokens the other rings have out (``reconcile_scan``): tokens waiting in
 the jobs queue stand for the stuck rings only beyond those.
 
+Traces: every request is told to ``on_request`` first, which keeps its trace context for the
+next job of its conversation to link to (``workers.telemetry.jobs``).
+
 The ring count is stored at first start (``{<prefix>:sched:meta}``): a different
 ``scheduler_rings`` later would re-map tenants and strand their queued jobs, so it is refused.
 """

@@ -18,14 +18,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
-from ctxcore.messages import AssistantMessage, UserMessage
+from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
+from ctxcore.state import ConversationKey
+from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
 from ctxcore.summarize.errors import ModelCallError
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.telemetry import NO_SPAN, NO_TRACER, current_span
 from ctxcore.tokens import TiktokenCounter
+from workers.service import ContextService, InlineQueue
 from workers.telemetry import build_tracer
 from workers.telemetry.model import TracedModel
 from workers.telemetry.otel import DroppingExporter, OtelTracer, tracer_with
+from workers.telemetry.spans import describe_window, window_span
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -182,3 +186,42 @@ def test_a_failed_summariser_call_names_its_kind(spans: tuple[OtelTracer, InMemo
         TracedModel(Down(), tracer, "openai").complete([], max_tokens=5)  # type: ignore[arg-type]
     (span,) = exporter.get_finished_spans()
     assert (span.attributes or {})["error.type"] == "timeout" and not span.status.is_ok
+
+
+def test_an_otlp_tracer_builds_with_a_small_queue_and_an_endpoint_that_refuses() -> None:
+    settings = Settings.load(
+        {"telemetry": {"otlp_endpoint": "http://127.0.0.1:9/v1/traces", "max_queue_size": 16}}
+    )
+    tracer = build_tracer(settings.telemetry)
+    assert isinstance(tracer, OtelTracer) and tracer.enabled
+    for _ in range(40):  # more than the queue holds: dropped, never raised
+        with tracer.span("request"):
+            pass
+    tracer.provider.shutdown()
+
+
+def test_a_window_span_names_the_rules_that_changed_the_window(
+    spans: tuple[OtelTracer, InMemorySpanExporter],
+) -> None:
+    tracer, exporter = spans
+    offloads = MemoryOffloadStore()  # the rules offload what they cut
+    service = ContextService(Settings(), MemoryStateStore(), MemoryMessageLog(), offloads, InlineQueue())
+    key = ConversationKey("acme", "rules")
+    messages: list[AnyMessage] = [UserMessage(content="read the logs")]
+    for i in range(12):  # long tool results: over the budget, the rules clear and cut them
+        call = ToolCall(id=f"c{i}", name="cat", arguments=f'{{"path": "log{i}.txt"}}')
+        messages += [
+            AssistantMessage(content="", tool_calls=[call]),
+            ToolMessage(tool_call_id=call.id, content=f"line {i}: all good here\n" * 300),
+        ]
+    service.append(key, messages)
+    with window_span(tracer, key, 20_000, "api") as span:
+        result = service.get_window(key, 20_000)
+        describe_window(span, result)
+    with window_span(tracer, key, 10**6, "api") as span:  # fits: no rule acts
+        describe_window(span, service.get_window(key, 10**6))
+    tight, roomy = exporter.get_finished_spans()
+    applied = (tight.attributes or {}).get("ctxcore.rules_applied")
+    assert applied and all(isinstance(name, str) for name in applied)
+    assert (tight.attributes or {})["ctxcore.window.tokens_served"] == result.stats.total_tokens <= 20_000
+    assert "ctxcore.rules_applied" not in (roomy.attributes or {})

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import redis
 
 from ctxcore.config import TelemetrySettings
+from ctxcore.errors import StoreUnavailable
 from ctxcore.state import ConversationKey
 from ctxcore.state.redis_common import UNAVAILABLE
 from ctxcore.telemetry import Span, Tracer
@@ -82,6 +82,13 @@ class JobTraces:
         except _ERRORS as exc:
             log.debug("trace context of a request for %s not kept: %s", key, exc)
 
+    def delete(self, key: ConversationKey) -> None:
+        """Forget ``key``'s waiting contexts (the conversation is deleted)."""
+        try:
+            self.client.delete(*self.keys(key))
+        except _ERRORS as exc:
+            raise StoreUnavailable(f"trace contexts of {key} not deleted: {exc}") from exc
+
     def take(self, key: ConversationKey) -> tuple[list[str], int, int]:
         """The contexts to link (oldest first), how many requests asked, how many expired."""
         got = self._take(keys=self.keys(key), args=[])
@@ -94,14 +101,12 @@ class JobTraces:
                 linked.append(traceparent)
         return linked, count, min(len(entries), self.max_links) - len(linked)
 
-    @contextmanager
-    def job_span(self, key: ConversationKey, ring: int, tracer: Tracer) -> Iterator[Span]:
+    def job_span(self, key: ConversationKey, ring: int, tracer: Tracer) -> AbstractContextManager[Span]:
         """The span of a job of ``key`` starting (current while it plans and sends its first
-        stage, whose task continues its trace): a new trace linked to its requests."""
+        stage, whose task continues its trace): a new trace linked to its requests, whose
+        contexts it takes from Redis now (a Redis error only loses the links)."""
         if not tracer.enabled:
-            with tracer.span(JOB_SPAN) as span:
-                yield span
-            return
+            return tracer.span(JOB_SPAN)
         try:
             linked, count, expired = self.take(key)
         except _ERRORS as exc:
@@ -116,5 +121,4 @@ class JobTraces:
                 "ctxcore.job.expired_contexts": expired,
             }
         )
-        with tracer.span(JOB_SPAN, attributes, root=True, links=linked) as span:
-            yield span
+        return tracer.span(JOB_SPAN, attributes, root=True, links=linked)

@@ -216,6 +216,8 @@ def otlp_tracer(settings: TelemetrySettings) -> OtelTracer:
     options: dict[str, Any] = {}
     if settings.max_queue_size is not None:
         options["max_queue_size"] = settings.max_queue_size
+        # The SDK refuses a batch (default 512) larger than its queue.
+        options["max_export_batch_size"] = min(settings.max_queue_size, 512)
     return tracer_with(
         BatchSpanProcessor(DroppingExporter(exporter, endpoint), **options), settings.service_name
     )

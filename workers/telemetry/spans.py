@@ -2,15 +2,15 @@
 
 Attribute names: ``gen_ai.conversation.id`` (the OpenTelemetry GenAI conventions' name for
 a conversation), ``ctxcore.tenant.id``, then ``ctxcore.<operation>.<what>``. Every helper
-is one ``with`` at its call site; with ``NO_TRACER`` the span is ``NO_SPAN`` and the
-attributes are never computed (``Tracer.enabled``).
+is one ``with`` at its call site; with ``NO_TRACER`` the span is ``NO_SPAN`` (one shared
+context manager, nothing allocated) and the attributes are never computed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -43,18 +43,16 @@ def conversation_attributes(key: ConversationKey) -> dict[str, AttributeValue]:
     return {"ctxcore.tenant.id": key.tenant_id, "gen_ai.conversation.id": key.conversation_id}
 
 
-@contextmanager
-def window_span(tracer: Tracer, key: ConversationKey, budget_tokens: int, source: str) -> Iterator[Span]:
+def window_span(
+    tracer: Tracer, key: ConversationKey, budget_tokens: int, source: str
+) -> AbstractContextManager[Span]:
     """The span of one window request (``source``: ``api`` or ``proxy``); the rule chain
     adds ``ctxcore.rules_applied`` (the rules that changed the window) while it is current."""
     if not tracer.enabled:
-        with tracer.span(WINDOW_SPAN) as span:
-            yield span
-        return
+        return tracer.span(WINDOW_SPAN)
     attributes = conversation_attributes(key)
     attributes.update({"ctxcore.window.budget_tokens": budget_tokens, "ctxcore.window.source": source})
-    with tracer.span(WINDOW_SPAN, attributes) as span:
-        yield span
+    return tracer.span(WINDOW_SPAN, attributes)
 
 
 def describe_window(span: Span, result: WindowResult) -> None:
@@ -70,17 +68,13 @@ def describe_window(span: Span, result: WindowResult) -> None:
         span.set("ctxcore.compaction.hold", result.compaction_detail.hold.reason)
 
 
-@contextmanager
-def append_span(tracer: Tracer, key: ConversationKey, messages: int) -> Iterator[Span]:
+def append_span(tracer: Tracer, key: ConversationKey, messages: int) -> AbstractContextManager[Span]:
     """The span of one append of ``messages`` messages."""
     if not tracer.enabled:
-        with tracer.span(APPEND_SPAN) as span:
-            yield span
-        return
+        return tracer.span(APPEND_SPAN)
     attributes = conversation_attributes(key)
     attributes["ctxcore.append.messages"] = messages
-    with tracer.span(APPEND_SPAN, attributes) as span:
-        yield span
+    return tracer.span(APPEND_SPAN, attributes)
 
 
 def describe_append(span: Span, ids: Sequence[str], replay: bool) -> None:
@@ -121,16 +115,13 @@ def traced_stage(
         return result
 
 
-@contextmanager
 def upstream_span(
     tracer: Tracer, request: httpx.Request, body: Mapping[str, Any], key: ConversationKey | None
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """The span of the proxy's call to its upstream (the URL without credentials: the API
     key travels in a header, never in the span)."""
     if not tracer.enabled:
-        with tracer.span(UPSTREAM_SPAN) as span:
-            yield span
-        return
+        return tracer.span(UPSTREAM_SPAN)
     attributes = conversation_attributes(key) if key is not None else {}
     model = body.get("model")
     attributes.update(
@@ -144,5 +135,4 @@ def upstream_span(
     )
     if isinstance(model, str):
         attributes["gen_ai.request.model"] = model
-    with tracer.span(UPSTREAM_SPAN, attributes) as span:
-        yield span
+    return tracer.span(UPSTREAM_SPAN, attributes)
