@@ -225,3 +225,23 @@ def test_a_window_span_names_the_rules_that_changed_the_window(
     assert applied and all(isinstance(name, str) for name in applied)
     assert (tight.attributes or {})["ctxcore.window.tokens_served"] == result.stats.total_tokens <= 20_000
     assert "ctxcore.rules_applied" not in (roomy.attributes or {})
+
+
+def test_the_otlp_exporter_of_a_refused_endpoint_logs_one_warning_and_no_flood(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
+    settings = Settings.load(
+        {"telemetry": {"otlp_endpoint": "http://127.0.0.1:9/v1/traces", "max_queue_size": 4}}
+    )
+    tracer = build_tracer(settings.telemetry)
+    assert isinstance(tracer, OtelTracer)
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            for _ in range(10):  # more than the queue holds: the rest are dropped
+                with tracer.span("request"):
+                    pass
+            tracer.provider.force_flush(5000)
+    tracer.provider.shutdown()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in warnings] == ["workers.telemetry.otel"], [r.getMessage() for r in warnings]

@@ -35,6 +35,9 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 # The OTLP exporter logs every failed batch itself (at ERROR, each retry at WARNING): one
 # WARNING of ours (DroppingExporter) says it instead, once.
 _EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
+# The batch processor warns once per span it drops from a full queue (an endpoint that hangs):
+# a flood; its errors still show.
+_PROCESSOR_LOGGER = "opentelemetry.sdk._shared_internal"
 
 
 def span_context(traceparent: str) -> trace.SpanContext | None:
@@ -211,6 +214,7 @@ def otlp_tracer(settings: TelemetrySettings) -> OtelTracer:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     logging.getLogger(_EXPORTER_LOGGER).setLevel(logging.CRITICAL)
+    logging.getLogger(_PROCESSOR_LOGGER).setLevel(logging.ERROR)
     exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint)
     endpoint = settings.otlp_endpoint or "the endpoint of the OTEL_EXPORTER_OTLP_* variables"
     options: dict[str, Any] = {}
