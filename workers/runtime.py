@@ -38,7 +38,7 @@ from workers.scheduler import FairScheduler
 from workers.scrubbing import deployment_secrets
 from workers.service import CompactionQueue, ContextService
 from workers.spend import BudgetedModel, SummariserBudget, summariser_cap
-from workers.telemetry import build_tracer
+from workers.telemetry import build_tracer, check_telemetry
 from workers.telemetry.jobs import JobTraces
 from workers.telemetry.model import TracedModel
 from workers.usage import Usage
@@ -290,8 +290,10 @@ def check_startup(settings: Settings) -> None:
     cluster node as ``redis.url``, a cluster without full slot coverage, or a
     ``worker.scheduler_rings`` other than the deployment's. Redis not answering yet is only
     logged: the process starts and meets the outage as ``StoreUnavailable``. An AMQP broker
-    that refuses the login fails it too, naming the host (``workers.broker.check_broker``)."""
+    that refuses the login fails it too, naming the host (``workers.broker.check_broker``),
+    and so does telemetry on without the ``ctxcore[otel]`` extra."""
     check_broker(settings)
+    check_telemetry(settings.telemetry)
     rt = Runtime(settings)
     try:
         rt.scheduler.check()

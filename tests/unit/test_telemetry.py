@@ -26,7 +26,7 @@ from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.telemetry import NO_SPAN, NO_TRACER, current_span
 from ctxcore.tokens import TiktokenCounter
 from workers.service import ContextService, InlineQueue
-from workers.telemetry import build_tracer
+from workers.telemetry import build_tracer, check_telemetry
 from workers.telemetry.model import TracedModel
 from workers.telemetry.otel import DroppingExporter, OtelTracer, tracer_with
 from workers.telemetry.spans import describe_window, window_span
@@ -245,3 +245,11 @@ def test_the_otlp_exporter_of_a_refused_endpoint_logs_one_warning_and_no_flood(
     tracer.provider.shutdown()
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.name for r in warnings] == ["workers.telemetry.otel"], [r.getMessage() for r in warnings]
+
+
+def test_telemetry_on_without_the_extra_fails_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "workers.telemetry.otel", None)  # as if not installed
+    settings = Settings.load({"telemetry": {"otlp_endpoint": "http://127.0.0.1:4318/v1/traces"}})
+    with pytest.raises(ConfigError, match=r"pip install 'ctxcore\[otel\]'"):
+        check_telemetry(settings.telemetry)
+    check_telemetry(Settings().telemetry)  # off: nothing to check

@@ -8,10 +8,13 @@ of OpenTelemetry is imported: ``otel`` is the only module that imports it, and o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ctxcore.config import TelemetrySettings
+from ctxcore.errors import ConfigError
 from ctxcore.telemetry import NO_TRACER, Tracer
 
-__all__ = ["build_tracer"]
+__all__ = ["build_tracer", "check_telemetry"]
 
 
 def build_tracer(settings: TelemetrySettings) -> Tracer:
@@ -22,13 +25,22 @@ def build_tracer(settings: TelemetrySettings) -> Tracer:
     """
     if not settings.on:
         return NO_TRACER
+    return _otlp_tracer()(settings)
+
+
+def check_telemetry(settings: TelemetrySettings) -> None:
+    """The start-up check: ``ConfigError`` when telemetry is on and OpenTelemetry is not
+    installed (the tracer itself is built by each process on first use, after a fork)."""
+    if settings.on:
+        _otlp_tracer()
+
+
+def _otlp_tracer() -> Callable[[TelemetrySettings], Tracer]:
     try:
         from workers.telemetry.otel import otlp_tracer
     except ImportError as exc:
-        from ctxcore.errors import ConfigError
-
         raise ConfigError(
             f"telemetry is on (telemetry.otlp_endpoint or telemetry.enabled) but OpenTelemetry is not "
             f"installed ({exc}): pip install 'ctxcore[otel]', or turn telemetry off"
         ) from exc
-    return otlp_tracer(settings)
+    return otlp_tracer
