@@ -50,7 +50,7 @@ __all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "ru
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
-app = Celery("ctxcore", include=["workers.tasks", "workers.reconciler"])
+app = Celery("ctxcore", include=["workers.tasks", "workers.reconciler", "workers.telemetry.celery_glue"])
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

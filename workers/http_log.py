@@ -19,6 +19,7 @@ from ctxcore.state.base import parse_log_id
 from ctxcore.state.undecodable import UNDECODABLE_KEY, is_undecodable
 from workers.http_api import ApiState, ConversationId, IfMatch, parse_if_match
 from workers.http_errors import ApiError, error_responses, invalid_message_error
+from workers.telemetry.spans import append_span, describe_append
 from workers.truncate import truncate_conversation
 
 __all__ = ["log_router"]
@@ -64,7 +65,9 @@ def log_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRouter:
             messages = from_openai(body.messages)
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "messages") from None
-        outcome = api.service.append_if_match(key, messages, parse_if_match(if_match))
+        with append_span(api.runtime.tracer, key, len(messages)) as span:
+            outcome = api.service.append_if_match(key, messages, parse_if_match(if_match))
+            describe_append(span, outcome.ids, outcome.replay)
         if outcome.replay:
             response.status_code = 200  # nothing new: an idempotent replay
         if outcome.last_id is not None:

@@ -13,6 +13,7 @@ from ctxcore.messages import from_openai, to_openai
 from workers.http_api import ApiState, ConversationId
 from workers.http_errors import error_responses, invalid_message_error, not_found
 from workers.http_status import detail_out
+from workers.telemetry.spans import describe_window, window_span
 
 __all__ = ["window_router"]
 
@@ -65,12 +66,14 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "tools") from None
         started = time.perf_counter()
+        budget = body.budget_tokens or api.settings.budget_for_tenant(key.tenant_id)
         try:
             # The existence check is part of the window's read (one script call on Redis).
-            budget = body.budget_tokens or api.settings.budget_for_tenant(key.tenant_id)
-            result = api.service.get_window(
-                key, budget, system, body.tools, body.model, require_existing=True, preview=preview
-            )
+            with window_span(api.runtime.tracer, key, budget, "api") as span:
+                result = api.service.get_window(
+                    key, budget, system, body.tools, body.model, require_existing=True, preview=preview
+                )
+                describe_window(span, result)
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "system_messages") from None
         except NotFoundError:

@@ -87,7 +87,7 @@ def proxy_router(api: ApiState) -> APIRouter:
     reply_bytes = 4 * max_chars + 64 * 1024
     # What an upstream error may echo and a tenant must not read.
     secrets = tuple(sorted(set(keys.values()) | set(api.runtime.secrets), key=len, reverse=True))
-    upstream = Upstream()
+    upstream = Upstream(api.runtime.tracer)
     flows: dict[int, ProxyFlow] = {}
 
     def flow() -> ProxyFlow:
@@ -95,7 +95,7 @@ def proxy_router(api: ApiState) -> APIRouter:
         found = flows.get(id(service))
         if found is None:
             index = HashIndex(api.runtime.redis, api.settings.redis.key_prefix, api.runtime.retention)
-            found = flows.setdefault(id(service), ProxyFlow(service, index))
+            found = flows.setdefault(id(service), ProxyFlow(service, index, api.runtime.tracer))
         return found
 
     def prepare(
@@ -238,6 +238,7 @@ def proxy_router(api: ApiState) -> APIRouter:
                 proxy.upstream_timeout,
                 deadline_at=deadline_at,
                 max_bytes=reply_bytes,
+                key=key,
             )
             forward_ms = (time.perf_counter() - started) * 1000
             reply_ms = 0.0
@@ -257,7 +258,7 @@ def proxy_router(api: ApiState) -> APIRouter:
             headers = {**answer.headers, "server-timing": timing}
             return Response(answer.content, status_code=answer.status_code, headers=headers)
         opened = await upstream.open_stream(
-            base_url, outgoing, api_key, proxy.upstream_timeout, deadline_at=deadline_at
+            base_url, outgoing, api_key, proxy.upstream_timeout, deadline_at=deadline_at, key=key
         )
         if opened.status_code != 200:
             try:

@@ -12,6 +12,7 @@ from typing import Any
 from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai
 from ctxcore.state import ConversationKey
+from ctxcore.telemetry import NO_TRACER, Tracer
 from workers.proxy_errors import ProxyError
 from workers.proxy_index import HashIndex, IndexEntry
 from workers.proxy_match import (
@@ -24,6 +25,7 @@ from workers.proxy_match import (
     reply_message_id,
 )
 from workers.service import ContextService
+from workers.telemetry.spans import describe_window, window_span
 
 __all__ = ["Prepared", "ProxyFlow"]
 
@@ -52,9 +54,10 @@ def _stamp(message: AnyMessage, message_id: str, digest: str) -> AnyMessage:
 class ProxyFlow:
     """Matching, appends and windows over one ``ContextService``."""
 
-    def __init__(self, service: ContextService, index: HashIndex) -> None:
+    def __init__(self, service: ContextService, index: HashIndex, tracer: Tracer = NO_TRACER) -> None:
         self.service = service
         self.index = index
+        self.tracer = tracer
 
     def prepare(
         self,
@@ -114,7 +117,9 @@ class ProxyFlow:
             self.index.extend(key, last, new)
             last = max([last or "", *ids]) or None
         appended, cpu_appended = time.perf_counter(), time.thread_time()
-        result = self.service.get_window(key, budget, list(system), tools, model, own_tools=False)
+        with window_span(self.tracer, key, budget, "proxy") as span:
+            result = self.service.get_window(key, budget, list(system), tools, model, own_tools=False)
+            describe_window(span, result)
         served = [m for m in result.messages if not isinstance(m, SystemMessage)]
         done, cpu_done = time.perf_counter(), time.thread_time()
         return Prepared(

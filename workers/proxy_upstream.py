@@ -11,8 +11,11 @@ from typing import Any
 
 import httpx
 
+from ctxcore.state import ConversationKey
 from ctxcore.summarize.redact import scrub
+from ctxcore.telemetry import NO_TRACER, Tracer
 from workers.proxy_errors import ProxyError
+from workers.telemetry.spans import upstream_span
 
 __all__ = ["Answer", "Upstream", "deadline_passed", "reply_too_large", "upstream_error"]
 
@@ -49,7 +52,8 @@ class Answer:
 class Upstream:
     """Posts chat-completion requests to an OpenAI-compatible endpoint."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracer: Tracer = NO_TRACER) -> None:
+        self.tracer = tracer
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -95,6 +99,7 @@ class Upstream:
         *,
         deadline_at: float,
         max_bytes: int,
+        key: ConversationKey | None = None,
     ) -> Answer:
         """The upstream's whole answer, read into a buffer of at most ``max_bytes`` (a
         declared ``Content-Length`` over it is refused before reading, a body growing over it
@@ -102,6 +107,14 @@ class Upstream:
         waits ``timeout`` s or the whole call passes ``deadline_at`` (the loop's clock), 502
         when unreachable."""
         request = self._request(base_url, body, api_key, timeout)
+        with upstream_span(self.tracer, request, body, key) as span:
+            answer = await self._post(request, timeout, deadline_at, max_bytes)
+            span.set("http.response.status_code", answer.status_code)
+        return answer
+
+    async def _post(
+        self, request: httpx.Request, timeout: float, deadline_at: float, max_bytes: int
+    ) -> Answer:
         try:
             async with asyncio.timeout_at(deadline_at):
                 response = await self.client().send(request, stream=True)
@@ -132,17 +145,21 @@ class Upstream:
         timeout: float,
         *,
         deadline_at: float,
+        key: ConversationKey | None = None,
     ) -> httpx.Response:
         """The upstream's response with its body unread (the caller closes it, and holds the
-        rest of the call to ``deadline_at``)."""
+        rest of the call to ``deadline_at``); its span ends with the response's headers."""
         request = self._request(base_url, body, api_key, timeout)
-        try:
-            async with asyncio.timeout_at(deadline_at):
-                return await self.client().send(request, stream=True)
-        except TimeoutError:
-            raise deadline_passed() from None
-        except httpx.HTTPError as exc:
-            raise _failure(exc, timeout) from exc
+        with upstream_span(self.tracer, request, body, key) as span:
+            try:
+                async with asyncio.timeout_at(deadline_at):
+                    response = await self.client().send(request, stream=True)
+            except TimeoutError:
+                raise deadline_passed() from None
+            except httpx.HTTPError as exc:
+                raise _failure(exc, timeout) from exc
+            span.set("http.response.status_code", response.status_code)
+        return response
 
 
 def reply_too_large(max_bytes: int) -> ProxyError:

@@ -25,6 +25,7 @@ from ctxcore.state.retention import Retention
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import ModelClient
 from ctxcore.summarize.openai_chat import OpenAIChatModel
+from ctxcore.telemetry import Tracer
 from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
 from workers.broker import check_broker
@@ -37,6 +38,9 @@ from workers.scheduler import FairScheduler
 from workers.scrubbing import deployment_secrets
 from workers.service import CompactionQueue, ContextService
 from workers.spend import BudgetedModel, SummariserBudget, summariser_cap
+from workers.telemetry import build_tracer, check_telemetry
+from workers.telemetry.jobs import JobTraces
+from workers.telemetry.model import TracedModel
 from workers.usage import Usage
 
 if TYPE_CHECKING:
@@ -176,7 +180,24 @@ class Runtime:
             )
         # Outermost: a call refused by the tenant's cap never reaches the breaker or the endpoint.
         cap = summariser_cap(self.settings, key.tenant_id)
-        return BudgetedModel(client, self.spend, key.tenant_id, self.counter, cap)
+        budgeted = BudgetedModel(client, self.spend, key.tenant_id, self.counter, cap)
+        if not self.tracer.enabled:
+            return budgeted
+        # Outside the cap: a call the cap refuses is a failed span too (no endpoint reached).
+        return TracedModel(
+            budgeted, self.tracer, "openai" if cfg.base_url is not None else "ctxcore.extractive"
+        )
+
+    @cached_property
+    def tracer(self) -> Tracer:
+        """The process's tracer (``workers.telemetry.build_tracer``): ``NO_TRACER`` while
+        ``telemetry`` is off. Tests assign one over an in-memory exporter."""
+        return build_tracer(self.settings.telemetry)
+
+    @cached_property
+    def job_traces(self) -> JobTraces:
+        """Where window requests leave their trace context for the job they queue."""
+        return JobTraces(self.redis, self.settings.redis.key_prefix, self.settings.telemetry)
 
     @cached_property
     def spend(self) -> SummariserBudget:
@@ -243,6 +264,7 @@ class Runtime:
             mirror=self.failures.key,
             retention=RedisRetention(self.redis, self.settings.redis.key_prefix, self.retention),
             liveness_seconds=2 * heartbeat_interval(worker),
+            on_request=lambda key: self.job_traces.noted(key, self.tracer),
         )
 
     @cached_property
@@ -268,8 +290,10 @@ def check_startup(settings: Settings) -> None:
     cluster node as ``redis.url``, a cluster without full slot coverage, or a
     ``worker.scheduler_rings`` other than the deployment's. Redis not answering yet is only
     logged: the process starts and meets the outage as ``StoreUnavailable``. An AMQP broker
-    that refuses the login fails it too, naming the host (``workers.broker.check_broker``)."""
+    that refuses the login fails it too, naming the host (``workers.broker.check_broker``),
+    and so does telemetry on without the ``ctxcore[otel]`` extra."""
     check_broker(settings)
+    check_telemetry(settings.telemetry)
     rt = Runtime(settings)
     try:
         rt.scheduler.check()

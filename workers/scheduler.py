@@ -40,6 +40,9 @@ interval; a request for a queued job of such a ring sends a token at once. The r
 also learns how many tokens the other rings have out (``reconcile_scan``): tokens waiting in
 the jobs queue stand for the stuck rings only beyond those.
 
+Traces: every request is told to ``on_request`` first, which keeps its trace context for the
+next job of its conversation to link to (``workers.telemetry.jobs``).
+
 The ring count is stored at first start (``{<prefix>:sched:meta}``): a different
 ``scheduler_rings`` later would re-map tenants and strand their queued jobs, so it is refused.
 """
@@ -133,6 +136,7 @@ class FairScheduler:
         mirror: Callable[[ConversationKey], str] | None = None,
         retention: RedisRetention | None = None,
         liveness_seconds: float = 20.0,
+        on_request: Callable[[ConversationKey], None] | None = None,
     ) -> None:
         if rings < 1 or ring_tokens < 1:
             raise ConfigError(f"scheduler rings and ring_tokens must be >= 1, got {rings}, {ring_tokens}")
@@ -159,6 +163,9 @@ class FairScheduler:
         self._mirror = client.register_script(lua.MIRROR)
         self._beat = client.register_script(lua.BEAT)
         self._requeue_lost = client.register_script(lua.REQUEUE_LOST)
+        # Told of every request before it reaches a job (queued, absorbed, or a running
+        # job's follow-up): the next job to start links to it (workers.telemetry.jobs).
+        self._on_request = on_request
 
     def ring_of(self, tenant_id: str) -> int:
         """The ring ``tenant_id`` is served in (a stable hash: every process agrees)."""
@@ -215,6 +222,8 @@ class FairScheduler:
 
     def request(self, key: ConversationKey) -> Requested:
         """Ask for a compaction of ``key``; see ``Requested`` for whether to send a token."""
+        if self._on_request is not None:  # before: a job popped meanwhile links to it
+            self._on_request(key)
         ring = self.ring_of(key.tenant_id)
         args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
         got = self._call(

@@ -18,7 +18,8 @@ DELETE_LOCK_WAIT_SECONDS = 5.0
 
 
 def delete_conversation(runtime: Runtime, key: ConversationKey) -> None:
-    """Delete ``key``'s queued work, offloads, state, journal, failure record, proxy index and log.
+    """Delete ``key``'s queued work, offloads, state, journal, failure record, waiting trace
+    contexts, proxy index and log.
 
     ``ConversationBusy`` (nothing deleted) when a compaction stage keeps the lock past
     ``DELETE_LOCK_WAIT_SECONDS``.
@@ -39,6 +40,7 @@ def delete_conversation(runtime: Runtime, key: ConversationKey) -> None:
             runtime.state_store.delete(key)
             runtime.journal.delete(key)
             runtime.failures.delete(key)
+            runtime.job_traces.delete(key)
             HashIndex(runtime.redis, settings.redis.key_prefix).delete(key)  # the proxy's
             # The log goes last: if anything above fails, the conversation still exists
             # and the deletion can simply be retried.

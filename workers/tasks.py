@@ -58,6 +58,7 @@ from workers.prom_worker import stage_metrics
 from workers.scrubbing import scrub_exception
 from workers.spend import SummariserBudgetExhausted, summariser_cap
 from workers.stage_retry import retry_or_raise
+from workers.telemetry.spans import traced_stage
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +167,13 @@ def drain(ring: int | None = None) -> dict[str, Any]:
     if job.resend:
         send_drain_tokens(1, job.ring)
     rt.failures.job_started(job.key)
-    try:
-        planned, hold = _plan_and_send(job.key, [])
-    except Exception as exc:
-        # Planning failed before any stage ran: record it and end the job, then fail loudly.
-        _after_failure(job.key, None, [], exc)
-        raise
+    with rt.job_traces.job_span(job.key, job.ring, rt.tracer):  # its stages continue this trace
+        try:
+            planned, hold = _plan_and_send(job.key, [])
+        except Exception as exc:
+            # Planning failed before any stage ran: record it and end the job, then fail loudly.
+            _after_failure(job.key, None, [], exc)
+            raise
     held = {"hold": hold.reason} if hold is not None else {}
     return {"job": str(job.key), "stage": planned, **held}
 
@@ -238,7 +240,7 @@ def _run_stage(
             heartbeat(rt.scheduler, key, heartbeat_interval(rt.settings.worker)),
             conversation_lock(rt.redis, rt.settings.redis.key_prefix, key, rt.settings.worker.lock_timeout),
         ):
-            result = rt.coordinator.run_stage(key, stage)
+            result = traced_stage(rt.tracer, key, stage, rt.coordinator.run_stage)
     except LockBusy:
         # Another stage of this conversation is running (e.g. a redelivered duplicate).
         raise task.retry(countdown=1.0, max_retries=300) from None

@@ -28,6 +28,7 @@ from ctxcore.config.service import (
 )
 from ctxcore.config.settings import Settings, environment_variables
 from ctxcore.config.stores import DatabaseSettings, RedisSettings
+from ctxcore.config.telemetry import TelemetrySettings
 from ctxcore.config.worker import FlowerSettings, WorkerSettings
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "RedisSettings",
     "ServiceSettings",
     "Settings",
+    "TelemetrySettings",
     "TenantSettings",
     "WorkerSettings",
     "environment_variables",

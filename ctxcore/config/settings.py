@@ -24,6 +24,7 @@ from ctxcore.config.service import (
 )
 from ctxcore.config.sources import ALIASES, ENV_PREFIX, EnvironSource, SetBy, TomlFileSource, section_of
 from ctxcore.config.stores import DatabaseSettings, RedisSettings
+from ctxcore.config.telemetry import TelemetrySettings
 from ctxcore.config.worker import FlowerSettings, WorkerSettings
 from ctxcore.errors import ConfigError
 from ctxcore.state.keys import validate_id
@@ -61,6 +62,7 @@ class Settings(BaseSettings):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -38,6 +38,8 @@ ALIASES = {
     "CTXCORE_BROKER_URL": ("worker", "broker_url"),
     "CTXCORE_MODEL_BASE_URL": ("model", "base_url"),
     "CTXCORE_MODEL": ("model", "name"),
+    # The standard OpenTelemetry variable: validated (and turning traces on) like the setting.
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("telemetry", "otlp_endpoint"),
 }
 _DELIMITER = "__"
 # The dict-valued sections whose keys are ids, not field names: their case is kept.

@@ -22,6 +22,7 @@ from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.keys import ConversationKey
+from ctxcore.telemetry import current_span
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
 from ctxcore.window import DEFAULT_CONTEXT_MAX_TOKENS
@@ -181,6 +182,8 @@ def _run(messages: Sequence[AnyMessage], rules: Sequence[RuleProcessor[Any]], en
             continue  # it cannot act on these messages
         result = rule.rule(current, env)
         if result.changed:
+            # The span being served (a window's), when telemetry is on: which rules acted.
+            current_span().append("ctxcore.rules_applied", type(rule).__name__)
             changed = True
             current = result.messages
             ranges.extend(result.removed_ranges)

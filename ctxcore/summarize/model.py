@@ -72,6 +72,8 @@ class Completion:
 
     text: str
     usage: Usage
+    # Why the model stopped (OpenAI's ``finish_reason``: ``stop``, ``length``, ...), if it said.
+    finish_reason: str | None = None
 
 
 _CONTRACT_CONFIG = ConfigDict(frozen=True, extra="forbid")

@@ -160,4 +160,10 @@ class OpenAIChatModel:
             usage=Usage(
                 prompt, output, total, calls=1, model=model if isinstance(model, str) else self.model
             ),
+            finish_reason=_finish_reason(choices[0]),
         )
+
+
+def _finish_reason(choice: Any) -> str | None:
+    reason = getattr(choice, "finish_reason", None)
+    return reason if isinstance(reason, str) else None

@@ -21,7 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundation",
-        ("ctxcore.errors", "ctxcore.markers", "ctxcore.messages", "ctxcore.contract", "ctxcore.status"),
+        (
+            "ctxcore.errors",
+            "ctxcore.markers",
+            "ctxcore.messages",
+            "ctxcore.contract",
+            "ctxcore.status",
+            "ctxcore.telemetry",
+        ),
     ),
     (
         "counting and turns",

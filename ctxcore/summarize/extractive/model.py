@@ -129,7 +129,9 @@ class ExtractiveModel:
         input_tokens = self.counter.count_messages(messages)
         output_tokens = self.count(text)
         return Completion(
-            text, Usage(input_tokens, output_tokens, input_tokens + output_tokens, calls=1, model=self._name)
+            text,
+            Usage(input_tokens, output_tokens, input_tokens + output_tokens, calls=1, model=self._name),
+            finish_reason="stop",  # it always writes the whole answer
         )
 
     def count(self, text: str) -> int:
