@@ -55,10 +55,16 @@ class Call:
     and counted as the app reads them."""
 
     def __init__(
-        self, path: str, body: bytes, *, content_length: bool = True, hold: asyncio.Event | None = None
+        self,
+        path: str,
+        body: bytes,
+        *,
+        content_length: bool = True,
+        hold: asyncio.Event | None = None,
+        chunk: int = CHUNK,
     ):
         self.path, self.body, self.hold = path, body, hold
-        self.chunks = [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)] or [b""]
+        self.chunks = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
         self.read = 0  # bytes the app took
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -132,6 +138,36 @@ def test_an_append_of_100000_messages_is_refused_before_it_is_read_whole(make_ru
     }
     assert call.read <= 2 * CHUNK, f"read {call.read} of {len(body)} bytes"
     assert runtime.log.last_id(ConversationKey("acme", "c1")) is None  # nothing appended
+
+
+def test_the_count_stops_within_16_kib_of_the_limit_however_large_a_chunk(
+    make_runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn hands over up to 256 KiB at once (~6,900 of these messages): the count is
+    fed 16 KiB at a time and stops once over the limit, not at the end of the chunk."""
+    import workers.admission as admission
+
+    parsed = 0
+    real = admission.ijson.parse_coro
+
+    class Fed:
+        def __init__(self, target: Any) -> None:
+            self.inner = real(target)
+
+        def send(self, data: bytes) -> None:
+            nonlocal parsed
+            parsed += len(data)
+            self.inner.send(data)
+
+    monkeypatch.setattr(admission.ijson, "parse_coro", Fed)
+    runtime = make_runtime()
+    body = append_body(100_000)
+    call = asyncio.run(
+        Call("/v1/conversations/c1/messages", body, chunk=256 * 1024).run(create_app(runtime, InlineQueue()))
+    )
+    assert call.status == 422, call.response
+    over_the_limit = len(append_body(1001)) + 16 * 1024
+    assert parsed <= over_the_limit, f"counted {parsed} bytes of a {call.read}-byte chunk"
 
 
 def test_an_append_of_exactly_the_limit_is_read_and_appended(make_runtime: Any) -> None:
