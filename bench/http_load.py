@@ -411,7 +411,9 @@ async def measure(
             client = redis.Redis.from_url(url)
             floor = floor_ms(client, prefix, 500)
             # The agents' client (``--client``): httpx, or the light one (bench/rawhttp.py).
-            agents_http: Any = http if args.client == "httpx" else RawClient("127.0.0.1", port)
+            agents_http: Any = (
+                http if args.client == "httpx" else RawClient("127.0.0.1", port, args.reconnect)
+            )
             redis_log = RedisMessageLog(client, prefix)
 
             def log_ends() -> dict[str, str] | None:
@@ -554,8 +556,9 @@ async def compare_processes(args: argparse.Namespace, url: str, workdir: Path) -
         if phase is None:
             raise RuntimeError("measure(scaling=True) returned no phase")
         rows.append((processes, phase))
+    connections = f" reconnecting every {args.reconnect} requests" if args.reconnect else " (keep-alive)"
     print(
-        f"\n{max(AGENTS)} closed-loop agents (idle), {args.duration:g} s each, {args.client} client, "
+        f"\n{max(AGENTS)} closed-loop agents (idle), {args.duration:g} s each, {args.client} client{connections}, "
         f"{os.cpu_count()} cores; a step is an append and a window; CPU in ms per step\n"
     )
     print(
@@ -612,6 +615,13 @@ def main() -> None:
         help="the agents' HTTP client: raw (bench/rawhttp.py, little CPU of its own) or httpx (default raw)",
     )
     parser.add_argument(
+        "--reconnect",
+        type=int,
+        default=None,
+        help="raw client: close each connection after this many requests, so N API processes "
+        "share the agents again (default: keep-alive for the whole phase)",
+    )
+    parser.add_argument(
         "--api-processes",
         type=lambda text: [int(n) for n in text.split(",")],
         default=None,
@@ -621,6 +631,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.reconnect is not None and args.reconnect < 1:
+        parser.error("--reconnect must be at least 1")
     if args.api_processes is not None and (not args.api_processes or min(args.api_processes) < 1):
         parser.error("--api-processes takes counts of at least 1, e.g. 1,2")
     server = ensure_redis(args.redis_url)

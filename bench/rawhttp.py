@@ -39,6 +39,7 @@ class RawResponse:
 class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.requests = 0
 
     async def exchange(self, request: bytes) -> tuple[RawResponse, bool]:
         """Send ``request``; the response and whether the connection can be used again."""
@@ -72,10 +73,16 @@ class _Connection:
 
 class RawClient:
     """``request(method, path, json=..., params=..., headers=...)`` as httpx's, over a pool of
-    keep-alive connections to one ``host:port`` (one per request in flight)."""
+    keep-alive connections to one ``host:port`` (one per request in flight).
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    ``reconnect``: a connection closes after that many requests (``Connection: close`` on
+    the last), so that N server processes sharing one listening socket see the agents'
+    connections again: a keep-alive connection stays with whichever process accepted it, and
+    on a busy machine that split is lopsided (32 agents over 2 processes: 24 and 9, seen with
+    ``ss``), which sets the busier process's queue as everyone's tail."""
+
+    def __init__(self, host: str, port: int, reconnect: int | None = None) -> None:
+        self.host, self.port, self.reconnect = host, port, reconnect
         self._idle: list[_Connection] = []
 
     async def request(
@@ -98,12 +105,15 @@ class RawClient:
         if json is not None:
             lines.append("Content-Type: application/json")
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         connection = (
             self._idle.pop()
             if self._idle
             else _Connection(*await asyncio.open_connection(self.host, self.port))
         )
+        connection.requests += 1
+        if self.reconnect is not None and connection.requests >= self.reconnect:
+            lines.append("Connection: close")
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         try:
             response, reusable = await connection.exchange(request)
         except BaseException:
