@@ -2,9 +2,10 @@
 
 One ``ctxcore serve`` process (uvicorn, one worker process) and one ``celery -A workers.app
 worker`` (prefork, ``--concurrency`` children, the offline summariser) on Redis db 15 under
-a run-own key prefix (deleted at the end, nothing flushed). Simulated agents (asyncio +
-httpx in this process, one conversation each, spread over four tenants) append a step and
-then ask for a window, in a loop, for ``--duration`` seconds per phase:
+a run-own key prefix (deleted at the end, nothing flushed). Simulated agents (asyncio in
+this process on ``bench/rawhttp.py``'s light client, ``--client httpx`` for httpx; one
+conversation each, spread over four tenants) append a step and then ask for a window, in a
+loop, for ``--duration`` seconds per phase:
 
 * ``idle``: pre-compacted conversations (a tau-bench run each, compacted by the workers
   before the phase) and small steps under a 32k budget: the workers have nothing to do. As in
@@ -29,6 +30,13 @@ at a tenant limited to 20 requests/s (burst 50) on purpose and counts its 429s. 
     .venv/bin/python bench/http_load.py                      # 10 s per phase
     .venv/bin/python bench/http_load.py --duration 30 --concurrency 2
     .venv/bin/python bench/http_load.py --api-processes 1,2   # serve --workers 1 vs 2
+    .venv/bin/python bench/http_load.py --api-processes 1,2,1,2 --duration 15 --reconnect 20
+
+``--api-processes`` runs only the 32 closed-loop idle agents per count and reports, per step,
+the API's CPU, this process's (the load generator's), the Redis server's and the machine's
+busy cores (everyone's: the cores are shared), with throughput and window p50/p99.
+``--reconnect N`` closes each agent connection after N requests: keep-alive connections stay
+with the API process that accepted them, and on a busy machine that split is lopsided.
 """
 
 from __future__ import annotations
