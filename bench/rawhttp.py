@@ -105,25 +105,36 @@ class RawClient:
         if json is not None:
             lines.append("Content-Type: application/json")
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        connection = (
-            self._idle.pop()
-            if self._idle
-            else _Connection(*await asyncio.open_connection(self.host, self.port))
-        )
-        connection.requests += 1
-        if self.reconnect is not None and connection.requests >= self.reconnect:
-            lines.append("Connection: close")
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-        try:
-            response, reusable = await connection.exchange(request)
-        except BaseException:
-            connection.close()
-            raise
-        if reusable:
-            self._idle.append(connection)
-        else:
-            connection.close()
-        return response
+        while True:
+            reused = bool(self._idle)
+            connection = (
+                self._idle.pop()
+                if reused
+                else _Connection(*await asyncio.open_connection(self.host, self.port))
+            )
+            connection.requests += 1
+            close = self.reconnect is not None and connection.requests >= self.reconnect
+            request = ("\r\n".join([*lines, *(["Connection: close"] if close else [])]) + "\r\n\r\n").encode(
+                "latin-1"
+            ) + body
+            try:
+                response, reusable = await connection.exchange(request)
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                connection.close()
+                # A kept connection the server closed while it sat idle (uvicorn's keep-alive
+                # timeout, 5 s): the request never reached it; send it on a new one, as httpx does.
+                answered = isinstance(exc, asyncio.IncompleteReadError) and exc.partial
+                if reused and not answered:
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            if reusable:
+                self._idle.append(connection)
+            else:
+                connection.close()
+            return response
 
     async def post(self, path: str, **kwargs: Any) -> RawResponse:
         return await self.request("POST", path, **kwargs)
