@@ -5,23 +5,32 @@ The real ``ctxcore serve`` (one uvicorn process) on Redis db 15 under a run-own 
 agents, each appending a small step then asking for a window of its own conversation. The
 noisy tenant sends **maximum-size appends at its byte-rate limit**: bodies just under
 ``http.max_body_bytes`` (4 MiB) of ``service.max_messages_per_append`` (1,000) messages,
-back to back, waiting out each 429's ``Retry-After``, so it gets exactly its
-``http.bytes_per_second`` (1 MiB/s by default). A second noisy client sends the issue's
-oversized appends (100,000 small messages, 3.4 MB) at 0.8 requests/s: refused while they
-stream, they cost a 64 KiB read each (or a 429 without any read, once the byte budget is
-spent). Three phases of ``--duration`` seconds:
+back to back, waiting out each 429's ``Retry-After``, so it gets its
+``http.bytes_per_second`` (1 MiB/s by default, plus its bucket's 4 MiB burst at the start
+of each of its slices). A second noisy client sends the issue's oversized appends (100,000
+small messages, 3.4 MB) at 0.8 requests/s: refused while they stream, they cost a read of
+the chunk that crosses the message limit (or a 429 without any parsing, once the byte
+budget is spent). Three conditions:
 
 * ``baseline``: the quiet tenant alone;
-* ``noisy, limited``: both tenants, the noisy one at the default byte rate;
-* ``noisy, unlimited``: the same with the byte rate raised to 1 TB/s (another
-  ``ctxcore serve``), for comparison: what the limit buys.
+* ``noisy, limited``: the noisy tenant at the default byte rate;
+* ``noisy, unlimited``: the same load from a third tenant whose byte rate is 1 TB/s, for
+  comparison: what the limit buys.
 
-Printed: the quiet tenant's window p50/p99 per phase and p50 as a ratio of the baseline
-(goal: <= 2 with the limit), the noisy tenant's accepted appends, bytes/s and answers by
-status, and the API process's CPU. Asserts nothing.
+The conditions alternate in slices of ``--slice`` seconds (baseline, limited, unlimited,
+``--rounds`` times) while the quiet agents run throughout, so the machine's other load (2
+shared cores here) falls on every condition alike instead of on whichever phase ran at a
+busy minute; a window belongs to the slice it started in, and the first second of each
+slice (a noisy request of the slice before may still be in flight) is left out. The
+clients are ``bench/rawhttp.py``'s (little CPU of their own); the noisy ones run in a
+process of their own.
 
-    .venv/bin/python bench/noisy_neighbour.py                 # 15 s per phase
-    .venv/bin/python bench/noisy_neighbour.py --duration 30 --agents 8
+Printed: per condition, the quiet tenant's window p50/p99 over all its slices and p50 as a
+ratio of the baseline's (goal: <= 2 with the limit), each round's ratio, the noisy tenant's
+accepted bytes/s and answers by status, and the API process's CPU. Asserts nothing.
+
+    .venv/bin/python bench/noisy_neighbour.py                 # 3 rounds of 3 slices of 6 s
+    .venv/bin/python bench/noisy_neighbour.py --rounds 5 --slice 8 --agents 8
 """
 
 from __future__ import annotations
@@ -41,7 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,26 +57,41 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.http_load import cpu_seconds, pct  # noqa: E402
+from bench.rawhttp import RawClient  # noqa: E402
 from ctxcore.config import Settings, hash_token  # noqa: E402
 from tests.chaos.helpers import free_port  # noqa: E402
 from workers.embedded import ensure_redis  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
 
-QUIET, NOISY = "quiet", "noisy"
+QUIET, NOISY, UNLIMITED = "quiet", "noisy", "unlimited"
+CONDITIONS = ("baseline", "noisy, limited", "noisy, unlimited")
+NOISY_TENANT = {"noisy, limited": NOISY, "noisy, unlimited": UNLIMITED}
 OVERSIZED_PER_SECOND = 0.8
+SETTLE = 1.0  # seconds at the start of a slice whose windows are left out
+# A refused upload: the server answered (and may close) before the client sent it all.
+CLOSED = (OSError, asyncio.IncompleteReadError)
 
 
 @dataclass
-class Phase:
-    """The quiet tenant's window latencies (ms) and the noisy tenant's answers."""
+class Slice:
+    """One slice of one condition: when, the windows started in it, and the API's CPU."""
 
-    name: str
+    condition: str
+    round: int
+    start: float
+    end: float
     windows: list[float] = field(default_factory=list)
-    quiet_errors: Counter[int] = field(default_factory=Counter)
-    noisy: Counter[str] = field(default_factory=Counter)
-    noisy_bytes: int = 0
-    seconds: float = 0.0
     cpu_seconds: float = 0.0
+
+
+@dataclass
+class Noisy:
+    """The noisy clients' answers and accepted bytes, per condition."""
+
+    answers: dict[str, Counter[str]] = field(default_factory=dict)
+    accepted: Counter[str] = field(default_factory=Counter)
+    # Admitted (past the byte-rate check, so charged to the bucket): accepted or refused by count.
+    charged: Counter[str] = field(default_factory=Counter)
 
 
 def max_size_body(settings: Settings) -> bytes:
@@ -85,10 +108,12 @@ def oversized_body() -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": f"m{i}"} for i in range(100_000)]}).encode()
 
 
-async def quiet_agent(http: httpx.AsyncClient, token: str, n: int, phase: Phase, until: float) -> None:
+async def quiet_agent(
+    http: RawClient, token: str, n: int, slices: list[Slice], quiet_errors: Counter[int]
+) -> None:
     auth = {"Authorization": f"Bearer {token}"}
     conv = f"/v1/conversations/quiet-{n}"
-    step = 0
+    step, until = 0, slices[-1].end
     while time.monotonic() < until:
         batch = [
             {"role": "user", "content": f"check {step}"},
@@ -96,74 +121,103 @@ async def quiet_agent(http: httpx.AsyncClient, token: str, n: int, phase: Phase,
         ]
         appended = await http.post(f"{conv}/messages", json={"messages": batch}, headers=auth)
         if appended.status_code >= 400:
-            phase.quiet_errors[appended.status_code] += 1
-        started = time.perf_counter()
+            quiet_errors[appended.status_code] += 1
+        started = time.monotonic()
         window = await http.post(f"{conv}/window", json={"budget_tokens": 16_000}, headers=auth)
-        phase.windows.append((time.perf_counter() - started) * 1000)
+        took = (time.monotonic() - started) * 1000
         if window.status_code >= 400:
-            phase.quiet_errors[window.status_code] += 1
+            quiet_errors[window.status_code] += 1
+        for s in slices:
+            if s.start + SETTLE <= started < s.end:
+                s.windows.append(took)
         step += 1
 
 
+async def slice_clock(slices: list[Slice], api_pid: int) -> None:
+    """The API process's CPU over each slice, read at its boundaries."""
+    for s in slices:
+        await asyncio.sleep(max(0.0, s.start - time.monotonic()))
+        before = cpu_seconds(api_pid)
+        await asyncio.sleep(max(0.0, s.end - time.monotonic()))
+        s.cpu_seconds = cpu_seconds(api_pid) - before
+
+
 async def noisy_appender(
-    http: httpx.AsyncClient, token: str, body: bytes, phase: Phase, until: float
+    http: RawClient, token: str, body: bytes, label: str, out: Noisy, until: float
 ) -> None:
     """Maximum-size appends back to back, each 429 waited out: the tenant's byte rate."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    answers = out.answers.setdefault(label, Counter())
     n = 0
     while time.monotonic() < until:
         try:
             answer = await http.post(
                 f"/v1/conversations/noisy-{n % 4}/messages", content=body, headers=headers
             )
-        except httpx.TransportError:
-            # Refused before its body was read: the server closed the connection under the upload.
-            phase.noisy["max-size closed"] += 1
+        except CLOSED:
+            answers["max-size closed"] += 1
             await asyncio.sleep(1.0)
             continue
-        phase.noisy[f"max-size {answer.status_code}"] += 1
+        answers[f"max-size {answer.status_code}"] += 1
         if answer.status_code == 429:
-            await asyncio.sleep(min(float(answer.headers.get("Retry-After", "1")), until - time.monotonic()))
+            await asyncio.sleep(
+                max(0.0, min(float(answer.headers.get("retry-after", "1")), until - time.monotonic()))
+            )
             continue
         if answer.status_code < 300:
-            phase.noisy_bytes += len(body)
+            out.accepted[label] += len(body)
+        out.charged[label] += len(body)
         n += 1
 
 
 async def noisy_oversized(
-    http: httpx.AsyncClient, token: str, body: bytes, phase: Phase, until: float
+    http: RawClient, token: str, body: bytes, label: str, out: Noisy, until: float
 ) -> None:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    answers = out.answers.setdefault(label, Counter())
     while time.monotonic() < until:
         try:
             answer = await http.post("/v1/conversations/noisy-big/messages", content=body, headers=headers)
-            phase.noisy[f"oversized {answer.status_code}"] += 1
-        except httpx.TransportError:
-            phase.noisy["oversized closed"] += 1  # refused mid-body: the server closed the connection
-        await asyncio.sleep(1 / OVERSIZED_PER_SECOND)
+            answers[f"oversized {answer.status_code}"] += 1
+            if answer.status_code != 429:
+                out.charged[label] += len(body)
+        except CLOSED:
+            answers["oversized closed"] += 1  # refused mid-body: the server closed the connection
+        await asyncio.sleep(min(1 / OVERSIZED_PER_SECOND, max(0.0, until - time.monotonic())))
 
 
-def noisy_process(port: int, token: str, big: bytes, oversized: bytes, seconds: float, out: Any) -> None:
-    """The noisy tenant in a process of its own: its uploads never share an event loop (or
-    the GIL) with the quiet agents' clock. Puts its answers and accepted bytes on ``out``."""
+def noisy_process(
+    port: int,
+    tokens: dict[str, str],
+    plan: list[tuple[str, float, float]],
+    big: bytes,
+    oversized: bytes,
+    out: Any,
+) -> None:
+    """The noisy tenants in a process of their own (their uploads never share an event loop,
+    or the GIL, with the quiet agents' clock), sending during their slices of ``plan``
+    ((condition, start, end) on the shared monotonic clock). Puts a ``Noisy`` on ``out``."""
 
-    async def load() -> Phase:
-        phase = Phase("noisy")
-        until = time.monotonic() + seconds
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+    async def load() -> Noisy:
+        result = Noisy()
+        for condition, start, end in plan:
+            tenant = NOISY_TENANT.get(condition)
+            if tenant is None:
+                continue
+            await asyncio.sleep(max(0.0, start - time.monotonic()))
+            http = RawClient("127.0.0.1", port)
             await asyncio.gather(
-                noisy_appender(http, token, big, phase, until),
-                noisy_oversized(http, token, oversized, phase, until),
+                noisy_appender(http, tokens[tenant], big, condition, result, end),
+                noisy_oversized(
+                    RawClient("127.0.0.1", port), tokens[tenant], oversized, condition, result, end
+                ),
             )
-        return phase
+        return result
 
-    phase = asyncio.run(load())
-    out.put((dict(phase.noisy), phase.noisy_bytes))
+    out.put(asyncio.run(load()))
 
 
-def config_file(
-    directory: Path, url: str, prefix: str, tokens: dict[str, str], port: int, byte_rate: float
-) -> Path:
+def config_file(directory: Path, url: str, prefix: str, tokens: dict[str, str], port: int) -> Path:
     lines = [
         "[redis]",
         f'url = "{url}"',
@@ -176,98 +230,117 @@ def config_file(
         "burst = 1000",
         "[http.tokens]",
         *(f'"{hash_token(token)}" = "{tenant}"' for tenant, token in tokens.items()),
-        f"[tenants.{NOISY}]",
-        f"bytes_per_second = {byte_rate!r}",
+        # The noisy tenant keeps the default byte rate; the unlimited one, for comparison, not.
+        f"[tenants.{UNLIMITED}]",
+        "bytes_per_second = 1e12",
     ]
-    path = directory / f"ctxcore-{int(byte_rate)}.toml"
+    path = directory / "ctxcore.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
-async def run(args: argparse.Namespace, url: str, prefix: str, workdir: Path) -> list[Phase]:
-    tokens = {tenant: f"bench-{tenant}-{uuid.uuid4().hex}" for tenant in (QUIET, NOISY)}
+async def wait_healthy(port: int, log: Path) -> None:
+    http = RawClient("127.0.0.1", port)
+    for _ in range(150):
+        try:
+            if (await http.get("/healthz")).status_code == 200:
+                return
+        except CLOSED:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"ctxcore serve did not start; see {log}")
+
+
+async def run(
+    args: argparse.Namespace, url: str, prefix: str, workdir: Path
+) -> tuple[list[Slice], Noisy, Counter[int]]:
+    tokens = {tenant: f"bench-{tenant}-{uuid.uuid4().hex}" for tenant in (QUIET, NOISY, UNLIMITED)}
     settings = Settings()
     big, oversized = max_size_body(settings), oversized_body()
     print(
         f"noisy tenant: max-size appends of {len(big):,} bytes ({settings.service.max_messages_per_append} "
         f"messages) at its byte rate, and {len(oversized):,}-byte appends of 100,000 messages at "
         f"{OVERSIZED_PER_SECOND} requests/s; quiet tenant: {args.agents} closed-loop agents; "
-        f"{args.duration:g} s per phase; {os.cpu_count()} cores",
+        f"{args.rounds} rounds of {len(CONDITIONS)} slices of {args.slice:g} s; {os.cpu_count()} cores",
         flush=True,
     )
-    phases: list[Phase] = []
-    for byte_rate, names in (
-        (settings.http.bytes_per_second, ("baseline", "noisy, limited")),
-        (1e12, ("noisy, unlimited",)),
-    ):
-        port = free_port()
-        config = config_file(workdir, url, prefix, tokens, port, byte_rate)
-        log = workdir / "serve.log"
-        with log.open("ab") as out:
-            api = subprocess.Popen(
-                [sys.executable, "-m", "workers.cli", "serve"],
-                env={**os.environ, "CTXCORE_CONFIG_FILE": str(config)},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-                for _ in range(150):
-                    try:
-                        if (await http.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.2)
-                else:
-                    raise RuntimeError(f"ctxcore serve did not start; see {log}")
-                for name in names:
-                    phase = Phase(name)
-                    cpu, started = cpu_seconds(api.pid), time.monotonic()
-                    until = started + args.duration
-                    jobs = [quiet_agent(http, tokens[QUIET], n, phase, until) for n in range(args.agents)]
-                    noisy: Any = None
-                    results: Any = mp.Queue()
-                    if name != "baseline":
-                        args_ = (port, tokens[NOISY], big, oversized, args.duration, results)
-                        noisy = mp.Process(target=noisy_process, args=args_)
-                        noisy.start()
-                    await asyncio.gather(*jobs)
-                    if noisy is not None:
-                        answers, accepted = results.get(timeout=120)
-                        noisy.join(30)
-                        phase.noisy.update(answers)
-                        phase.noisy_bytes = accepted
-                    phase.seconds = time.monotonic() - started
-                    phase.cpu_seconds = cpu_seconds(api.pid) - cpu
-                    phases.append(phase)
-                    print(f"  {name}: done", flush=True)
-        finally:
-            api.terminate()
-            try:
-                api.wait(20)
-            except subprocess.TimeoutExpired:
-                api.kill()
-    return phases
-
-
-def report(phases: list[Phase], byte_rate: float) -> None:
-    base = pct(phases[0].windows, 0.5)
-    print(
-        "\n| phase | quiet window p50 ms | p99 | p50 / baseline | quiet errors | noisy MB/s accepted | noisy answers | API CPU % |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for p in phases:
-        answers = ", ".join(f"{k}: {v}" for k, v in sorted(p.noisy.items())) or "-"
-        errors = ", ".join(f"{k}: {v}" for k, v in sorted(p.quiet_errors.items())) or "0"
-        print(
-            f"| {p.name} | {pct(p.windows, 0.5):.1f} | {pct(p.windows, 0.99):.1f} | "
-            f"{pct(p.windows, 0.5) / base:.2f} | {errors} | {p.noisy_bytes / p.seconds / 1e6:.2f} | {answers} | "
-            f"{100 * p.cpu_seconds / p.seconds:.0f} |"
+    port = free_port()
+    config = config_file(workdir, url, prefix, tokens, port)
+    log = workdir / "serve.log"
+    with log.open("ab") as out:
+        api = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "serve"],
+            env={**os.environ, "CTXCORE_CONFIG_FILE": str(config)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-    limited = next(p for p in phases if p.name == "noisy, limited")
-    ratio = pct(limited.windows, 0.5) / base
+    quiet_errors: Counter[int] = Counter()
+    try:
+        await wait_healthy(port, log)
+        # The noisy process starts (imports, builds nothing: the bodies are passed) before
+        # the first slice; a warm-up slice of the quiet agents alone comes first.
+        start = time.monotonic() + 3.0
+        slices = [
+            Slice(
+                condition,
+                r,
+                start + (r * len(CONDITIONS) + i) * args.slice,
+                start + (r * len(CONDITIONS) + i + 1) * args.slice,
+            )
+            for r in range(args.rounds)
+            for i, condition in enumerate(CONDITIONS)
+        ]
+        results: Any = mp.Queue()
+        plan = [(s.condition, s.start, s.end) for s in slices]
+        noisy = mp.Process(target=noisy_process, args=(port, tokens, plan, big, oversized, results))
+        noisy.start()
+        http = RawClient("127.0.0.1", port)
+        await asyncio.gather(
+            slice_clock(slices, api.pid),
+            *(quiet_agent(http, tokens[QUIET], n, slices, quiet_errors) for n in range(args.agents)),
+        )
+        noise: Noisy = results.get(timeout=120)
+        noisy.join(30)
+    finally:
+        api.terminate()
+        try:
+            api.wait(20)
+        except subprocess.TimeoutExpired:
+            api.kill()
+    return slices, noise, quiet_errors
+
+
+def report(slices: list[Slice], noise: Noisy, quiet_errors: Counter[int], byte_rate: float) -> None:
+    def windows(condition: str, round_: int | None = None) -> list[float]:
+        return [
+            w for s in slices if s.condition == condition and round_ in (None, s.round) for w in s.windows
+        ]
+
+    base = pct(windows("baseline"), 0.5)
+    seconds = sum(s.end - s.start for s in slices if s.condition == "baseline")
+    print(
+        "\n| condition | quiet windows | quiet window p50 ms | p99 | p50 / baseline | per round | noisy MB/s accepted "
+        "| charged | noisy answers | API CPU % |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rounds = sorted({s.round for s in slices})
+    for condition in CONDITIONS:
+        own = windows(condition)
+        per_round = ", ".join(
+            f"{pct(windows(condition, r), 0.5) / pct(windows('baseline', r), 0.5):.2f}" for r in rounds
+        )
+        answers = (
+            ", ".join(f"{k}: {v}" for k, v in sorted(noise.answers.get(condition, Counter()).items())) or "-"
+        )
+        cpu = sum(s.cpu_seconds for s in slices if s.condition == condition)
+        print(
+            f"| {condition} | {len(own)} | {pct(own, 0.5):.1f} | {pct(own, 0.99):.1f} | {pct(own, 0.5) / base:.2f} | "
+            f"{per_round} | {noise.accepted[condition] / seconds / 1e6:.2f} | "
+            f"{noise.charged[condition] / seconds / 1e6:.2f} | {answers} | {100 * cpu / seconds:.0f} |"
+        )
+    ratio = pct(windows("noisy, limited"), 0.5) / base
+    print(f"quiet errors: {', '.join(f'{k}: {v}' for k, v in sorted(quiet_errors.items())) or 'none'}")
     print(
         f"\nquiet tenant's median window with the noisy tenant at its byte rate ({byte_rate / 1e6:.2f} MB/s): "
         f"{ratio:.2f} x its baseline (goal <= 2: {'met' if ratio <= 2 else 'NOT met'})"
@@ -276,19 +349,20 @@ def report(phases: list[Phase], byte_rate: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per phase (default 15)")
+    parser.add_argument("--slice", type=float, default=6.0, help="seconds per slice (default 6)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three conditions (default 3)")
     parser.add_argument("--agents", type=int, default=4, help="the quiet tenant's agents (default 4)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
     args = parser.parse_args()
-    if args.agents < 1 or not args.duration > 0:
-        parser.error("--agents must be at least 1 and --duration above 0")
+    if args.agents < 1 or args.rounds < 1 or not args.slice > SETTLE:
+        parser.error(f"--agents and --rounds must be at least 1 and --slice above {SETTLE:g}")
     server = ensure_redis(args.redis_url)
     url = args.redis_url if not server.started else server.url.rsplit("/", 1)[0] + "/15"
     prefix = f"noisy{uuid.uuid4().hex[:8]}"
     try:
         with tempfile.TemporaryDirectory(prefix="ctxcore-noisy-") as workdir:
-            phases = asyncio.run(run(args, url, prefix, Path(workdir)))
-        report(phases, Settings().http.bytes_per_second)
+            slices, noise, quiet_errors = asyncio.run(run(args, url, prefix, Path(workdir)))
+        report(slices, noise, quiet_errors, Settings().http.bytes_per_second)
     finally:
         delete_prefixed_keys(redis.Redis.from_url(url), prefix)
         if server.started:
