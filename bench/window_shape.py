@@ -43,6 +43,7 @@ VARIANTS: dict[str, dict[str, float]] = {
     "chunk.25": {"target": 0.75},
     "chunk.3": {"target": 0.7},
     "share.25": {"share": 0.25},
+    "share.5": {"share": 0.5},
     "share.15": {"share": 0.15},
     "nocap": {"cap": 1.0},
 }
