@@ -310,12 +310,15 @@ def _slack_room(view: View, config: PipelineConfig, counter: TokenCounter, sourc
 
 
 def _merge_ceiling(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
-    """The most a merge's summaries may take: the blocks' cap less one L1 block at the first
-    pass's floor, so the next compaction summarises raw steps into a new block instead of
-    merging (and rewriting) the blocks again. Merges at the cap made every compaction a merge
-    that re-wrote the whole summary; alternating (bench/README "Where a compaction lands"):
-    run cost 0.87 -> 0.76 of `steps` at 16k on half A, 1.49 -> 1.34 at 8k, raw history 0.45
-    -> 0.57 of the budget; next-step references -0.008 to +0.019 at 16k, 0 to -0.017 at 8k."""
+    """The most a merge's summaries may take before the slack under the target: the blocks'
+    cap less one L1 block at the first pass's floor. Merged at the cap, every compaction was
+    a merge re-writing a summary of 0.32 of the budget (output paid 4x). With the slack added
+    the blocks still end near the cap's edge, so compactions do not alternate merge / L1 (47
+    merges, 15 L1 on half A at 16k): the gain is a smaller merged summary (blocks 0.30 -> 0.19
+    of the budget, raw history 0.45 -> 0.57), run cost 0.87 -> 0.76 of `steps` at 16k, 1.49 ->
+    1.34 at 8k; next-step references -0.008 to +0.019 at 16k, 0 to -0.017 at 8k (bench/README
+    "Where a compaction lands"). Capping the slack too makes them alternate (30 / 25) but
+    lands at 0.78 again: fill lost, 8k references -0.012 / -0.020."""
     cap = summary_cap(view, config)
     if cap is None:  # a dialogue: its summaries may fill the target, no ceiling
         return config.target_tokens
