@@ -37,6 +37,7 @@ from ctxcore.summarize.extractive.features import (
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.lists import with_lists_joined
+from ctxcore.summarize.extractive.rules import Rules
 from ctxcore.summarize.extractive.tools import (
     COMMAND_CHARS,
     TASK_TOOL,
@@ -61,12 +62,17 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
+# Every kind of line's prior without the ``category_priors`` rule: their mean.
+_FLAT_PRIOR: Final = 6.0
 
 
 class Extractor:
     """Builds scored candidates from source messages (one instance per call)."""
 
-    def __init__(self, query_words: frozenset[str], known: frozenset[str], with_paths: bool) -> None:
+    def __init__(
+        self, query_words: frozenset[str], known: frozenset[str], with_paths: bool, rules: Rules
+    ) -> None:
+        self.rules = rules
         self.query_words = query_words
         self.known = known
         self.with_paths = with_paths
@@ -88,6 +94,14 @@ class Extractor:
 
     # scoring
 
+    def prior(self, category: str) -> float:
+        """The prior of a kind of line (one flat prior without the ``category_priors`` rule)."""
+        return BASE_SCORE[category] if self.rules.category_priors else _FLAT_PRIOR
+
+    def known_weight(self, norm: str) -> float:
+        """What a line the reference context already holds keeps of its value."""
+        return 0.3 if norm in self.known and self.rules.known_discount else 1.0
+
     def note_path(self, path: str, weight: float, tag: str) -> None:
         """Record a path for the paths section (when the contract has one)."""
         if self.with_paths:
@@ -97,6 +111,8 @@ class Extractor:
     def features(self, text: str, tag: str) -> tuple[float, frozenset[str]]:
         """The feature value of a line and its content words."""
         value, words, paths = line_features(text, self.query_words)
+        if not self.rules.line_features:
+            value = 0.0
         for path in paths:
             self.note_path(path, 1.0, tag)
         return value, words
@@ -120,9 +136,7 @@ class Extractor:
             return
         norm = key or collapse(text).casefold()
         value, words = self.features(text, tag)
-        static = BASE_SCORE[category] + bonus + value
-        if norm in self.known:
-            static *= 0.3
+        static = (self.prior(category) + bonus + value) * self.known_weight(norm)
         self.items.append(
             Item(
                 order, category, text, static, norm, words, independent=independent, tag=tag, section=section
@@ -155,7 +169,7 @@ class Extractor:
         if len(stripped) <= 2 * MAX_LINE_CHARS:
             if meaningful(stripped):
                 value, words = self.features(stripped, "user")
-                static = BASE_SCORE[category] + value
+                static = self.prior(category) + value
                 self.items.append(
                     Item((index, 0), category, stripped, static, user_key(stripped), words, tag="user")
                 )
@@ -202,9 +216,7 @@ class Extractor:
         if not meaningful(text) or (prefix and text == prefix.rstrip()):
             return
         norm = collapse(text).casefold()
-        static = BASE_SCORE["chat"] + value
-        if norm in self.known:
-            static *= 0.3
+        static = (self.prior("chat") + value) * self.known_weight(norm)
         self.items.append(
             Item(
                 order,
@@ -308,7 +320,10 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, with_lists_joined(without_code(message.text)), classify, "assistant")
+        text = without_code(message.text) if self.rules.code_dropped else message.text
+        if self.rules.lists_joined:
+            text = with_lists_joined(text)
+        self.lines(index, text, classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
@@ -347,7 +362,8 @@ class Extractor:
         written = shell_write_target(command) if isinstance(command, str) else None
         # A shell command is shown whole (``command_text``): never cut after its first
         # line number.
-        limit = COMMAND_CHARS + MAX_LINE_CHARS if command_text(parsed) is not None else MAX_LINE_CHARS
+        whole = self.rules.commands_whole and command_text(parsed) is not None
+        limit = COMMAND_CHARS + MAX_LINE_CHARS if whole else MAX_LINE_CHARS
         order = (index, _CALL_ORDER + pos)
         if result is not None:
             self.last_call = order
@@ -388,6 +404,7 @@ class Extractor:
                 continue
             sub += 1
             if error:
-                self.add((index, sub), "error", line, tag=tag)
-            elif output_fact(line):
+                if self.rules.output_errors:
+                    self.add((index, sub), "error", line, tag=tag)
+            elif self.rules.output_facts and output_fact(line):
                 self.add((index, sub), "fact", line, tag=tag)

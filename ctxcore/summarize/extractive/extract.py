@@ -28,6 +28,7 @@ from ctxcore.summarize.extractive.features import (
     words_of,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item
+from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.summarize.extractive.tools import result_line
 from ctxcore.turns import is_real_user, tool_callers
 
@@ -224,11 +225,12 @@ def _keep_errors(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> 
     # bounded share), under the same key as their ordinary candidates so each prints once.
     # An earlier summary in the source counts too, so by induction the conversation's first
     # and newest failures survive every later merge.
-    newest = _errors_at(source, ex, shape, newest=True)
+    newest = _errors_at(source, ex, shape, newest=True) if ex.rules.newest_failure else []
     kept = {line for _, line, _ in newest}
     for index, line, tag in newest:
         _keep_error(ex, index, line, tag, share=0.25)
-    for index, line, tag in _errors_at(source, ex, shape, newest=False):
+    first = _errors_at(source, ex, shape, newest=False) if ex.rules.first_failure else []
+    for index, line, tag in first:
         if line not in kept:
             _keep_error(ex, index, line, tag, share=0.2)
 
@@ -240,6 +242,8 @@ def _keep_file_lists(ex: Extractor, end: int) -> None:
     lose to newer work."""
     written = [p for p, at in _newest_first(ex.written) if ex.removed.get(p, (-1, 0)) < at]
     looked = [p for p, _ in _newest_first(ex.looked_at) if p not in ex.written]
+    written = written if ex.rules.files_written else []
+    looked = looked if ex.rules.files_looked_at else []
     for sub, (prefix, paths, share) in enumerate(
         ((FILES_WRITTEN, written, 0.1), (FILES_LOOKED_AT, looked, 0.08))
     ):
@@ -262,7 +266,7 @@ def _keep_last_call(ex: Extractor) -> None:
     """The line of the source's newest call is kept: it is what the agent did just before
     the verbatim tail resumes, which no later line says."""
     lines = [it for it in ex.items if it.order == ex.last_call and not it.must]
-    if lines:
+    if lines and ex.rules.newest_call:
         ex.items.append(dataclasses.replace(lines[-1], must=True, share=0.1, whole=True))
 
 
@@ -335,10 +339,11 @@ def extract(
     instruction: str,
     context: Sequence[AnyMessage],
     with_paths: bool,
+    rules: Rules = ALL_RULES,
 ) -> Candidates:
     """The candidates of ``source`` (see the module docstring)."""
     known, context_words = _reference(context)
-    ex = Extractor(words_of(f"{query} {instruction}"), known, with_paths)
+    ex = Extractor(words_of(f"{query} {instruction}"), known, with_paths, rules)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
     _keep_errors(ex, source, shape)
@@ -350,11 +355,12 @@ def extract(
             tag = ex.path_tags.get(path, "")
             ex.items.append(Item((len(source), rank), "paths", path, static, f"path:{path}", tag=tag))
     kept = _latest(ex)
-    _diminish(kept)
+    if rules.diminishing:
+        _diminish(kept)
     # Later lines describe the current state; a mild bonus keeps the resume point.
     span = max(len(source), 1)
     for item in kept:
-        if not item.must:
+        if not item.must and rules.recency:
             item.static += _RECENCY * item.order[0] / span
     kept.sort(key=lambda it: it.order)
     return Candidates(kept, _idf(kept), context_words)

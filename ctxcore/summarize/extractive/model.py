@@ -18,6 +18,7 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
 from ctxcore.summarize.extractive.items import Item
+from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.summarize.extractive.select import (
     MIN_FILL_TOKENS,
     Budgeter,
@@ -94,12 +95,16 @@ class ExtractiveModel:
     section, or ``{"blocks": [{"block_id", "summary"}]}`` with exactly the contract's block
     ids. Every output stays within its token target as measured by ``counter`` (default
     ``TiktokenCounter()``) and within ``max_tokens``. Without a contract it returns a head
-    and tail excerpt of the last user message.
+    and tail excerpt of the last user message. ``rules`` is every rule unless an ablation
+    bench turns some off (``extractive.rules``).
     """
 
-    def __init__(self, counter: TokenCounter | None = None, *, name: str = "extractive") -> None:
+    def __init__(
+        self, counter: TokenCounter | None = None, *, name: str = "extractive", rules: Rules = ALL_RULES
+    ) -> None:
         self.counter: TokenCounter = counter if counter is not None else TiktokenCounter()
         self._name = name
+        self.rules = rules
         self._budget = Budgeter(self.counter)
 
     @property
@@ -156,6 +161,7 @@ class ExtractiveModel:
             instruction=contract.instruction,
             context=contract.context,
             with_paths="paths" in {classify_title(s) for s in sections},
+            rules=self.rules,
         )
         chosen = self._choose(found, available, budget, lambda c: self._render_snapshot(sections, c))
         while True:
@@ -186,6 +192,7 @@ class ExtractiveModel:
                 instruction=contract.instruction,
                 context=contract.context,
                 with_paths=False,
+                rules=self.rules,
             )
             for b in blocks
         ]
@@ -237,7 +244,7 @@ class ExtractiveModel:
         is chosen again from the lines not taken, until nothing more fits; the last pass
         fills the rest with a shortened line.
         """
-        selection = Selection(found.idf, found.covered, self._budget)
+        selection = Selection(found.idf, found.covered, self._budget, self.rules)
         if not any(spoken(it) for it in found.items):
             # No line can share another's: the text costs what the lines were priced.
             return selection.run(found.items, available)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words, meaningful, tail_words
 from ctxcore.summarize.extractive.items import Item
+from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.tokens import TokenCounter
 
 __all__ = [
@@ -168,7 +169,10 @@ class Selection:
     best, and the others need not be re-scored (the classic lazy greedy).
     """
 
-    def __init__(self, idf: dict[str, float], covered: frozenset[str], budgeter: Budgeter) -> None:
+    def __init__(
+        self, idf: dict[str, float], covered: frozenset[str], budgeter: Budgeter, rules: Rules = ALL_RULES
+    ) -> None:
+        self.rules = rules
         self.idf = idf
         self.covered = set(covered)
         self.budgeter = budgeter
@@ -202,7 +206,7 @@ class Selection:
         # The latest state of each file is reserved a share of the budget first: it is
         # what a resumed agent needs most and its lines are long, so pure value per token
         # would let many short facts crowd it out.
-        reserved = [it for it in rest if it.category == "file"]
+        reserved = [it for it in rest if it.category == "file"] if self.rules.file_share else []
         if reserved:
             cap = min(budget, used + int(budget * _FILE_SHARE))
             taken, used, _ = self._greedy(reserved, cap, used)

@@ -1,0 +1,70 @@
+"""The extractive summariser's rules, each one switchable for an ablation.
+
+The product always runs every rule (``ALL_RULES``, ``ExtractiveModel``'s default); the
+ablation bench (``bench/rule_ablation.py``) turns one off at a time and scores the
+next-step references with and without it on both development halves: a rule stays only
+while it pays there (bench/README, "Every rule pays").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Final
+
+from ctxcore.errors import ConfigError
+
+__all__ = ["ALL_RULES", "Rules", "names", "without"]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Which rules apply (every one by default).
+
+    The probe-category rules keep a line whatever else competes: ``first_failure`` and
+    ``newest_failure`` (the failure lines of the first and newest failing output),
+    ``files_written`` and ``files_looked_at`` (one line naming each such file),
+    ``newest_call`` (the line of the newest call). Content rules: ``commands_whole`` (a
+    shell command up to 1,000 characters, never cut at 320), ``lists_joined`` (bare list
+    items joined to their sentence), ``output_facts`` (a tool output's lines naming a path
+    or date), ``output_errors`` (its error lines), ``code_dropped`` (fenced code left out of
+    assistant text). Weights: ``category_priors`` (a prior per kind of line),
+    ``line_features`` (numbers, dates, names, paths, identifiers, errors, query overlap),
+    ``diminishing`` (each further line of one message worth less), ``recency`` (later lines
+    worth more), ``known_discount`` (a line the context already holds worth less),
+    ``file_share`` (the files' latest writes reserved a fifth of the budget).
+    """
+
+    first_failure: bool = True
+    newest_failure: bool = True
+    files_written: bool = True
+    files_looked_at: bool = True
+    newest_call: bool = True
+    commands_whole: bool = True
+    lists_joined: bool = True
+    output_facts: bool = True
+    output_errors: bool = True
+    code_dropped: bool = True
+    category_priors: bool = True
+    line_features: bool = True
+    diminishing: bool = True
+    recency: bool = True
+    known_discount: bool = True
+    file_share: bool = True
+
+
+ALL_RULES: Final = Rules()
+
+
+def names() -> list[str]:
+    """Every rule's name, in declaration order."""
+    return [f.name for f in dataclasses.fields(Rules)]
+
+
+def without(*off: str) -> Rules:
+    """Every rule but ``off`` (names of ``Rules`` fields)."""
+    known = set(names())
+    unknown = [name for name in off if name not in known]
+    if unknown:
+        raise ConfigError(f"unknown extractive rule {', '.join(unknown)}; rules: {', '.join(sorted(known))}")
+    return dataclasses.replace(ALL_RULES, **{name: False for name in off})
