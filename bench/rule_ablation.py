@@ -11,8 +11,9 @@ stale) with and without it, the difference, and the runs where the rule wins / l
 the two-sided sign test; the summary's bare-token lines are in ``retention.py``. It asserts
 nothing.
 
-    .venv/bin/python bench/rule_ablation.py --budgets 16000 8000 --jobs 2
+    .venv/bin/python bench/rule_ablation.py --budgets 16000 8000 --jobs 2 --jsonl ablation.jsonl
     .venv/bin/python bench/rule_ablation.py --rules newest_call files_looked_at --budgets 16000
+    .venv/bin/python bench/rule_ablation.py --rules recency known_discount --together
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """
@@ -24,7 +25,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ ALL = "(every rule)"
 def one(data: Path, ids: list[str], budget: int, off: str) -> dict[str, Any]:
     """``full`` on ``ids`` at ``budget`` with rule ``off`` switched off (``ALL``: none)."""
     counter = TiktokenCounter()
-    rules = without() if off == ALL else without(off)
+    rules = without() if off == ALL else without(*off.split("+"))
     results: list[ConversationResult] = []
     config = EvalConfig(
         policies=["full"],
@@ -94,11 +95,20 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="*", default=[16000])
     parser.add_argument("--halves", default="A,B")
     parser.add_argument("--rules", nargs="*", default=names(), help="rules to switch off, one at a time")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="switch the named rules off in one run (a+b+c), not one at a time",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--json", help="write every result here")
+    parser.add_argument(
+        "--jsonl", help="append each result here as it finishes; results already there are not run again"
+    )
     args = parser.parse_args()
     without(*args.rules)  # unknown names fail before any run
+    if args.together:
+        args.rules = ["+".join(args.rules)]
     swe = args.data / "minisweagent_dev.jsonl"
     if not swe.exists():
         raise SystemExit(f"no data in {args.data} (set CTXCORE_DATA_DIR)")
@@ -109,10 +119,23 @@ def main() -> None:
         for half in args.halves.split(",")
         for off in [ALL, *args.rules]
     ]
+    store = Path(args.jsonl) if args.jsonl else None
+    done: dict[tuple[str, int, str], dict[str, Any]] = {}
+    if store is not None and store.exists():
+        for line in store.read_text().splitlines():
+            res = json.loads(line)
+            done[(res["half"], res["budget"], res["off"])] = res
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        futures = {job: pool.submit(one, swe, split[job[0]], job[1], job[2]) for job in jobs}
-        done = {job: f.result() for job, f in futures.items()}
+        futures = {
+            pool.submit(one, swe, split[job[0]], job[1], job[2]): job for job in jobs if job not in done
+        }
+        for future in as_completed(futures):
+            job = futures[future]
+            done[job] = {"half": job[0], **future.result()}
+            if store is not None:
+                with store.open("a") as fh:
+                    fh.write(json.dumps(done[job]) + "\n")
     print(f"{time.perf_counter() - started:.0f} s in total", file=sys.stderr)
     print(
         "| rule off | half, budget | with | without | diff | stale with / without | runs W/L (sign p) | calls with / without |"
@@ -131,8 +154,6 @@ def main() -> None:
                     f"{base['calls']} / {res['calls']} |",
                     flush=True,
                 )
-    if args.json:
-        Path(args.json).write_text(json.dumps([{"half": h, **r} for (h, _, _), r in done.items()], indent=1))
 
 
 if __name__ == "__main__":
