@@ -123,23 +123,6 @@ def test_error_detection_ignores_parameters_and_traceback_headers() -> None:
     assert lines[0].startswith("File") and "Traceback" not in " ".join(lines)
 
 
-def test_the_files_looked_at_are_listed_newest_first_and_merge(model: ExtractiveModel) -> None:
-    reads = [
-        *bash("v1", "nl -ba src/dates/parse.py | sed -n '1,40p'", "1 import datetime"),
-        *bash("v2", "grep -n leap src/dates/calendar_utils.py", "12: def leap(y):"),
-        *filler("e", 2),
-    ]
-    one = summary(model, reads, 800)
-    listed = next(line for line in one.splitlines() if "files looked at:" in line)
-    assert listed.index("src/module_1.py") < listed.index("src/dates/calendar_utils.py")
-    assert listed.index("src/dates/calendar_utils.py") < listed.index("src/dates/parse.py")
-    merged = summary(model, [block(one, 1), block(summary(model, filler("f", 20), 400), 2)], 600)
-    assert "src/dates/parse.py" in merged and "src/dates/calendar_utils.py" in merged
-    # Over its share the list loses its oldest entries, never its newest.
-    small = next(line for line in summary(model, reads, 300).splitlines() if "files looked at:" in line)
-    assert "src/module_1.py" in small
-
-
 def test_the_newest_call_is_kept_where_the_tail_resumes(model: ExtractiveModel) -> None:
     source = [*filler("g", 30), *bash("z", "rm scratch_notes.py", "")]
     assert "- tool bash: rm scratch_notes.py" in summary(model, source, 200)

@@ -35,7 +35,7 @@ from ctxcore.summarize.extractive.features import (
     tool_tag,
     without_code,
 )
-from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
+from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_WRITTEN, Item, user_key
 from ctxcore.summarize.extractive.lists import with_lists_joined
 from ctxcore.summarize.extractive.rules import Rules
 from ctxcore.summarize.extractive.tools import (
@@ -46,7 +46,6 @@ from ctxcore.summarize.extractive.tools import (
     command_text,
     parse_args,
     result_line,
-    shell_files,
     shell_removed,
     shell_write_target,
     writes_file,
@@ -66,15 +65,16 @@ _FILE_WRITE = re.compile(r"^\S+ <- ")
 _FLAT_PRIOR: Final = 6.0
 
 
+# What each word a line shares with the request or the user's instruction adds to it.
+_QUERY_WORD: Final = 2.0
+
+
 class Extractor:
     """Builds scored candidates from source messages (one instance per call)."""
 
-    def __init__(
-        self, query_words: frozenset[str], known: frozenset[str], with_paths: bool, rules: Rules
-    ) -> None:
+    def __init__(self, query_words: frozenset[str], with_paths: bool, rules: Rules) -> None:
         self.rules = rules
         self.query_words = query_words
-        self.known = known
         self.with_paths = with_paths
         self.items: list[Item] = []
         # Path -> how much it matters: written > used by a tool > merely mentioned.
@@ -87,8 +87,6 @@ class Extractor:
         # Every file written in the source (or named by an earlier summary's list of them),
         # with when: the one line that tells a resumed agent which files it has touched.
         self.written: dict[str, tuple[int, int]] = {}
-        # Files the source's other calls named (read, searched, ran), likewise.
-        self.looked_at: dict[str, tuple[int, int]] = {}
         # Where the line of the newest call that has its result sits.
         self.last_call: tuple[int, int] | None = None
 
@@ -98,10 +96,6 @@ class Extractor:
         """The prior of a kind of line (one flat prior without the ``category_priors`` rule)."""
         return BASE_SCORE[category] if self.rules.category_priors else _FLAT_PRIOR
 
-    def known_weight(self, norm: str) -> float:
-        """What a line the reference context already holds keeps of its value."""
-        return 0.3 if norm in self.known and self.rules.known_discount else 1.0
-
     def note_path(self, path: str, weight: float, tag: str) -> None:
         """Record a path for the paths section (when the contract has one)."""
         if self.with_paths:
@@ -109,13 +103,12 @@ class Extractor:
             self.path_tags[path] = tag
 
     def features(self, text: str, tag: str) -> tuple[float, frozenset[str]]:
-        """The feature value of a line and its content words."""
-        value, words, paths = line_features(text, self.query_words)
-        if not self.rules.line_features:
-            value = 0.0
+        """What a line's words add to its prior (those of the request or the user's
+        instruction), and its content words; the paths it names are noted."""
+        words, paths = line_features(text)
         for path in paths:
             self.note_path(path, 1.0, tag)
-        return value, words
+        return _QUERY_WORD * len(self.query_words & words), words
 
     def add(
         self,
@@ -136,7 +129,7 @@ class Extractor:
             return
         norm = key or collapse(text).casefold()
         value, words = self.features(text, tag)
-        static = (self.prior(category) + bonus + value) * self.known_weight(norm)
+        static = self.prior(category) + bonus + value
         self.items.append(
             Item(
                 order, category, text, static, norm, words, independent=independent, tag=tag, section=section
@@ -216,7 +209,7 @@ class Extractor:
         if not meaningful(text) or (prefix and text == prefix.rstrip()):
             return
         norm = collapse(text).casefold()
-        static = (self.prior("chat") + value) * self.known_weight(norm)
+        static = self.prior("chat") + value
         self.items.append(
             Item(
                 order,
@@ -248,9 +241,6 @@ class Extractor:
                 sub += 1
                 self.add((index, sub), classify(piece), piece, tag=tag)
 
-    def _lists(self) -> tuple[tuple[str, dict[str, tuple[int, int]]], ...]:
-        return ((FILES_WRITTEN, self.written), (FILES_LOOKED_AT, self.looked_at))
-
     def memory_block(self, index: int, text: str) -> None:
         """Lines of an earlier summary, routed by the heading they sat under.
 
@@ -263,13 +253,11 @@ class Extractor:
             # A gap in the order between lines: only sentences printed next to each other
             # in the earlier line are next to each other again.
             sub += 2
-            listed = next(((p, into) for p, into in self._lists() if line.startswith(p)), None)
-            if listed is not None:
-                prefix, into = listed
-                for path in line[len(prefix) :].split(", "):
+            if line.startswith(FILES_WRITTEN):
+                for path in line[len(FILES_WRITTEN) :].split(", "):
                     # A list shortened to fit ends in an elision: no path there.
                     if path.strip() and ELLIPSIS.strip() not in path:
-                        into[path.strip()] = (index, sub)
+                        self.written[path.strip()] = (index, sub)
                 continue
             # A pipeline block's sections place its lines, they do not rank them: its lines
             # were chosen once on their merits and compete as facts again. A snapshot's
@@ -383,9 +371,6 @@ class Extractor:
             self.add(order, "pending", item_text, tag=tag, key=f"task:{name}", limit=limit)
         else:
             self.add(order, "tool", item_text, tag=tag, limit=limit)
-        if not failed and not writes_file(name, written, path):
-            for seen in shell_files(command) if isinstance(command, str) else [path] if path else []:
-                self.looked_at[seen] = order
         if path:
             self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
         if written:

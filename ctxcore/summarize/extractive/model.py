@@ -244,7 +244,7 @@ class ExtractiveModel:
         is chosen again from the lines not taken, until nothing more fits; the last pass
         fills the rest with a shortened line.
         """
-        selection = Selection(found.idf, found.covered, self._budget, self.rules)
+        selection = Selection(found.idf, found.covered, self._budget)
         if not any(spoken(it) for it in found.items):
             # No line can share another's: the text costs what the lines were priced.
             return selection.run(found.items, available)

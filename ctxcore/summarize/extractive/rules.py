@@ -21,24 +21,19 @@ __all__ = ["ALL_RULES", "Rules", "names", "without"]
 class Rules:
     """Which rules apply (every one by default).
 
-    The probe-category rules keep a line whatever else competes: ``first_failure`` and
-    ``newest_failure`` (the failure lines of the first and newest failing output),
-    ``files_written`` and ``files_looked_at`` (one line naming each such file),
-    ``newest_call`` (the line of the newest call). Content rules: ``commands_whole`` (a
-    shell command up to 1,000 characters, never cut at 320), ``lists_joined`` (bare list
-    items joined to their sentence), ``output_facts`` (a tool output's lines naming a path
-    or date), ``output_errors`` (its error lines), ``code_dropped`` (fenced code left out of
-    assistant text). Weights: ``category_priors`` (a prior per kind of line),
-    ``line_features`` (numbers, dates, names, paths, identifiers, errors, query overlap),
+    ``files_written`` keeps one line naming each file written, ``newest_call`` the line of
+    the newest call, whatever else competes. Content rules: ``commands_whole`` (a shell
+    command up to 1,000 characters, never cut at 320), ``lists_joined`` (bare list items
+    joined to their sentence), ``output_facts`` (a tool output's lines naming a path or
+    date), ``output_errors`` (its error lines), ``code_dropped`` (fenced code left out of
+    assistant text). Weights: ``category_priors`` (a prior per kind of line, else one),
     ``diminishing`` (each further line of one message worth less), ``recency`` (later lines
-    worth more), ``known_discount`` (a line the context already holds worth less),
-    ``file_share`` (the files' latest writes reserved a fifth of the budget).
+    worth more). The first and newest failure lines, the files looked at, the line
+    features, the discount of lines the context holds and the files' reserved share were
+    rules too and went: none paid on both halves (bench/README, issue 33).
     """
 
-    first_failure: bool = True
-    newest_failure: bool = True
     files_written: bool = True
-    files_looked_at: bool = True
     newest_call: bool = True
     commands_whole: bool = True
     lists_joined: bool = True
@@ -46,11 +41,8 @@ class Rules:
     output_errors: bool = True
     code_dropped: bool = True
     category_priors: bool = True
-    line_features: bool = True
     diminishing: bool = True
     recency: bool = True
-    known_discount: bool = True
-    file_share: bool = True
 
 
 ALL_RULES: Final = Rules()

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 
 from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words, meaningful, tail_words
 from ctxcore.summarize.extractive.items import Item
-from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.tokens import TokenCounter
 
 __all__ = [
@@ -34,7 +33,6 @@ _MAX_SKIPS = 400
 # heap of three-word fragments, close to 1 so that long low-content lines lose.
 _COST_EXPONENT = 0.75
 _LINE_OVERHEAD = 2
-_FILE_SHARE = 0.2
 
 
 class Budgeter:
@@ -169,10 +167,7 @@ class Selection:
     best, and the others need not be re-scored (the classic lazy greedy).
     """
 
-    def __init__(
-        self, idf: dict[str, float], covered: frozenset[str], budgeter: Budgeter, rules: Rules = ALL_RULES
-    ) -> None:
-        self.rules = rules
+    def __init__(self, idf: dict[str, float], covered: frozenset[str], budgeter: Budgeter) -> None:
         self.idf = idf
         self.covered = set(covered)
         self.budgeter = budgeter
@@ -203,16 +198,6 @@ class Selection:
         that did not fit fills what is left of the budget, shortened."""
         chosen, used, demoted = self._musts(items, budget)
         rest = [it for it in items if not it.must] + demoted
-        # The latest state of each file is reserved a share of the budget first: it is
-        # what a resumed agent needs most and its lines are long, so pure value per token
-        # would let many short facts crowd it out.
-        reserved = [it for it in rest if it.category == "file"] if self.rules.file_share else []
-        if reserved:
-            cap = min(budget, used + int(budget * _FILE_SHARE))
-            taken, used, _ = self._greedy(reserved, cap, used)
-            chosen.extend(taken)
-            ids = {id(it) for it in taken}
-            rest = [it for it in rest if id(it) not in ids]
         taken, used, skipped = self._greedy(rest, budget, used)
         chosen.extend(taken)
         remaining = budget - used
