@@ -65,16 +65,11 @@ _FILE_WRITE = re.compile(r"^\S+ <- ")
 _FLAT_PRIOR: Final = 6.0
 
 
-# What each word a line shares with the request or the user's instruction adds to it.
-_QUERY_WORD: Final = 2.0
-
-
 class Extractor:
     """Builds scored candidates from source messages (one instance per call)."""
 
-    def __init__(self, query_words: frozenset[str], with_paths: bool, rules: Rules) -> None:
+    def __init__(self, with_paths: bool, rules: Rules) -> None:
         self.rules = rules
-        self.query_words = query_words
         self.with_paths = with_paths
         self.items: list[Item] = []
         # Path -> how much it matters: written > used by a tool > merely mentioned.
@@ -102,13 +97,12 @@ class Extractor:
             self.paths[path] = max(self.paths.get(path, 0.0), weight)
             self.path_tags[path] = tag
 
-    def features(self, text: str, tag: str) -> tuple[float, frozenset[str]]:
-        """What a line's words add to its prior (those of the request or the user's
-        instruction), and its content words; the paths it names are noted."""
+    def features(self, text: str, tag: str) -> frozenset[str]:
+        """The content words of a line (noting the paths it names)."""
         words, paths = line_features(text)
         for path in paths:
             self.note_path(path, 1.0, tag)
-        return _QUERY_WORD * len(self.query_words & words), words
+        return words
 
     def add(
         self,
@@ -128,8 +122,8 @@ class Extractor:
         if len(text) < 3 or not meaningful(text):
             return
         norm = key or collapse(text).casefold()
-        value, words = self.features(text, tag)
-        static = self.prior(category) + bonus + value
+        words = self.features(text, tag)
+        static = self.prior(category) + bonus
         self.items.append(
             Item(
                 order, category, text, static, norm, words, independent=independent, tag=tag, section=section
@@ -140,7 +134,7 @@ class Extractor:
         """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
         if not meaningful(text):
             return
-        words = self.features(text[:20_000], "user")[1]
+        words = self.features(text[:20_000], "user")
         self.items.append(
             Item(
                 (index, 0),
@@ -161,8 +155,8 @@ class Extractor:
         stripped = text.strip()
         if len(stripped) <= 2 * MAX_LINE_CHARS:
             if meaningful(stripped):
-                value, words = self.features(stripped, "user")
-                static = self.prior(category) + value
+                words = self.features(stripped, "user")
+                static = self.prior(category)
                 self.items.append(
                     Item((index, 0), category, stripped, static, user_key(stripped), words, tag="user")
                 )
@@ -201,7 +195,7 @@ class Extractor:
         sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate, and a
         question is worth less than a statement."""
         piece = piece.strip()
-        value, words = self.features(piece, tag)
+        words = self.features(piece, tag)
         if not words or not meaningful(piece):
             return
         whole = f"{prefix}{piece}"
@@ -209,7 +203,7 @@ class Extractor:
         if not meaningful(text) or (prefix and text == prefix.rstrip()):
             return
         norm = collapse(text).casefold()
-        static = self.prior("chat") + value
+        static = self.prior("chat")
         self.items.append(
             Item(
                 order,

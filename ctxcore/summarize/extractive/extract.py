@@ -243,15 +243,13 @@ def _diminish(items: list[Item]) -> None:
 def extract(
     source: Sequence[AnyMessage],
     *,
-    query: str,
-    instruction: str,
     context: Sequence[AnyMessage],
     with_paths: bool,
     rules: Rules = ALL_RULES,
 ) -> Candidates:
     """The candidates of ``source`` (see the module docstring)."""
     context_words = _reference(context)
-    ex = Extractor(words_of(f"{query} {instruction}"), with_paths, rules)
+    ex = Extractor(with_paths, rules)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
     _keep_written_list(ex, len(source))

@@ -253,10 +253,9 @@ def words_of(text: str) -> frozenset[str]:
 def line_features(text: str) -> tuple[frozenset[str], list[str]]:
     """The content words of a line and the paths it names.
 
-    A line is worth its kind's prior, the words it shares with the request and the rarity
-    of its words; a hand-weighted count of its numbers, dates, names, paths, identifiers
-    and errors lost next-step references on both development halves and went
-    (bench/README, issue 33).
+    A line is worth its kind's prior and the rarity of its words; a hand-weighted count of
+    its numbers, dates, names, paths, identifiers, errors and words of the request lost
+    next-step references on both development halves and went (bench/README, issue 33).
     """
     paths: list[str] = PATH.findall(text)
     return words_of(text), paths

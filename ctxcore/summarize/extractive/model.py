@@ -157,8 +157,6 @@ class ExtractiveModel:
             return self._budget.fit(skeleton, budget, head_tail=False)
         found = extract(
             contract.source,
-            query=contract.query,
-            instruction=contract.instruction,
             context=contract.context,
             with_paths="paths" in {classify_title(s) for s in sections},
             rules=self.rules,
@@ -188,8 +186,6 @@ class ExtractiveModel:
         candidates = [
             extract(
                 b.source,
-                query=contract.query,
-                instruction=contract.instruction,
                 context=contract.context,
                 with_paths=False,
                 rules=self.rules,
