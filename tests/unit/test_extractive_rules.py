@@ -67,16 +67,11 @@ def test_an_unknown_rule_name_is_refused_with_the_known_ones() -> None:
         without("no_such_rule")
 
 
-def test_the_written_files_line_is_written_only_when_on(every_rule: str) -> None:
-    assert "files written: django/db/models/base.py" in every_rule
-    assert "files written:" not in summary(without("files_written"))
-
-
 def test_the_rules_that_did_not_pay_are_gone(every_rule: str) -> None:
-    # First/newest failure, files looked at, line features, the known-line discount and
-    # the files' reserved share: measured and removed (bench/README, issue 33).
-    assert "files looked at:" not in every_rule
-    for name in ("first_failure", "newest_failure", "files_looked_at", "line_features", "file_share"):
+    # Measured and removed (bench/README, issue 33).
+    assert "files looked at:" not in every_rule and "files written:" not in every_rule
+    gone = ("first_failure", "newest_failure", "files_written", "files_looked_at", "line_features")
+    for name in (*gone, "known_discount", "file_share", "output_facts", "code_dropped"):
         assert name not in names()
 
 

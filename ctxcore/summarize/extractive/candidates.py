@@ -16,7 +16,6 @@ from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
     DECISION,
-    ELLIPSIS,
     MAX_LINE_CHARS,
     PENDING,
     SENTENCE_SPLIT,
@@ -29,13 +28,11 @@ from ctxcore.summarize.extractive.features import (
     line_features,
     meaningful,
     opens_with_error,
-    output_fact,
     scan,
     spoken_runs,
     tool_tag,
-    without_code,
 )
-from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_WRITTEN, Item, user_key
+from ctxcore.summarize.extractive.items import BASE_SCORE, Item, user_key
 from ctxcore.summarize.extractive.lists import with_lists_joined
 from ctxcore.summarize.extractive.rules import Rules
 from ctxcore.summarize.extractive.tools import (
@@ -79,9 +76,6 @@ class Extractor:
         self._scans: dict[int, list[tuple[str, bool]]] = {}
         # Files deleted later in the source: their last write is no longer current state.
         self.removed: dict[str, tuple[int, int]] = {}
-        # Every file written in the source (or named by an earlier summary's list of them),
-        # with when: the one line that tells a resumed agent which files it has touched.
-        self.written: dict[str, tuple[int, int]] = {}
         # Where the line of the newest call that has its result sits.
         self.last_call: tuple[int, int] | None = None
 
@@ -247,12 +241,6 @@ class Extractor:
             # A gap in the order between lines: only sentences printed next to each other
             # in the earlier line are next to each other again.
             sub += 2
-            if line.startswith(FILES_WRITTEN):
-                for path in line[len(FILES_WRITTEN) :].split(", "):
-                    # A list shortened to fit ends in an elision: no path there.
-                    if path.strip() and ELLIPSIS.strip() not in path:
-                        self.written[path.strip()] = (index, sub)
-                continue
             # A pipeline block's sections place its lines, they do not rank them: its lines
             # were chosen once on their merits and compete as facts again. A snapshot's
             # section says what kind of line it holds.
@@ -302,7 +290,7 @@ class Extractor:
                 return "decision"
             return "work"
 
-        text = without_code(message.text) if self.rules.code_dropped else message.text
+        text = message.text
         if self.rules.lists_joined:
             text = with_lists_joined(text)
         self.lines(index, text, classify, "assistant")
@@ -353,8 +341,6 @@ class Extractor:
             self.add(order, "error", item_text, tag=tag, limit=limit)
         elif writes_file(name, written, path):
             target = written or path or ""
-            if target:
-                self.written[target] = order
             # Keyed by path: only the last write of each file survives deduplication, and
             # the path leads so that clipping the arguments never hides it. A shell
             # command is its own brief, whole.
@@ -375,15 +361,12 @@ class Extractor:
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
-        """Error lines and dense lines of a tool result beyond the one already shown."""
+        """Error lines of a tool result beyond the one already shown."""
         sub = 0
         shown = set(used.split(" | "))
         for line, error in self.scanned(index, message):
             if len(line) < 3 or line in shown:
                 continue
             sub += 1
-            if error:
-                if self.rules.output_errors:
-                    self.add((index, sub), "error", line, tag=tag)
-            elif self.rules.output_facts and output_fact(line):
-                self.add((index, sub), "fact", line, tag=tag)
+            if error and self.rules.output_errors:
+                self.add((index, sub), "error", line, tag=tag)

@@ -24,7 +24,7 @@ from ctxcore.summarize.extractive.features import (
     tool_tag,
     words_of,
 )
-from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_WRITTEN, Item
+from ctxcore.summarize.extractive.items import BASE_SCORE, Item
 from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.summarize.extractive.tools import result_line
 from ctxcore.turns import is_real_user, tool_callers
@@ -167,36 +167,12 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
             ex.tool_output(index, message, used_lines.get(index, ""), tag)
 
 
-def _keep_written_list(ex: Extractor, end: int) -> None:
-    """One line naming every file the source wrote and did not delete afterwards, newest
-    first: a path costs a few tokens, and no other line says which files the agent has
-    changed once the lines of those calls lose to newer work."""
-    written = [p for p, at in _newest_first(ex.written) if ex.removed.get(p, (-1, 0)) < at]
-    if written and ex.rules.files_written:
-        item = Item(
-            (end, 0),
-            "file",
-            FILES_WRITTEN + ", ".join(written),
-            BASE_SCORE["file"],
-            FILES_WRITTEN,
-            must=True,
-            share=0.1,
-            tag="assistant",
-            keep_head=True,
-        )
-        ex.items.append(item)
-
-
 def _keep_last_call(ex: Extractor) -> None:
     """The line of the source's newest call is kept: it is what the agent did just before
     the verbatim tail resumes, which no later line says."""
     lines = [it for it in ex.items if it.order == ex.last_call and not it.must]
     if lines and ex.rules.newest_call:
         ex.items.append(dataclasses.replace(lines[-1], must=True, share=0.1, whole=True))
-
-
-def _newest_first(paths: dict[str, tuple[int, int]]) -> list[tuple[str, tuple[int, int]]]:
-    return sorted(paths.items(), key=lambda kv: kv[1], reverse=True)
 
 
 def _latest(ex: Extractor) -> list[Item]:
@@ -252,7 +228,6 @@ def extract(
     ex = Extractor(with_paths, rules)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
-    _keep_written_list(ex, len(source))
     _keep_last_call(ex)
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):

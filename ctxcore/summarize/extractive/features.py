@@ -16,7 +16,6 @@ from ctxcore.markers import INTERNAL_USER_PREFIXES, TRUNCATED
 __all__ = [
     "COMMENT",
     "CONSTRAINT",
-    "DATE",
     "DECISION",
     "ELLIPSIS",
     "MAX_LINE_CHARS",
@@ -32,25 +31,17 @@ __all__ = [
     "is_error",
     "line_features",
     "meaningful",
-    "output_fact",
     "scan",
     "split_tag",
     "spoken_runs",
     "tail_words",
     "tool_tag",
-    "without_code",
     "words_of",
 ]
 
 ELLIPSIS: Final = " … "
 MAX_LINE_CHARS = 320
 
-DATE = re.compile(
-    r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
-    r"|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}\b"
-    r"|\b\d{1,2} (?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*,? \d{4}\b",
-    re.IGNORECASE,
-)
 PATH = re.compile(
     r"(?:~|\.{1,2})?/?(?:[\w.@-]+/)+[\w.@-]+"
     r"|\b[\w-]+\.(?:py|pyi|js|ts|tsx|jsx|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|md|rst|txt|json|"
@@ -215,23 +206,6 @@ def clip(text: str, limit: int = MAX_LINE_CHARS, *, mark: bool = False) -> str:
     return first + (suffix if len(first) < len(text.strip()) else "")
 
 
-def without_code(text: str) -> str:
-    """``text`` without its fenced code blocks.
-
-    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
-    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
-    calls that read or write it have lines of their own.
-    """
-    kept: list[str] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            kept.append(line)
-    return "\n".join(kept)
-
-
 def is_error(line: str) -> bool:
     """True for a line that reports an error (stripped input; comments never do)."""
     if line.startswith(COMMENT):
@@ -316,23 +290,3 @@ def earlier_lines(text: str) -> Iterator[tuple[str, str, str]]:
             line = line[len("Summary:") :]
         tag, rest = split_tag(line.lstrip("-*• ").strip())
         yield section, tag, rest
-
-
-# A frame of a Python traceback: where a failure passed, which its error line says better.
-_FRAME = re.compile(r'^File "[^"]+", line \d+')
-# A line of ``ls -l``: permissions, links, owner, group, size, date, name.
-_LISTING = re.compile(r"^[-dlcbps][-rwxsStT]{9}[.@+]?\s+\d+\s")
-
-
-def output_fact(line: str) -> bool:
-    """A tool output line worth keeping as a fact: four words or more naming a path or a date.
-    A bare path is a directory listing, and so is ``ls -l``'s line (its date is a file's
-    mtime); a path with words around it (a grep hit, a log line) says something about it.
-    Comments and traceback frames are not facts (the error line says more)."""
-    return (
-        not line.startswith(COMMENT)
-        and not _FRAME.match(line)
-        and not _LISTING.match(line)
-        and len(line.split()) >= 4
-        and bool(PATH.search(line) or DATE.search(line))
-    )

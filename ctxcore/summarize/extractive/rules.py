@@ -21,25 +21,21 @@ __all__ = ["ALL_RULES", "Rules", "names", "without"]
 class Rules:
     """Which rules apply (every one by default).
 
-    ``files_written`` keeps one line naming each file written, ``newest_call`` the line of
-    the newest call, whatever else competes. Content rules: ``commands_whole`` (a shell
-    command up to 1,000 characters, never cut at 320), ``lists_joined`` (bare list items
-    joined to their sentence), ``output_facts`` (a tool output's lines naming a path or
-    date), ``output_errors`` (its error lines), ``code_dropped`` (fenced code left out of
-    assistant text). Weights: ``category_priors`` (a prior per kind of line, else one),
-    ``diminishing`` (each further line of one message worth less), ``recency`` (later lines
-    worth more). The first and newest failure lines, the files looked at, the line
-    features, the discount of lines the context holds and the files' reserved share were
-    rules too and went: none paid on both halves (bench/README, issue 33).
+    ``newest_call`` keeps the line of the newest call whatever else competes. Content
+    rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at 320),
+    ``lists_joined`` (bare list items joined to their sentence), ``output_errors`` (a tool
+    output's error lines). Weights: ``category_priors`` (a prior per kind of line, else
+    one), ``diminishing`` (each further line of one message worth less), ``recency``
+    (later lines worth more). Rules measured and removed for not paying on both halves
+    (bench/README, issue 33): the first and newest failure lines, the files written and
+    the files looked at, the line features, the discount of lines the context holds, the
+    files' reserved share, a tool output's path or date lines, fenced code left out.
     """
 
-    files_written: bool = True
     newest_call: bool = True
     commands_whole: bool = True
     lists_joined: bool = True
-    output_facts: bool = True
     output_errors: bool = True
-    code_dropped: bool = True
     category_priors: bool = True
     diminishing: bool = True
     recency: bool = True
