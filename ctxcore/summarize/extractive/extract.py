@@ -2,10 +2,11 @@
 
 It walks the source message by message with one ``Extractor``: the task anchor and the
 intent anchor are always kept, other real user messages compete on content, memory
-blocks give their lines back, assistant text and tool calls become lines. The first and
-newest failures are no longer kept whatever competes, nor the files only looked at: those
-rules did not raise the next-step references on either development half (bench/README,
-issue 33, "Every rule pays").
+blocks give their lines back, assistant text and tool calls become lines, and the line of
+the newest call is kept. The first and newest failures are no longer kept whatever
+competes, nor lines listing the files written or looked at: those rules did not raise the
+next-step references on both development halves (bench/README, issue 33, "Every rule
+pays").
 """
 
 from __future__ import annotations
