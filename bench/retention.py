@@ -142,6 +142,9 @@ def main() -> None:
     parser.add_argument(
         "--locomo-ratios", type=float, nargs="*", default=[], help="LoCoMo budget ratios (QA)"
     )
+    parser.add_argument(
+        "--recall", action="store_true", help="every full also runs as full+recall (auto-recall)"
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
     args = parser.parse_args()
@@ -160,7 +163,13 @@ def main() -> None:
         ids = split[half][:3] if args.quick else split[half]
         for budget in budgets:
             for lag in args.lags:
-                config = EvalConfig(policies=policies, budget=budget, ids=ids, lag=lag)
+                config = EvalConfig(
+                    policies=policies,
+                    budget=budget,
+                    ids=ids,
+                    lag=lag,
+                    recall="auto" if args.recall else "off",
+                )
                 reports.append(run(swe, f"half {half} ({len(ids)} runs), {budget} tokens, lag {lag}", config))
     tau_runs = min(20, args.tau_runs) if args.quick else args.tau_runs
     if tau_runs and tau.exists():

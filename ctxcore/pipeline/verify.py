@@ -13,11 +13,11 @@ Written apart from the eval's scorer (``tests/unit/test_independence.py``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage
+from ctxcore.summarize.bare import bare_line
 from ctxcore.summarize.working_set import mentions, source_lines, working_set
 from ctxcore.tokens import TokenCounter
 
@@ -28,9 +28,6 @@ __all__ = ["Verdict", "verify_block"]
 # steps raw doubled the compactions on the development runs at 8k (half A: 148 -> 323 calls,
 # next-step references 0.889 -> 0.795); letting blocks grow 1.25x instead cost half A 0.020
 # at 8k (bench/README, issue 33).
-# A word of prose or code (three lower-case letters standing alone): a line without one is a
-# bare name or number ("src/a.py", "  526"), which restored alone tells the agent nothing.
-_WORD = re.compile(r"(?<![\w./-])[a-z]{3,}(?![\w/-])")
 # Where restored lines go: the block section about files and code.
 _FILES_HEADING = "## Files and changes"
 _NONE = "(none)"
@@ -62,7 +59,7 @@ def _tagged_lines(source: Sequence[AnyMessage]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for message in source:
         tag = _tag(message)
-        out.extend((tag, line) for line in source_lines([message]) if _WORD.search(line))
+        out.extend((tag, line) for line in source_lines([message]) if not bare_line(line))
     return out
 
 

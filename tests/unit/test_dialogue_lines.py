@@ -122,7 +122,7 @@ def test_a_question_is_worth_less_than_a_statement(model: ExtractiveModel) -> No
         UserMessage(content="Ann: Did Clara move the piano to the Leeds studio?"),
         AssistantMessage(content="Bob: Clara moved the piano to the Leeds studio."),
     ]
-    found = extract(source, query="", instruction="", context=[], with_paths=False)
+    found = extract(source, context=[], with_paths=False)
     question, statement = found.items
     assert question.text.endswith("?") and statement.text.endswith(".")
     assert question.decay == pytest.approx(0.5 * statement.decay)

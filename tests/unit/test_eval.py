@@ -275,7 +275,9 @@ def test_full_keeps_more_of_the_old_facts_than_truncation() -> None:
 
 
 def test_asking_the_recall_tool_scores_the_fixed_set_on_the_window_plus_its_answer() -> None:
-    results = replay(chat_record(60), ["full", "full+recall"], 900)
+    # 700 tokens: at 900 the extractive summaries (without line features since issue 33)
+    # keep every compacted answer of this record, and asking has nothing left to find.
+    results = replay(chat_record(60), ["full", "full+recall"], 700)
     plain, recalling = results["full"], results["full+recall"]
     assert plain.qa_tool is None  # no tool, nothing asked
     assert recalling.qa is not None and recalling.qa_tool is not None

@@ -216,7 +216,10 @@ def test_earlier_summaries_are_mined_not_their_boilerplate(model: ExtractiveMode
     assert "Newer messages win" not in text and "<meaning>" not in text
 
 
-def test_query_steers_the_choice(counter: TiktokenCounter) -> None:
+def test_the_query_does_not_steer_the_extractive_choice(counter: TiktokenCounter) -> None:
+    # Words shared with the request were a hand weight of the line features; it did not
+    # pay on the development halves and went (bench/README, issue 33). LLM prompts carry
+    # the query and the user's instruction.
     model = ExtractiveModel(counter)
     facts: list[AnyMessage] = [UserMessage(content="Collect facts.")]
     facts += [
@@ -227,8 +230,7 @@ def test_query_steers_the_choice(counter: TiktokenCounter) -> None:
     steered = model.complete(
         PROMPT, max_tokens=500, contract=snapshot(facts, 125, query="what about orange?")
     ).text
-    assert "orange" not in plain
-    assert "orange" in steered
+    assert steered == plain
 
 
 def test_any_counter_works() -> None:

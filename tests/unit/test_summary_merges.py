@@ -82,18 +82,15 @@ def second_half() -> list[AnyMessage]:
     ]
 
 
-def test_first_and_newest_failures_and_written_files_survive_a_tight_merge(model: ExtractiveModel) -> None:
+def test_first_and_newest_failures_survive_a_tight_merge(model: ExtractiveModel) -> None:
     one = summary(model, first_half(), 500)
     two = summary(model, second_half(), 500)
-    assert "files written:" in one  # the second half writes no file
     merged = summary(model, [block(one, 1), block(two, 2)], 300)
     assert "ValueError: day is out of range for month" in merged
     assert "AssertionError: 28 != 29" in merged
     assert "reproduce.py" in merged and "src/dates/parse.py" in merged
-    # A merge of the merge keeps them too (each summary keeps its source's first failure).
-    again = summary(model, [block(merged, 1), block(summary(model, filler("c", 25), 400), 3)], 300)
-    assert "ValueError: day is out of range for month" in again
-    assert "src/dates/parse.py" in again
+    # A merge of that merge with 25 newer steps may let the first failure go: the rule that
+    # kept it whatever competed did not pay on the development halves (bench/README, issue 33).
 
 
 def test_an_assistant_talking_about_an_old_error_does_not_displace_the_newest(model: ExtractiveModel) -> None:
@@ -103,13 +100,14 @@ def test_an_assistant_talking_about_an_old_error_does_not_displace_the_newest(mo
     assert "AssertionError: 28 != 29" in merged
 
 
-def test_quoted_code_makes_no_summary_lines(model: ExtractiveModel) -> None:
+def test_an_assistant_sentence_after_quoted_code_is_kept(model: ExtractiveModel) -> None:
+    # Fenced code is no longer left out of assistant text: that rule did not pay on both
+    # development halves (bench/README, issue 33).
     quoted = AssistantMessage(
         content="THOUGHT: The signature is\n```python\n    def sel(self, indexers=None,\n"
         "            tolerance=None,\n            drop: bool = False,\n```\nso `method` clashes with a dimension name."
     )
     text = summary(model, [quoted, *bash("x", "ls", "a.py")], 300)
-    assert "tolerance=None" not in text and "drop: bool" not in text
     assert "so `method` clashes with a dimension name." in text
 
 
@@ -121,23 +119,6 @@ def test_error_detection_ignores_parameters_and_traceback_headers() -> None:
         line for line, _ in scan("Traceback (most recent call last):\n  File 'x.py', line 1\nKeyError: 'k'")
     ]
     assert lines[0].startswith("File") and "Traceback" not in " ".join(lines)
-
-
-def test_the_files_looked_at_are_listed_newest_first_and_merge(model: ExtractiveModel) -> None:
-    reads = [
-        *bash("v1", "nl -ba src/dates/parse.py | sed -n '1,40p'", "1 import datetime"),
-        *bash("v2", "grep -n leap src/dates/calendar_utils.py", "12: def leap(y):"),
-        *filler("e", 2),
-    ]
-    one = summary(model, reads, 800)
-    listed = next(line for line in one.splitlines() if "files looked at:" in line)
-    assert listed.index("src/module_1.py") < listed.index("src/dates/calendar_utils.py")
-    assert listed.index("src/dates/calendar_utils.py") < listed.index("src/dates/parse.py")
-    merged = summary(model, [block(one, 1), block(summary(model, filler("f", 20), 400), 2)], 600)
-    assert "src/dates/parse.py" in merged and "src/dates/calendar_utils.py" in merged
-    # Over its share the list loses its oldest entries, never its newest.
-    small = next(line for line in summary(model, reads, 300).splitlines() if "files looked at:" in line)
-    assert "src/module_1.py" in small
 
 
 def test_the_newest_call_is_kept_where_the_tail_resumes(model: ExtractiveModel) -> None:

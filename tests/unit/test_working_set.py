@@ -107,3 +107,15 @@ def test_restored_lines_take_the_place_of_the_oldest_lines_about_something_else(
     assert "self.config.getini" in verdict.text and "- user: Fix the norecurse check." in verdict.text
     # The oldest unrelated lines went first; the newest stayed.
     assert "helper number 0 " not in verdict.text and "helper number 5 " in verdict.text
+
+
+def test_one_definition_of_a_bare_line_for_the_list_joining_and_the_check() -> None:
+    from ctxcore.pipeline import verify
+    from ctxcore.summarize import bare
+    from ctxcore.summarize.extractive import lists
+
+    assert verify.bare_line is bare.bare_line and lists.bare_line is bare.bare_line
+    for line in ("src/a.py", "  526", "1. Arcsin", "os.path.join", "foo_bar, BazQux"):
+        assert bare.bare_line(line), line
+    for line in ("fix the lookup in src/a.py", "    return compute(x)", "2. check the `save` path"):
+        assert not bare.bare_line(line), line

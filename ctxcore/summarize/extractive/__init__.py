@@ -6,9 +6,9 @@ lines of a source), ``select`` (budgeted selection) and ``model`` (``ExtractiveM
 routing and rendering).
 
 It collects candidate lines from the contract's source messages: the user's own requests
-and corrections verbatim, tool calls with a one-line result, the latest write of each
-file, errors, decisions, dense facts, and the lines of earlier summaries. It then picks
-lines greedily by value per token and prints them in their original order, routed to the
+and corrections verbatim, the agent's own lines (its code drafts included), tool calls
+with a one-line result, the latest write of each file, errors, and the lines of earlier
+summaries. It then picks lines greedily by value per token and prints them in their original order, routed to the
 contract's sections or blocks, never over the token target.
 """
 

@@ -16,7 +16,6 @@ from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
     DECISION,
-    ELLIPSIS,
     MAX_LINE_CHARS,
     PENDING,
     SENTENCE_SPLIT,
@@ -29,14 +28,13 @@ from ctxcore.summarize.extractive.features import (
     line_features,
     meaningful,
     opens_with_error,
-    output_fact,
     scan,
     spoken_runs,
     tool_tag,
-    without_code,
 )
-from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item, user_key
+from ctxcore.summarize.extractive.items import BASE_SCORE, Item, user_key
 from ctxcore.summarize.extractive.lists import with_lists_joined
+from ctxcore.summarize.extractive.rules import Rules
 from ctxcore.summarize.extractive.tools import (
     COMMAND_CHARS,
     TASK_TOOL,
@@ -45,7 +43,6 @@ from ctxcore.summarize.extractive.tools import (
     command_text,
     parse_args,
     result_line,
-    shell_files,
     shell_removed,
     shell_write_target,
     writes_file,
@@ -61,14 +58,15 @@ _CALL_ORDER: Final = 10_000
 _QUESTION_WEIGHT: Final = 0.5
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
+# Every kind of line's prior without the ``category_priors`` rule: their mean.
+_FLAT_PRIOR: Final = 6.0
 
 
 class Extractor:
     """Builds scored candidates from source messages (one instance per call)."""
 
-    def __init__(self, query_words: frozenset[str], known: frozenset[str], with_paths: bool) -> None:
-        self.query_words = query_words
-        self.known = known
+    def __init__(self, with_paths: bool, rules: Rules) -> None:
+        self.rules = rules
         self.with_paths = with_paths
         self.items: list[Item] = []
         # Path -> how much it matters: written > used by a tool > merely mentioned.
@@ -78,15 +76,14 @@ class Extractor:
         self._scans: dict[int, list[tuple[str, bool]]] = {}
         # Files deleted later in the source: their last write is no longer current state.
         self.removed: dict[str, tuple[int, int]] = {}
-        # Every file written in the source (or named by an earlier summary's list of them),
-        # with when: the one line that tells a resumed agent which files it has touched.
-        self.written: dict[str, tuple[int, int]] = {}
-        # Files the source's other calls named (read, searched, ran), likewise.
-        self.looked_at: dict[str, tuple[int, int]] = {}
         # Where the line of the newest call that has its result sits.
         self.last_call: tuple[int, int] | None = None
 
     # scoring
+
+    def prior(self, category: str) -> float:
+        """The prior of a kind of line (one flat prior without the ``category_priors`` rule)."""
+        return BASE_SCORE[category] if self.rules.category_priors else _FLAT_PRIOR
 
     def note_path(self, path: str, weight: float, tag: str) -> None:
         """Record a path for the paths section (when the contract has one)."""
@@ -94,12 +91,12 @@ class Extractor:
             self.paths[path] = max(self.paths.get(path, 0.0), weight)
             self.path_tags[path] = tag
 
-    def features(self, text: str, tag: str) -> tuple[float, frozenset[str]]:
-        """The feature value of a line and its content words."""
-        value, words, paths = line_features(text, self.query_words)
+    def features(self, text: str, tag: str) -> frozenset[str]:
+        """The content words of a line (noting the paths it names)."""
+        words, paths = line_features(text)
         for path in paths:
             self.note_path(path, 1.0, tag)
-        return value, words
+        return words
 
     def add(
         self,
@@ -119,10 +116,8 @@ class Extractor:
         if len(text) < 3 or not meaningful(text):
             return
         norm = key or collapse(text).casefold()
-        value, words = self.features(text, tag)
-        static = BASE_SCORE[category] + bonus + value
-        if norm in self.known:
-            static *= 0.3
+        words = self.features(text, tag)
+        static = self.prior(category) + bonus
         self.items.append(
             Item(
                 order, category, text, static, norm, words, independent=independent, tag=tag, section=section
@@ -133,7 +128,7 @@ class Extractor:
         """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
         if not meaningful(text):
             return
-        words = self.features(text[:20_000], "user")[1]
+        words = self.features(text[:20_000], "user")
         self.items.append(
             Item(
                 (index, 0),
@@ -154,8 +149,8 @@ class Extractor:
         stripped = text.strip()
         if len(stripped) <= 2 * MAX_LINE_CHARS:
             if meaningful(stripped):
-                value, words = self.features(stripped, "user")
-                static = BASE_SCORE[category] + value
+                words = self.features(stripped, "user")
+                static = self.prior(category)
                 self.items.append(
                     Item((index, 0), category, stripped, static, user_key(stripped), words, tag="user")
                 )
@@ -194,7 +189,7 @@ class Extractor:
         sentence without a content word ("Cool!", "Thanks, Mel!") is no candidate, and a
         question is worth less than a statement."""
         piece = piece.strip()
-        value, words = self.features(piece, tag)
+        words = self.features(piece, tag)
         if not words or not meaningful(piece):
             return
         whole = f"{prefix}{piece}"
@@ -202,9 +197,7 @@ class Extractor:
         if not meaningful(text) or (prefix and text == prefix.rstrip()):
             return
         norm = collapse(text).casefold()
-        static = BASE_SCORE["chat"] + value
-        if norm in self.known:
-            static *= 0.3
+        static = self.prior("chat")
         self.items.append(
             Item(
                 order,
@@ -236,9 +229,6 @@ class Extractor:
                 sub += 1
                 self.add((index, sub), classify(piece), piece, tag=tag)
 
-    def _lists(self) -> tuple[tuple[str, dict[str, tuple[int, int]]], ...]:
-        return ((FILES_WRITTEN, self.written), (FILES_LOOKED_AT, self.looked_at))
-
     def memory_block(self, index: int, text: str) -> None:
         """Lines of an earlier summary, routed by the heading they sat under.
 
@@ -251,14 +241,6 @@ class Extractor:
             # A gap in the order between lines: only sentences printed next to each other
             # in the earlier line are next to each other again.
             sub += 2
-            listed = next(((p, into) for p, into in self._lists() if line.startswith(p)), None)
-            if listed is not None:
-                prefix, into = listed
-                for path in line[len(prefix) :].split(", "):
-                    # A list shortened to fit ends in an elision: no path there.
-                    if path.strip() and ELLIPSIS.strip() not in path:
-                        into[path.strip()] = (index, sub)
-                continue
             # A pipeline block's sections place its lines, they do not rank them: its lines
             # were chosen once on their merits and compete as facts again. A snapshot's
             # section says what kind of line it holds.
@@ -308,7 +290,10 @@ class Extractor:
                 return "decision"
             return "work"
 
-        self.lines(index, with_lists_joined(without_code(message.text)), classify, "assistant")
+        text = message.text
+        if self.rules.lists_joined:
+            text = with_lists_joined(text)
+        self.lines(index, text, classify, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
@@ -347,7 +332,8 @@ class Extractor:
         written = shell_write_target(command) if isinstance(command, str) else None
         # A shell command is shown whole (``command_text``): never cut after its first
         # line number.
-        limit = COMMAND_CHARS + MAX_LINE_CHARS if command_text(parsed) is not None else MAX_LINE_CHARS
+        whole = self.rules.commands_whole and command_text(parsed) is not None
+        limit = COMMAND_CHARS + MAX_LINE_CHARS if whole else MAX_LINE_CHARS
         order = (index, _CALL_ORDER + pos)
         if result is not None:
             self.last_call = order
@@ -355,8 +341,6 @@ class Extractor:
             self.add(order, "error", item_text, tag=tag, limit=limit)
         elif writes_file(name, written, path):
             target = written or path or ""
-            if target:
-                self.written[target] = order
             # Keyed by path: only the last write of each file survives deduplication, and
             # the path leads so that clipping the arguments never hides it. A shell
             # command is its own brief, whole.
@@ -367,9 +351,6 @@ class Extractor:
             self.add(order, "pending", item_text, tag=tag, key=f"task:{name}", limit=limit)
         else:
             self.add(order, "tool", item_text, tag=tag, limit=limit)
-        if not failed and not writes_file(name, written, path):
-            for seen in shell_files(command) if isinstance(command, str) else [path] if path else []:
-                self.looked_at[seen] = order
         if path:
             self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
         if written:
@@ -380,14 +361,12 @@ class Extractor:
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
-        """Error lines and dense lines of a tool result beyond the one already shown."""
+        """Error lines of a tool result beyond the one already shown."""
         sub = 0
         shown = set(used.split(" | "))
         for line, error in self.scanned(index, message):
             if len(line) < 3 or line in shown:
                 continue
             sub += 1
-            if error:
+            if error and self.rules.output_errors:
                 self.add((index, sub), "error", line, tag=tag)
-            elif output_fact(line):
-                self.add((index, sub), "fact", line, tag=tag)

@@ -2,8 +2,11 @@
 
 It walks the source message by message with one ``Extractor``: the task anchor and the
 intent anchor are always kept, other real user messages compete on content, memory
-blocks give their lines back, assistant text and tool calls become lines, and the newest
-error is kept whatever else competes.
+blocks give their lines back, assistant text and tool calls become lines, and the line of
+the newest call is kept. The first and newest failures are no longer kept whatever
+competes, nor lines listing the files written or looked at: those rules did not raise the
+next-step references on both development halves (bench/README, issue 33, "Every rule
+pays").
 """
 
 from __future__ import annotations
@@ -17,17 +20,13 @@ from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMe
 from ctxcore.summarize.extractive.candidates import Extractor
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
-    EXCEPTION_NAME,
     MAX_LINE_CHARS,
-    SPEAKER,
     collapse,
-    is_error,
-    split_tag,
-    spoken_runs,
     tool_tag,
     words_of,
 )
-from ctxcore.summarize.extractive.items import BASE_SCORE, FILES_LOOKED_AT, FILES_WRITTEN, Item
+from ctxcore.summarize.extractive.items import BASE_SCORE, Item
+from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.summarize.extractive.tools import result_line
 from ctxcore.turns import is_real_user, tool_callers
 
@@ -42,8 +41,6 @@ _LAST_SHARE = 0.2
 # Each further line from one message is worth this much less than the one before.
 _DECAY = 0.6
 _RECENCY = 2.0
-# A kept failure line is ordered after every other line of its message.
-_KEPT_ERROR_ORDER = 10**6
 
 
 @dataclass(frozen=True)
@@ -90,23 +87,12 @@ class _Shape:
         return cls(frozenset(real), first, last, callers, results, dialogue, chat)
 
 
-def _reference(context: Sequence[AnyMessage]) -> tuple[frozenset[str], frozenset[str]]:
-    """The lines (normalised) and the content words the reference context already holds."""
-    known: set[str] = set()
+def _reference(context: Sequence[AnyMessage]) -> frozenset[str]:
+    """The content words the reference context already holds: a line adds only its others."""
     words: set[str] = set()
     for message in context:
-        text = message.text
-        words.update(words_of(text))
-        for raw in text.splitlines():
-            line = split_tag(raw.strip().lstrip("-*• ").strip())[1]
-            if line:
-                known.add(collapse(line).casefold())
-            label = SPEAKER.match(line)
-            if label is not None:
-                # A summary line joining a speaker's sentences holds each of them.
-                for run in spoken_runs(line[label.end() :]):
-                    known.update(collapse(label.group(0) + piece).casefold() for piece in run)
-    return frozenset(known), frozenset(words)
+        words.update(words_of(message.text))
+    return frozenset(words)
 
 
 def _user(ex: Extractor, shape: _Shape, index: int, message: UserMessage) -> None:
@@ -182,109 +168,12 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
             ex.tool_output(index, message, used_lines.get(index, ""), tag)
 
 
-def _errors_at(
-    source: Sequence[AnyMessage], ex: Extractor, shape: _Shape, *, newest: bool
-) -> list[tuple[int, str, str]]:
-    """(index, line, tag) of the failure lines of the newest (or first) message with any, as
-    this summariser's error detector flags them in a tool output or an earlier summary: the
-    line naming an exception, which says what went wrong, and for the newest failure also
-    its last line, the verdict ("FAILED (errors=7)")."""
-    order = range(len(source) - 1, -1, -1) if newest else range(len(source))
-    for index in order:
-        message = source[index]
-        if isinstance(message, ToolMessage):
-            found = [
-                (line, tool_tag(_tool_name(source, shape, index, message)))
-                for line, error in ex.scanned(index, message)
-                if error
-            ]
-        elif isinstance(message, UserMessage) and index not in shape.real:
-            lines = (split_tag(raw.strip().lstrip("-*• ").strip()) for raw in message.text.splitlines())
-            # An error is what a tool printed; an assistant's line about one ("Again,
-            # `ValueError: ...`") is talk about an older failure, and would displace it.
-            found = [(line, tag) for tag, line in lines if line and is_error(line) and _tool_or_untagged(tag)]
-        else:
-            continue
-        if found:
-            named = [f for f in found if EXCEPTION_NAME.search(f[0])] or found
-            if not newest:
-                return [(index, *named[0])]
-            picked = [named[-1], found[-1]] if found[-1] != named[-1] else [named[-1]]
-            return [(index, *f) for f in picked]
-    return []
-
-
-def _tool_or_untagged(tag: str) -> bool:
-    return not tag or tag.startswith("tool")
-
-
-def _keep_errors(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
-    # The newest failure is what the agent acts on next, and the first one is usually the
-    # reproduction of what the task is about: both are kept whatever else competes (a
-    # bounded share), under the same key as their ordinary candidates so each prints once.
-    # An earlier summary in the source counts too, so by induction the conversation's first
-    # and newest failures survive every later merge.
-    newest = _errors_at(source, ex, shape, newest=True)
-    kept = {line for _, line, _ in newest}
-    for index, line, tag in newest:
-        _keep_error(ex, index, line, tag, share=0.25)
-    for index, line, tag in _errors_at(source, ex, shape, newest=False):
-        if line not in kept:
-            _keep_error(ex, index, line, tag, share=0.2)
-
-
-def _keep_file_lists(ex: Extractor, end: int) -> None:
-    """One line naming every file the source wrote and did not delete afterwards, and one
-    naming the other files its calls read or ran, newest first: a path costs a few tokens,
-    and no other line says which files the agent has touched once the lines of those calls
-    lose to newer work."""
-    written = [p for p, at in _newest_first(ex.written) if ex.removed.get(p, (-1, 0)) < at]
-    looked = [p for p, _ in _newest_first(ex.looked_at) if p not in ex.written]
-    for sub, (prefix, paths, share) in enumerate(
-        ((FILES_WRITTEN, written, 0.1), (FILES_LOOKED_AT, looked, 0.08))
-    ):
-        if paths:
-            item = Item(
-                (end, sub),
-                "file",
-                prefix + ", ".join(paths),
-                BASE_SCORE["file"],
-                prefix,
-                must=True,
-                share=share,
-                tag="assistant",
-                keep_head=True,
-            )
-            ex.items.append(item)
-
-
 def _keep_last_call(ex: Extractor) -> None:
     """The line of the source's newest call is kept: it is what the agent did just before
     the verbatim tail resumes, which no later line says."""
     lines = [it for it in ex.items if it.order == ex.last_call and not it.must]
-    if lines:
+    if lines and ex.rules.newest_call:
         ex.items.append(dataclasses.replace(lines[-1], must=True, share=0.1, whole=True))
-
-
-def _newest_first(paths: dict[str, tuple[int, int]]) -> list[tuple[str, tuple[int, int]]]:
-    return sorted(paths.items(), key=lambda kv: kv[1], reverse=True)
-
-
-def _keep_error(ex: Extractor, index: int, line: str, tag: str, *, share: float) -> None:
-    ex.items.append(
-        Item(
-            (index, _KEPT_ERROR_ORDER),
-            "error",
-            line,
-            BASE_SCORE.get("error", 10.0),
-            collapse(line).casefold(),
-            frozenset(ex.features(line, tag)[1]),
-            must=True,
-            share=share,
-            tag=tag,
-            keep_head=True,
-        )
-    )
 
 
 def _latest(ex: Extractor) -> list[Item]:
@@ -331,18 +220,15 @@ def _diminish(items: list[Item]) -> None:
 def extract(
     source: Sequence[AnyMessage],
     *,
-    query: str,
-    instruction: str,
     context: Sequence[AnyMessage],
     with_paths: bool,
+    rules: Rules = ALL_RULES,
 ) -> Candidates:
     """The candidates of ``source`` (see the module docstring)."""
-    known, context_words = _reference(context)
-    ex = Extractor(words_of(f"{query} {instruction}"), known, with_paths)
+    context_words = _reference(context)
+    ex = Extractor(with_paths, rules)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
-    _keep_errors(ex, source, shape)
-    _keep_file_lists(ex, len(source))
     _keep_last_call(ex)
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):
@@ -350,11 +236,12 @@ def extract(
             tag = ex.path_tags.get(path, "")
             ex.items.append(Item((len(source), rank), "paths", path, static, f"path:{path}", tag=tag))
     kept = _latest(ex)
-    _diminish(kept)
+    if rules.diminishing:
+        _diminish(kept)
     # Later lines describe the current state; a mild bonus keeps the resume point.
     span = max(len(source), 1)
     for item in kept:
-        if not item.must:
+        if not item.must and rules.recency:
             item.static += _RECENCY * item.order[0] / span
     kept.sort(key=lambda it: it.order)
     return Candidates(kept, _idf(kept), context_words)

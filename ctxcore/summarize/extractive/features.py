@@ -1,8 +1,8 @@
 """Line features, section rules and error detection of the extractive summariser.
 
-A candidate line is worth a prior for its kind plus what it carries: numbers, dates,
-names, paths, identifiers, an error, overlap with the query. Section titles (of a
-contract or of an earlier summary) are classified by keyword so lines can be routed.
+A candidate line is worth a prior for its kind plus the rarity of its words (in
+``select``). Section titles (of a contract or of an earlier summary) are classified by
+keyword so lines can be routed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from ctxcore.markers import INTERNAL_USER_PREFIXES, TRUNCATED
 __all__ = [
     "COMMENT",
     "CONSTRAINT",
-    "DATE",
     "DECISION",
     "ELLIPSIS",
     "MAX_LINE_CHARS",
@@ -32,33 +31,22 @@ __all__ = [
     "is_error",
     "line_features",
     "meaningful",
-    "output_fact",
     "scan",
     "split_tag",
     "spoken_runs",
     "tail_words",
     "tool_tag",
-    "without_code",
     "words_of",
 ]
 
 ELLIPSIS: Final = " … "
 MAX_LINE_CHARS = 320
 
-NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,:]\d+)*%?(?![\w])")
-DATE = re.compile(
-    r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
-    r"|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}\b"
-    r"|\b\d{1,2} (?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*,? \d{4}\b",
-    re.IGNORECASE,
-)
-NAME = re.compile(r"\b[A-Z][a-z]{2,}(?:\s[A-Z][a-z]{2,})*\b")
 PATH = re.compile(
     r"(?:~|\.{1,2})?/?(?:[\w.@-]+/)+[\w.@-]+"
     r"|\b[\w-]+\.(?:py|pyi|js|ts|tsx|jsx|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|md|rst|txt|json|"
     r"yaml|yml|toml|ini|cfg|conf|lock|csv|sql|sh|html|css|xml|ipynb|env)\b"
 )
-IDENT = re.compile(r"`[^`\n]{1,80}`|\b[A-Za-z]\w*_\w+\b|\b[a-z]+[A-Z]\w+\b|\b\w+\(\)|\b[A-Z]{2,}\d*\b")
 # Error lines as tools print them. Anchored forms ("ValueError: ...", "Traceback ...",
 # "FAILED ...", unittest's "FAIL: test (Case)", "error: ...") are strong; the unanchored
 # ones still need a colon and a message, so source code such as "except ValueError:" or
@@ -71,8 +59,6 @@ _ERROR_STRONG = re.compile(
 _ERROR_WEAK = re.compile(r"\b(?:[\w.]*(?:Error|Exception)|error):\s|\bfailed\b|\bFAILED\b")
 # The header of a Python traceback says only that frames follow: never a line of its own.
 _TRACEBACK_START = "Traceback (most recent call last)"
-# A line naming an exception type: of a failure's lines, the one that says what went wrong.
-EXCEPTION_NAME = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b")
 COMMENT = ("#", "//", "/*", "* ")
 WORD = re.compile(r"[a-z][a-z0-9_']{3,}|\d+(?:[.:]\d+)*")
 
@@ -220,23 +206,6 @@ def clip(text: str, limit: int = MAX_LINE_CHARS, *, mark: bool = False) -> str:
     return first + (suffix if len(first) < len(text.strip()) else "")
 
 
-def without_code(text: str) -> str:
-    """``text`` without its fenced code blocks.
-
-    An assistant quoting code ("```python ... ```") is reading or drafting it: line by line
-    the code makes fragments ("tolerance=None,") that say nothing on their own, and the
-    calls that read or write it have lines of their own.
-    """
-    kept: list[str] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            kept.append(line)
-    return "\n".join(kept)
-
-
 def is_error(line: str) -> bool:
     """True for a line that reports an error (stripped input; comments never do)."""
     if line.startswith(COMMENT):
@@ -255,26 +224,15 @@ def words_of(text: str) -> frozenset[str]:
     return frozenset(w for w in WORD.findall(text.casefold()) if w not in _STOPWORDS)
 
 
-def line_features(text: str, query_words: frozenset[str]) -> tuple[float, frozenset[str], list[str]]:
-    """The feature value of a line, its content words and the paths it names."""
-    numbers = min(len(NUMBER.findall(text)), 6)
-    dates = len(DATE.findall(text))
-    names = min(len(NAME.findall(text)) - (1 if text[:1].isupper() else 0), 6)
+def line_features(text: str) -> tuple[frozenset[str], list[str]]:
+    """The content words of a line and the paths it names.
+
+    A line is worth its kind's prior and the rarity of its words; a hand-weighted count of
+    its numbers, dates, names, paths, identifiers, errors and words of the request lost
+    next-step references on both development halves and went (bench/README, issue 33).
+    """
     paths: list[str] = PATH.findall(text)
-    idents = min(len(IDENT.findall(text)), 6)
-    errors = 1 if is_error(text) else 0
-    words = words_of(text)
-    overlap = len(query_words & words) if query_words else 0
-    value = (
-        0.8 * numbers
-        + 2.0 * dates
-        + 0.5 * max(names, 0)
-        + 1.5 * min(len(paths), 4)
-        + 0.5 * idents
-        + 3.0 * errors
-        + 2.0 * overlap
-    )
-    return value, words, paths
+    return words_of(text), paths
 
 
 def scan(text: str) -> list[tuple[str, bool]]:
@@ -332,23 +290,3 @@ def earlier_lines(text: str) -> Iterator[tuple[str, str, str]]:
             line = line[len("Summary:") :]
         tag, rest = split_tag(line.lstrip("-*• ").strip())
         yield section, tag, rest
-
-
-# A frame of a Python traceback: where a failure passed, which its error line says better.
-_FRAME = re.compile(r'^File "[^"]+", line \d+')
-# A line of ``ls -l``: permissions, links, owner, group, size, date, name.
-_LISTING = re.compile(r"^[-dlcbps][-rwxsStT]{9}[.@+]?\s+\d+\s")
-
-
-def output_fact(line: str) -> bool:
-    """A tool output line worth keeping as a fact: four words or more naming a path or a date.
-    A bare path is a directory listing, and so is ``ls -l``'s line (its date is a file's
-    mtime); a path with words around it (a grep hit, a log line) says something about it.
-    Comments and traceback frames are not facts (the error line says more)."""
-    return (
-        not line.startswith(COMMENT)
-        and not _FRAME.match(line)
-        and not _LISTING.match(line)
-        and len(line.split()) >= 4
-        and bool(PATH.search(line) or DATE.search(line))
-    )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["BASE_SCORE", "FILES_LOOKED_AT", "FILES_WRITTEN", "Item", "user_key"]
+__all__ = ["BASE_SCORE", "Item", "user_key"]
 
 # Prior value of a line by what it is; the words it covers and its features add to it.
 BASE_SCORE: Final = MappingProxyType(
@@ -27,12 +27,6 @@ BASE_SCORE: Final = MappingProxyType(
         "chat": 0.0,
     }
 )
-
-
-# The line listing every file the source wrote.
-FILES_WRITTEN: Final = "files written: "
-# The line listing the files its other calls named.
-FILES_LOOKED_AT: Final = "files looked at: "
 
 
 @dataclass

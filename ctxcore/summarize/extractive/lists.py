@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["bare_line", "with_lists_joined"]
+from ctxcore.summarize.bare import bare_line
+
+__all__ = ["with_lists_joined"]
 
 # An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
 _LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
-# A plain word: what makes a line a sentence rather than a list of names or numbers.
-_PLAIN_WORD = re.compile(r"(?<![\w./`'\"-])[a-z]{3,}(?![\w/`'\"(-]|\.\w)")
-
-
-def bare_line(line: str) -> bool:
-    """True for a line of names or numbers only: no plain word says what they are."""
-    return _PLAIN_WORD.search(line) is None
 
 
 def with_lists_joined(text: str) -> str:

@@ -18,6 +18,7 @@ from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.extractive.extract import Candidates, extract
 from ctxcore.summarize.extractive.features import classify_title
 from ctxcore.summarize.extractive.items import Item
+from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.summarize.extractive.select import (
     MIN_FILL_TOKENS,
     Budgeter,
@@ -94,12 +95,16 @@ class ExtractiveModel:
     section, or ``{"blocks": [{"block_id", "summary"}]}`` with exactly the contract's block
     ids. Every output stays within its token target as measured by ``counter`` (default
     ``TiktokenCounter()``) and within ``max_tokens``. Without a contract it returns a head
-    and tail excerpt of the last user message.
+    and tail excerpt of the last user message. ``rules`` is every rule unless an ablation
+    bench turns some off (``extractive.rules``).
     """
 
-    def __init__(self, counter: TokenCounter | None = None, *, name: str = "extractive") -> None:
+    def __init__(
+        self, counter: TokenCounter | None = None, *, name: str = "extractive", rules: Rules = ALL_RULES
+    ) -> None:
         self.counter: TokenCounter = counter if counter is not None else TiktokenCounter()
         self._name = name
+        self.rules = rules
         self._budget = Budgeter(self.counter)
 
     @property
@@ -154,10 +159,9 @@ class ExtractiveModel:
             return self._budget.fit(skeleton, budget, head_tail=False)
         found = extract(
             contract.source,
-            query=contract.query,
-            instruction=contract.instruction,
             context=contract.context,
             with_paths="paths" in {classify_title(s) for s in sections},
+            rules=self.rules,
         )
         chosen = self._choose(found, available, budget, lambda c: self._render_snapshot(sections, c))
         while True:
@@ -184,10 +188,9 @@ class ExtractiveModel:
         candidates = [
             extract(
                 b.source,
-                query=contract.query,
-                instruction=contract.instruction,
                 context=contract.context,
                 with_paths=False,
+                rules=self.rules,
             )
             for b in blocks
         ]

@@ -33,7 +33,6 @@ _MAX_SKIPS = 400
 # heap of three-word fragments, close to 1 so that long low-content lines lose.
 _COST_EXPONENT = 0.75
 _LINE_OVERHEAD = 2
-_FILE_SHARE = 0.2
 
 
 class Budgeter:
@@ -199,16 +198,6 @@ class Selection:
         that did not fit fills what is left of the budget, shortened."""
         chosen, used, demoted = self._musts(items, budget)
         rest = [it for it in items if not it.must] + demoted
-        # The latest state of each file is reserved a share of the budget first: it is
-        # what a resumed agent needs most and its lines are long, so pure value per token
-        # would let many short facts crowd it out.
-        reserved = [it for it in rest if it.category == "file"]
-        if reserved:
-            cap = min(budget, used + int(budget * _FILE_SHARE))
-            taken, used, _ = self._greedy(reserved, cap, used)
-            chosen.extend(taken)
-            ids = {id(it) for it in taken}
-            rest = [it for it in rest if id(it) not in ids]
         taken, used, skipped = self._greedy(rest, budget, used)
         chosen.extend(taken)
         remaining = budget - used

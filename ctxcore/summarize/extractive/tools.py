@@ -21,7 +21,6 @@ __all__ = [
     "command_text",
     "parse_args",
     "result_line",
-    "shell_files",
     "shell_removed",
     "shell_write_target",
     "writes_file",
@@ -142,17 +141,6 @@ def shell_removed(command: str) -> list[str]:
         if words and words[0] == "rm":
             removed.extend(w for w in words[1:] if not w.startswith("-"))
     return removed
-
-
-def shell_files(command: str) -> list[str]:
-    """The files a shell command names on its first line (``nl -ba src/a.py | sed -n ...``):
-    words with an extension, options and URLs left out."""
-    first = command.split("\n", 1)[0]
-    return [
-        w.strip("'\"")
-        for w in first.split()
-        if not w.startswith("-") and "://" not in w and _FILE_TOKEN.fullmatch(w.strip("'\""))
-    ]
 
 
 def writes_file(name: str, written: str | None, path: str | None) -> bool:

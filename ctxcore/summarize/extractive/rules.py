@@ -1,0 +1,58 @@
+"""The extractive summariser's rules, each one switchable for an ablation.
+
+The product always runs every rule (``ALL_RULES``, ``ExtractiveModel``'s default); the
+ablation bench (``bench/rule_ablation.py``) turns one off at a time and scores the
+next-step references with and without it on both development halves: a rule stays only
+while it pays there (bench/README, "Every rule pays").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Final
+
+from ctxcore.errors import ConfigError
+
+__all__ = ["ALL_RULES", "Rules", "names", "without"]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Which rules apply (every one by default).
+
+    ``newest_call`` keeps the line of the newest call whatever else competes. Content
+    rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at 320),
+    ``lists_joined`` (bare list items joined to their sentence), ``output_errors`` (a tool
+    output's error lines). Weights: ``category_priors`` (a prior per kind of line, else
+    one), ``diminishing`` (each further line of one message worth less), ``recency``
+    (later lines worth more). Rules measured and removed for not paying on both halves
+    (bench/README, issue 33): the first and newest failure lines, the files written and
+    the files looked at, the line features, the discount of lines the context holds, the
+    files' reserved share, a tool output's path or date lines, fenced code left out.
+    """
+
+    newest_call: bool = True
+    commands_whole: bool = True
+    lists_joined: bool = True
+    output_errors: bool = True
+    category_priors: bool = True
+    diminishing: bool = True
+    recency: bool = True
+
+
+ALL_RULES: Final = Rules()
+
+
+def names() -> list[str]:
+    """Every rule's name, in declaration order."""
+    return [f.name for f in dataclasses.fields(Rules)]
+
+
+def without(*off: str) -> Rules:
+    """Every rule but ``off`` (names of ``Rules`` fields)."""
+    known = set(names())
+    unknown = [name for name in off if name not in known]
+    if unknown:
+        raise ConfigError(f"unknown extractive rule {', '.join(unknown)}; rules: {', '.join(sorted(known))}")
+    return dataclasses.replace(ALL_RULES, **{name: False for name in off})
