@@ -29,7 +29,7 @@ from store_latency import percentiles
 
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey, SqlMessageLog, SqlStateStore
-from ctxcore.state.sql_schema import _Tables
+from ctxcore.state.sql_schema import Tables
 from workers.service import ContextService, InlineQueue
 
 
@@ -81,7 +81,7 @@ def measure(name: str, url: str, prefix: str, windows: int, messages: int) -> No
             )
     finally:
         with state.engine.begin() as conn:
-            for table in reversed(list(_Tables.for_prefix(prefix).__dict__.values())):
+            for table in reversed(list(Tables.for_prefix(prefix).__dict__.values())):
                 conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{table.name}"')
         state.close()
 

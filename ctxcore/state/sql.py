@@ -2,7 +2,7 @@
 
 SQLite is the default (``sqlite:///path.db``, or ``sqlite://`` in memory); PostgreSQL is
 supported (``postgresql+psycopg://user@host/db``). Tables are named ``{table_prefix}...``
-and created by ``setup()``, which applies the append-only ``_MIGRATIONS`` list and records
+and created by ``setup()``, which applies the append-only ``MIGRATIONS`` list and records
 each step in ``{table_prefix}schema_migrations`` (the position is the version). Any of the
 three classes' ``setup()`` brings the whole schema up to date.
 
@@ -16,7 +16,7 @@ The message log is ``ctxcore.state.sql_log.SqlMessageLog``, on the same schema a
 The classes of one database should share an engine: ``SqlMessageLog(engine=state.engine)``.
 
 Layout: the migrations and tables in ``sql_schema``, the engine set-up and the shared
-``_SqlBackend`` in ``sql_engine``, a module per store (``sql_state``, ``sql_offload``,
+``SqlBackend`` in ``sql_engine``, a module per store (``sql_state``, ``sql_offload``,
 ``sql_log``); this module re-exports the public names.
 """
 

@@ -1,5 +1,5 @@
 """The SQL stores' engine set-up (SQLite pooling, transactions and busy handling; PostgreSQL
-pooling), the error translation and ``_SqlBackend``, the base the SQL stores share.
+pooling), the error translation and ``SqlBackend``, the base the SQL stores share.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from sqlalchemy.pool import QueuePool
 from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_schema import _BLOB_TYPE, _ID_TYPE, _MIGRATIONS, _Tables
+from ctxcore.state.sql_schema import BLOB_TYPE, ID_TYPE, MIGRATIONS, Tables
 from ctxcore.state.sqlite_wal import enable_wal
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "create_store_engine"]
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlBackend", "create_store_engine", "translated_errors"]
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 """How long a SQLite writer waits for another's lock before giving up (StoreUnavailable)."""
@@ -104,7 +104,7 @@ def create_store_engine(url: str | URL) -> Engine:
 def _prepare(engine: Engine) -> None:
     """Check the dialect and, on SQLite, install the transaction listeners (once per engine)."""
     name = engine.dialect.name
-    if name not in _ID_TYPE:
+    if name not in ID_TYPE:
         raise ConfigError(f"unsupported database dialect {name!r}: use SQLite or PostgreSQL")
     if name == "sqlite" and not event.contains(engine, "begin", _sqlite_on_begin):
         # Connections pooled before this point keep the driver's defaults (5 s busy timeout).
@@ -113,7 +113,7 @@ def _prepare(engine: Engine) -> None:
 
 
 @contextmanager
-def _translated(what: str) -> Iterator[None]:
+def translated_errors(what: str) -> Iterator[None]:
     """Map SQLAlchemy errors to ``StoreUnavailable`` / ``StoreError``, cause chained."""
     try:
         yield
@@ -131,7 +131,7 @@ def _translated(what: str) -> Iterator[None]:
         raise StoreError(f"database error during {what}: {exc}") from exc
 
 
-class _SqlBackend:
+class SqlBackend:
     """Engine, tables and transactions shared by the SQL backends."""
 
     def __init__(
@@ -157,7 +157,7 @@ class _SqlBackend:
             threading.Lock() if self._engine.dialect.name == "sqlite" else nullcontext()
         )
         self.table_prefix = table_prefix
-        self._t = _Tables.for_prefix(table_prefix)
+        self._t = Tables.for_prefix(table_prefix)
         # Epoch seconds for ``last_active_at`` (a test passes a fake clock).
         self._clock = clock
 
@@ -173,12 +173,12 @@ class _SqlBackend:
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
-        with _translated(what), self._engine.connect() as conn, conn.begin():
+        with translated_errors(what), self._engine.connect() as conn, conn.begin():
             yield conn
 
     @contextmanager
     def _write(self, what: str) -> Iterator[Connection]:
-        with self._write_lock, _translated(what), self._engine.connect() as conn:
+        with self._write_lock, translated_errors(what), self._engine.connect() as conn:
             conn.execution_options(**{_WRITE: True})
             with conn.begin():
                 yield conn
@@ -210,11 +210,11 @@ class _SqlBackend:
                 "name VARCHAR(200) NOT NULL, applied_at VARCHAR(40) NOT NULL)"
             )
             applied = conn.execute(select(func.max(t.c.version))).scalar_one_or_none() or 0
-            for version, step in enumerate(_MIGRATIONS[applied:], start=applied + 1):
+            for version, step in enumerate(MIGRATIONS[applied:], start=applied + 1):
                 for statement in step.statements:
                     conn.exec_driver_sql(
                         statement.format(
-                            p=prefix, id=_ID_TYPE[conn.dialect.name], blob=_BLOB_TYPE[conn.dialect.name]
+                            p=prefix, id=ID_TYPE[conn.dialect.name], blob=BLOB_TYPE[conn.dialect.name]
                         )
                     )
                 conn.execute(

@@ -11,7 +11,7 @@ from sqlalchemy.engine import URL
 from ctxcore.errors import StoreError
 from ctxcore.state.journal import JOURNAL_LIMIT, JournalEntry
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.sql_engine import _SqlBackend
+from ctxcore.state.sql_engine import SqlBackend
 
 __all__ = ["SqlStageJournal"]
 
@@ -19,7 +19,7 @@ __all__ = ["SqlStageJournal"]
 _APPEND_ATTEMPTS = 5
 
 
-class SqlStageJournal(_SqlBackend):
+class SqlStageJournal(SqlBackend):
     """Rows ``(tenant, conversation, seq, data)``; each append removes the rows more than
     ``limit`` below it in the same transaction. The table is one of the conversation's, so
     deleting the conversation or the retention sweep removes it too."""

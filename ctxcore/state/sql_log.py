@@ -27,7 +27,7 @@ from ctxcore.state.base import (
     truncate_moved,
 )
 from ctxcore.state.keys import ConversationKey, validate_id
-from ctxcore.state.sql_engine import _SqlBackend
+from ctxcore.state.sql_engine import SqlBackend
 from ctxcore.state.sql_tail import CountedSqlLog
 from ctxcore.state.tail import AppendCounts
 
@@ -39,7 +39,7 @@ def _message_key(message_id: str) -> str:
     return hashlib.sha256(message_id.encode()).hexdigest()
 
 
-class SqlMessageLog(_SqlBackend, CountedSqlLog):
+class SqlMessageLog(SqlBackend, CountedSqlLog):
     """Append-only logs in SQL: rows keyed by (tenant, conversation, seq), ids from a counter row.
 
     ``SqlMessageLog("sqlite:///ctx.db")`` or ``SqlMessageLog(engine=engine)``; call ``setup()`` once.

@@ -12,12 +12,12 @@ from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.sql_engine import _SqlBackend
+from ctxcore.state.sql_engine import SqlBackend
 
 __all__ = ["SqlOffloadStore"]
 
 
-class SqlOffloadStore(_SqlBackend):
+class SqlOffloadStore(SqlBackend):
     """Offloaded originals in SQL, one row per (conversation, handle); first write wins.
 
     With ``ttl_seconds`` an offload expires that long after it was stored; expired rows are

@@ -16,12 +16,12 @@ from sqlalchemy import ColumnElement, Table, and_, delete, exists, select, union
 
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import Retention
-from ctxcore.state.sql_engine import _SqlBackend
+from ctxcore.state.sql_engine import SqlBackend
 
 __all__ = ["SqlRetentionSweep"]
 
 
-class SqlRetentionSweep(_SqlBackend):
+class SqlRetentionSweep(SqlBackend):
     """The SQL half of the retention sweep, over one engine and table prefix."""
 
     def stamp_unknown(self) -> int:

@@ -12,7 +12,7 @@ from ctxcore.state.models import CompressionState
 
 # Every other name is private to the SQL backends (sql_engine, sql_state, sql_offload, sql_journal,
 # sql_log, sql_window).
-__all__ = ["window_head"]
+__all__ = ["BLOB_TYPE", "ID_TYPE", "MIGRATIONS", "Tables", "window_head"]
 
 
 def window_head(state: CompressionState) -> tuple[int | None, list[int]]:
@@ -39,7 +39,7 @@ class _Migration:
 
 # Never edit or reorder a released step: add a new one. The DDL sticks to what SQLite and
 # PostgreSQL both accept.
-_MIGRATIONS: tuple[_Migration, ...] = (
+MIGRATIONS: tuple[_Migration, ...] = (
     _Migration(
         "compaction state: head version, kept versions, budget",
         (
@@ -123,8 +123,8 @@ _MIGRATIONS: tuple[_Migration, ...] = (
 )
 
 # Byte order for ids on PostgreSQL, so listing pages sort as on SQLite and Redis.
-_ID_TYPE = {"sqlite": "VARCHAR(128)", "postgresql": 'VARCHAR(128) COLLATE "C"'}
-_BLOB_TYPE = {"sqlite": "BLOB", "postgresql": "BYTEA"}
+ID_TYPE = {"sqlite": "VARCHAR(128)", "postgresql": 'VARCHAR(128) COLLATE "C"'}
+BLOB_TYPE = {"sqlite": "BLOB", "postgresql": "BYTEA"}
 
 
 def _id_columns() -> tuple[Column[str], Column[str]]:
@@ -134,8 +134,8 @@ def _id_columns() -> tuple[Column[str], Column[str]]:
 
 
 @dataclass(frozen=True)
-class _Tables:
-    """Core ``Table`` objects for one prefix (queries only: the DDL is in ``_MIGRATIONS``)."""
+class Tables:
+    """Core ``Table`` objects for one prefix (queries only: the DDL is in ``MIGRATIONS``)."""
 
     migrations: Table
     state: Table
@@ -167,7 +167,7 @@ class _Tables:
         )
 
     @classmethod
-    def for_prefix(cls, p: str) -> _Tables:
+    def for_prefix(cls, p: str) -> Tables:
         md = MetaData()
         return cls(
             migrations=Table(

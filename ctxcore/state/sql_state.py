@@ -11,13 +11,13 @@ from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, enco
 from ctxcore.state.base import HISTORY_LIMIT, check_budget, encode_state, rollback_by_save
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
-from ctxcore.state.sql_engine import _SqlBackend
+from ctxcore.state.sql_engine import SqlBackend
 from ctxcore.state.sql_schema import window_head
 
 __all__ = ["SqlStateStore"]
 
 
-class SqlStateStore(_SqlBackend):
+class SqlStateStore(SqlBackend):
     """Compaction states in SQL: a head row per conversation plus the kept versions.
 
     ``SqlStateStore("sqlite:///ctx.db")`` or ``SqlStateStore(engine=engine)``; call ``setup()`` once.

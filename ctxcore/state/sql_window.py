@@ -43,7 +43,7 @@ from ctxcore.state.base import check_budget, format_log_id
 from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_engine import _translated
+from ctxcore.state.sql_engine import translated_errors
 from ctxcore.state.sql_log import SqlMessageLog
 from ctxcore.state.sql_state import SqlStateStore
 from ctxcore.state.tail import TAIL_PAGE, TailRead
@@ -159,7 +159,7 @@ class SqlWindowReader:
     def _one_statement(self, what: str) -> Iterator[Connection]:
         # Autocommit: one statement needs no transaction, and BEGIN/COMMIT would be two more
         # round trips on PostgreSQL.
-        with _translated(what), self._engine.connect() as conn:
+        with translated_errors(what), self._engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def read(

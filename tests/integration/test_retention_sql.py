@@ -17,7 +17,7 @@ from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import Retention
 from ctxcore.state.sql_retention import SqlRetentionSweep
-from ctxcore.state.sql_schema import _Tables
+from ctxcore.state.sql_schema import Tables
 from tests.conftest import sql_engine_for
 
 DAY = 86400.0
@@ -55,7 +55,7 @@ class Stores:
         assert self.offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="x")])
 
     def rows(self, key: ConversationKey) -> int:
-        tables = _Tables.for_prefix(self.state.table_prefix)
+        tables = Tables.for_prefix(self.state.table_prefix)
         total = 0
         with self.state.engine.connect() as conn:
             for table in tables.conversation_tables():
@@ -119,7 +119,7 @@ def test_a_window_stamps_at_most_hourly(stores: Stores) -> None:
     s.clock.now += 600
     s.state.set_budget(key, 1000)
     s.log.append(key, [UserMessage(content="more")])
-    tables = _Tables.for_prefix(s.state.table_prefix)
+    tables = Tables.for_prefix(s.state.table_prefix)
 
     def stamps() -> list[float]:
         with s.state.engine.connect() as conn:
@@ -158,7 +158,7 @@ def test_rows_from_before_the_column_count_from_the_first_sweep(stores: Stores) 
     s, retention = stores, Retention(seconds=10 * DAY)
     key = s.key("old")
     s.fill(key)
-    tables = _Tables.for_prefix(s.state.table_prefix)
+    tables = Tables.for_prefix(s.state.table_prefix)
     with s.state.engine.begin() as conn:  # as code from before the migration wrote them
         for table in (tables.log_counter, tables.budget):
             conn.execute(
@@ -173,12 +173,12 @@ def test_rows_from_before_the_column_count_from_the_first_sweep(stores: Stores) 
 def test_the_migration_adds_the_column_to_an_existing_schema(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ctxcore.state.sql_schema import _MIGRATIONS
+    from ctxcore.state.sql_schema import MIGRATIONS
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     # A schema set up by the code before this step (sql_engine applies the list it imported).
-    before = next(i for i, m in enumerate(_MIGRATIONS) if m.name.startswith("retention"))
-    monkeypatch.setattr("ctxcore.state.sql_engine._MIGRATIONS", _MIGRATIONS[:before])
+    before = next(i for i, m in enumerate(MIGRATIONS) if m.name.startswith("retention"))
+    monkeypatch.setattr("ctxcore.state.sql_engine.MIGRATIONS", MIGRATIONS[:before])
     old = SqlStateStore(url)
     old.setup()
     with old.engine.begin() as conn:
@@ -186,7 +186,7 @@ def test_the_migration_adds_the_column_to_an_existing_schema(
             "INSERT INTO ctxcore_log_counter (tenant_id, conversation_id, last_seq) VALUES ('t', 'c', 0)"
         )
     old.close()
-    monkeypatch.setattr("ctxcore.state.sql_engine._MIGRATIONS", _MIGRATIONS)
+    monkeypatch.setattr("ctxcore.state.sql_engine.MIGRATIONS", MIGRATIONS)
     clock = FakeClock()
     sweep = SqlRetentionSweep(url, clock=clock)
     sweep.setup()
