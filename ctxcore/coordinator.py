@@ -107,6 +107,7 @@ class Coordinator:
         detector: UserDetector | None = None,
         max_result_ratio: float | None = None,
         recall_for: Callable[[ConversationKey], ChunkingConfig | None] | None = None,
+        context_window_for: Callable[[ConversationKey], int | None] | None = None,
     ) -> None:
         if not 0 < target_ratio <= trigger_ratio <= 1:
             raise ConfigError(
@@ -128,6 +129,8 @@ class Coordinator:
         self.max_result_ratio = max_result_ratio
         # Recall on for a conversation: what each stage folds is archived with its state.
         self.recall_for = recall_for
+        # Each tenant's summariser context (model.context_window_tokens): calls fit it.
+        self.context_window_for = context_window_for
 
     # --- reading ----------------------------------------------------------------------
 
@@ -144,6 +147,7 @@ class Coordinator:
             keep_recent_messages=self.keep_recent_messages,
             result_cap_tokens=cap,
             ceiling_tokens=b,
+            context_window_tokens=self.context_window_for(key) if self.context_window_for else None,
         )
 
     def load(self, key: ConversationKey) -> CompressionState:
