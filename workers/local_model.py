@@ -11,6 +11,11 @@ import ipaddress
 import os
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -26,6 +31,7 @@ __all__ = [
     "cmd_model_serve",
     "require_extra",
     "server_argv",
+    "serving",
 ]
 
 MODEL_ALIAS = "gemma-3-270m"
@@ -73,6 +79,47 @@ def server_argv(path: Path, host: str, port_number: int, context: int, threads: 
         "--n_threads",
         str(threads),
     ]
+
+
+@contextmanager
+def serving(
+    port_number: int, context: int, log: Path, *, threads: int | None = None, ready_seconds: float = 180.0
+) -> Iterator[str]:
+    """The bundled model served on ``127.0.0.1:port_number`` for the block (output in ``log``);
+    yields its base URL once ``/v1/models`` answers, and stops the server after."""
+    argv = server_argv(
+        bundled_model_path(), "127.0.0.1", port_number, context, threads or os.cpu_count() or 1
+    )
+    base = f"http://127.0.0.1:{port_number}/v1"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(base, process, ready_seconds, log)
+            yield base
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(base: str, process: subprocess.Popen[bytes], seconds: float, log: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise CtxcoreError(f"the model server exited with {process.returncode}; its output: {log}")
+        try:
+            with urllib.request.urlopen(f"{base}/models", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise CtxcoreError(
+        f"the model server did not answer {base}/models within {seconds:.0f} s; its output: {log}"
+    )
 
 
 def _loopback(host: str) -> str:
