@@ -142,6 +142,7 @@ class FullPolicy(Policy):
                 if setup.settings.engine.rule_chain == "default"
                 else None
             ),
+            context_window_for=lambda _key: setup.settings.model.context_window_tokens,
         )
         # The window at which the pending compaction was asked for (``setup.lag`` > 0).
         self.windows = 0
