@@ -25,6 +25,14 @@ from ctxcore.summarize.redact import redact
 from ctxcore.summarize.sections import conform_sections
 from ctxcore.tokens import TokenCounter
 
+# Lines of the task prompt that no summary has reason to contain.
+_PROMPT_MARKERS = (
+    "[Compression Task]",
+    "[Selected Targets]",
+    "[Protected Recent Context]",
+    "[Output Contract]",
+)
+
 # Private to the pipeline: running.py calls _llm_blocks.
 __all__: list[str] = []
 
@@ -169,10 +177,17 @@ def _llm_blocks(
         )
         input_tokens += completion.usage.input_tokens
         output_tokens += completion.usage.output_tokens
-        raw_text = completion.text if len(groups) == 1 else ""
-        for bid, text in parse_blocks(completion.text).items():
+        reply = "" if _echoes_prompt(completion.text) else completion.text
+        raw_text = reply if len(groups) == 1 else ""
+        for bid, text in parse_blocks(reply).items():
             texts[bid] = conform_sections(text, BLOCK_SECTIONS, where=f"block {bid}")
     return BlockTexts(texts, raw_text, input_tokens, output_tokens, len(groups))
+
+
+def _echoes_prompt(text: str) -> bool:
+    """True for a reply that repeats the task prompt (a small model's frequent answer): its
+    scaffolding lines would otherwise pass for a summary of the non-JSON fallback."""
+    return any(marker in text for marker in _PROMPT_MARKERS)
 
 
 def _contract(targets: Sequence[Target], view: View) -> OutputContract:

@@ -20,7 +20,7 @@ from ctxcore.pipeline.fitting import (
     minimum_context_window,
 )
 from ctxcore.summarize.extractive import ExtractiveModel
-from ctxcore.summarize.model import Completion, OutputContract
+from ctxcore.summarize.model import Completion, OutputContract, Usage
 from ctxcore.tokens import TiktokenCounter
 from tests.datasets import conversations
 from tests.pipeline_helpers import raw_view
@@ -142,3 +142,31 @@ def test_start_up_refuses_a_tenant_context_too_small() -> None:
     bad = Settings.load({"tenants": {"acme": {"model": {"context_window_tokens": 100}}}})
     with pytest.raises(ConfigError, match=r"tenants.acme.model.context_window_tokens: 100 tokens"):
         check_model_contexts(bad, COUNTER)
+
+
+class EchoModel:
+    """A small model's frequent answer: the task prompt repeated (cut at ``max_tokens``)."""
+
+    name = "echo"
+
+    def complete(
+        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
+    ) -> Completion:
+        from ctxcore.messages import message_text
+
+        text = message_text(messages[-1])
+        return Completion(
+            text=text[: max_tokens * 3], usage=Usage(COUNTER.count_messages(list(messages)), 1, 1)
+        )
+
+
+def test_a_reply_repeating_the_prompt_is_never_saved_as_a_summary() -> None:
+    view = raw_view(_long_run())
+    cfg = PipelineConfig(
+        target_tokens=view.tokens(COUNTER) // 2, context_window_tokens=100_000, l1_source_tokens=10**9
+    )
+    stage = plan_next_stage(view, cfg, COUNTER)
+    assert stage is not None
+    result = run_stage(stage, view, EchoModel(), COUNTER, config=cfg)
+    assert not result.changed and result.model_calls >= 1
+    assert "no summary was usable" in result.detail
