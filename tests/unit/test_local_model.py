@@ -23,6 +23,7 @@ def test_server_argv_runs_llama_cpp_server_on_the_given_port() -> None:
         "--port": "8123",
         "--n_ctx": "4096",
         "--n_threads": "2",
+        "--chat_format": "gemma",
     }
 
 
@@ -41,6 +42,7 @@ def test_a_missing_extra_says_how_to_install_it(
     assert main(["model", "serve"]) == 2
     err = capsys.readouterr().err
     assert "llama_cpp" in err and "pip install 'ctxcore[local-model]'" in err
+    assert local_model.LLAMA_CMAKE_ARGS in err
 
 
 def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,3 +53,9 @@ def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFix
         pytest.skip("the local-model extra is not installed: pip install -e '.[local-model]'")
     assert main(["model", "serve", "--model-path", str(tmp_path / "none.gguf")]) == 2
     assert "none.gguf: no such file" in capsys.readouterr().err
+
+
+def test_ci_builds_llama_cpp_with_the_documented_flags() -> None:
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    assert f'CMAKE_ARGS="{local_model.LLAMA_CMAKE_ARGS}"' in ci
+    assert '".[dev,local-model]"' in ci
