@@ -40,10 +40,10 @@ from workers.runtime import Runtime, build_service
 pytestmark = [pytest.mark.real_model, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(400)]
 
 CONTEXT = 4096
-BUDGET = 3000
+BUDGET = 4000
 # Raw tokens of the run's slice: a little over twice the budget, so L0->L1 must run and a
 # further pass may follow, in a few model calls.
-SLICE_TOKENS = 7000
+SLICE_TOKENS = 9000
 COUNTER = TiktokenCounter()
 
 
