@@ -11,7 +11,7 @@ kind, the replies that did not parse into the requested blocks, output tokens ag
 (with windows over budget and invalid ones). It asserts nothing: a 270M model is expected to
 summarise worse; the point is that the path holds.
 
-    .venv/bin/python bench/real_model.py                     # 2 runs, 8k budget, 8k context
+    .venv/bin/python bench/real_model.py                     # 2 runs, 8k budget, 2k context
     .venv/bin/python bench/real_model.py --runs 3 --budget 8000 --json out.json
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``). Slow: minutes per run on 2 cores.
@@ -186,8 +186,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="development runs of half A, from the start")
     parser.add_argument("--budget", type=int, default=8000)
-    parser.add_argument("--context", type=int, default=8192, help="the server's n_ctx")
-    parser.add_argument("--max-tokens", type=int, default=384, help="model.max_tokens")
+    parser.add_argument(
+        "--context", type=int, default=2048, help="model.context_window_tokens (the server gets twice it)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=256, help="model.max_tokens")
     parser.add_argument("--per-token", type=float, default=0.25, help="model.timeout_per_output_token")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write the figures here")
@@ -218,7 +220,7 @@ def main() -> None:
 
     with (
         tempfile.TemporaryDirectory() as tmp,
-        serving(_free_port(), args.context, Path(tmp) / "server.log") as url,
+        serving(_free_port(), 2 * args.context, Path(tmp) / "server.log") as url,
     ):
         cfg = settings.model
         client = OpenAIChatModel(

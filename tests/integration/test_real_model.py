@@ -39,11 +39,15 @@ from workers.runtime import Runtime, build_service
 
 pytestmark = [pytest.mark.real_model, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(400)]
 
-CONTEXT = 4096
-BUDGET = 4000
-# Raw tokens of the run's slice: a little over twice the budget, so L0->L1 must run and a
-# further pass may follow, in a few model calls.
-SLICE_TOKENS = 9000
+# model.context_window_tokens; the server gets twice that: ctxcore counts with its own
+# tokenizer (cl100k_base), and Gemma's counts more (1.2x on a log of paths and numbers:
+# 3,899 against 3,214); twice leaves room for text that splits worse.
+# Small, as every prompt token costs ~15 ms on 2 busy cores.
+CONTEXT = 2048
+BUDGET = 3000
+# Raw tokens of the run's slice: twice the budget, so L0->L1 must run (and a further pass
+# may follow), in a few model calls. Its first tool result alone is 3,442 tokens: trimmed.
+SLICE_TOKENS = 6000
 COUNTER = TiktokenCounter()
 
 
@@ -54,7 +58,7 @@ def model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     except CtxcoreError as exc:
         server_unavailable(f"{exc}; then `ctxcore model serve` serves the model this test uses")
     log = tmp_path_factory.mktemp("local-model") / "server.log"
-    with serving(free_port(), CONTEXT, log) as url:
+    with serving(free_port(), 2 * CONTEXT, log) as url:
         yield url
 
 
@@ -68,8 +72,8 @@ def settings(redis_url: str, model_url: str) -> Iterator[Settings]:
                 "base_url": model_url,
                 "name": MODEL_ALIAS,
                 "context_window_tokens": CONTEXT,
-                "max_tokens": 192,
-                "timeout": 20,
+                "max_tokens": 128,
+                "timeout": 60,
                 "timeout_per_output_token": 0.25,
             },
             "worker": {"retry_delays": [0.5], "lock_timeout": 120, "hard_time_limit": 300},
