@@ -81,6 +81,7 @@ class Recording:
             record.update(seconds=time.perf_counter() - started, error=str(exc.kind))
             with self._lock:
                 self.attempts.append(record)
+            print(json.dumps({"attempt": record}), file=sys.stderr, flush=True)
             raise
         record.update(
             seconds=time.perf_counter() - started,
@@ -93,6 +94,8 @@ class Recording:
             record["parse"] = "ok" if wanted <= set(parsed) else ("partial" if parsed else "none")
         with self._lock:
             self.attempts.append(record)
+        # Each attempt as it lands: a replay that is stopped early still leaves its figures.
+        print(json.dumps({"attempt": record}), file=sys.stderr, flush=True)
         return completion
 
 
