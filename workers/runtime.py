@@ -17,7 +17,7 @@ import redis
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
 from ctxcore.errors import ConfigError, StoreUnavailable
-from ctxcore.pipeline.fitting import check_context_window
+from ctxcore.pipeline.fitting import CallLimits, check_context_window
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.journal import StageJournal
@@ -219,10 +219,13 @@ class Runtime:
                 else None
             ),
             recall_for=self.chunking_for,
-            context_window_for=lambda key: (
-                self.settings.model_for_tenant(key.tenant_id).context_window_tokens
-            ),
+            call_limits_for=self.call_limits_for,
         )
+
+    def call_limits_for(self, key: ConversationKey) -> CallLimits:
+        """The context and output cap ``key``'s summariser calls are fitted to."""
+        model = self.settings.model_for_tenant(key.tenant_id)
+        return CallLimits(model.context_window_tokens, model.max_tokens)
 
     def chunking_for(self, key: ConversationKey) -> ChunkingConfig | None:
         """How ``key``'s compactions archive for recall (None: recall off for its tenant)."""

@@ -5,6 +5,7 @@ pipeline can work in (refused at start-up below it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ctxcore.errors import ConfigError, ErrorKind, ModelError
@@ -20,12 +21,14 @@ from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
 
 __all__ = [
+    "CallLimits",
     "CallTooLarge",
     "call_input_budget",
     "check_context_window",
     "group_to_fit",
     "minimum_context_window",
     "output_tokens_for",
+    "reserved_output",
 ]
 
 T = TypeVar("T")
@@ -35,6 +38,15 @@ T = TypeVar("T")
 _OUTPUT_SLACK = 1.25
 _OUTPUT_PER_BLOCK = 64
 _OUTPUT_BASE = 64
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """A summarisation model's limits a call is fitted to (``model.context_window_tokens``
+    and ``model.max_tokens``; None: no limit)."""
+
+    context_window_tokens: int | None = None
+    max_output_tokens: int | None = None
 
 
 class CallTooLarge(ModelError):
@@ -59,12 +71,20 @@ def output_tokens_for(target_tokens: Sequence[int]) -> int:
     return int(sum(target_tokens) * _OUTPUT_SLACK) + _OUTPUT_PER_BLOCK * len(target_tokens) + _OUTPUT_BASE
 
 
+def reserved_output(cfg: PipelineConfig, output_tokens: int) -> int:
+    """The output room a call asking for ``output_tokens`` keeps: no more than the client
+    sends for (``max_output_tokens``), so a small context is not spent on room never used."""
+    if cfg.max_output_tokens is None:
+        return output_tokens
+    return min(output_tokens, cfg.max_output_tokens)
+
+
 def call_input_budget(cfg: PipelineConfig, output_tokens: int) -> int:
     """The most tokens a call's input may take: the pipeline's call cap, and within the
     model's context what the output leaves (may be <= 0: nothing fits)."""
     budget = cfg.compression_call_max_tokens
     if cfg.context_window_tokens is not None:
-        budget = min(budget, cfg.context_window_tokens - output_tokens)
+        budget = min(budget, cfg.context_window_tokens - reserved_output(cfg, output_tokens))
     return budget
 
 

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
-from ctxcore.pipeline.fitting import CallTooLarge, call_input_budget, group_to_fit, output_tokens_for
+from ctxcore.pipeline.fitting import (
+    CallTooLarge,
+    call_input_budget,
+    group_to_fit,
+    output_tokens_for,
+    reserved_output,
+)
 from ctxcore.pipeline.models import PipelineConfig, Stage
 from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.targets import Target
@@ -168,7 +174,10 @@ def _llm_blocks(
                 return BlockTexts({}, "", 0, 0, 0)
             skeleton = f"[Compression Task]\n{cfg.truncated_marker}\n[Output Contract]\nJSON only."
             raise CallTooLarge(
-                stage.kind, _cost(system, skeleton, counter), max_tokens, cfg.context_window_tokens
+                stage.kind,
+                _cost(system, skeleton, counter),
+                reserved_output(cfg, max_tokens),
+                cfg.context_window_tokens,
             )
         completion = client.complete(
             [SystemMessage(content=system), UserMessage(content=prompt)],

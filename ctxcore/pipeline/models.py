@@ -47,6 +47,9 @@ class PipelineConfig(BaseModel):
     # The summarisation model's context (input and output together; None: no limit): each
     # call's input is split across calls or trimmed to fit it with room for the output.
     context_window_tokens: int | None = Field(default=None, gt=0)
+    # The most output the model client sends for (model.max_tokens): the room a call keeps
+    # for its output within the context is no larger (None: what the pipeline asks for).
+    max_output_tokens: int | None = Field(default=None, gt=0)
     # Raw tokens one L1 block stands for at most: bounds what one summary must hold.
     l1_source_tokens: int | None = Field(default=None, gt=0)
     summarise_all_pending: bool = False

@@ -170,3 +170,16 @@ def test_a_reply_repeating_the_prompt_is_never_saved_as_a_summary() -> None:
     result = run_stage(stage, view, EchoModel(), COUNTER, config=cfg)
     assert not result.changed and result.model_calls >= 1
     assert "no summary was usable" in result.detail
+
+
+def test_the_output_room_is_only_what_the_client_sends_for() -> None:
+    view = raw_view(_long_run())
+    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 4, context_window_tokens=3000)
+    stage = plan_next_stage(view, cfg, COUNTER)
+    assert stage is not None
+    uncapped, capped = RecordingModel(), RecordingModel()
+    run_stage(stage, view, uncapped, COUNTER, config=cfg)
+    run_stage(stage, view, capped, COUNTER, config=cfg.model_copy(update={"max_output_tokens": 256}))
+    assert all(p + min(o, 256) <= 3000 for p, o, _ in capped.calls)
+    # The room the cap leaves unused goes to the input: more of the source in each call.
+    assert max(p for p, _, _ in capped.calls) > max(p for p, _, _ in uncapped.calls)
