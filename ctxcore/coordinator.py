@@ -23,6 +23,7 @@ from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelErr
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
+from ctxcore.pipeline.fitting import CallLimits
 from ctxcore.pipeline.sizing import ViewSizes, held_tokens, message_tokens, served_tokens
 from ctxcore.pipeline.targets import build_targets, eligible_raw
 from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
@@ -107,6 +108,7 @@ class Coordinator:
         detector: UserDetector | None = None,
         max_result_ratio: float | None = None,
         recall_for: Callable[[ConversationKey], ChunkingConfig | None] | None = None,
+        call_limits_for: Callable[[ConversationKey], CallLimits] | None = None,
     ) -> None:
         if not 0 < target_ratio <= trigger_ratio <= 1:
             raise ConfigError(
@@ -128,6 +130,8 @@ class Coordinator:
         self.max_result_ratio = max_result_ratio
         # Recall on for a conversation: what each stage folds is archived with its state.
         self.recall_for = recall_for
+        # Each tenant's summariser context and output cap: its calls are fitted to them.
+        self.call_limits_for = call_limits_for
 
     # --- reading ----------------------------------------------------------------------
 
@@ -139,11 +143,14 @@ class Coordinator:
         """Pipeline targets for ``key`` derived from its budget."""
         b = budget or self.budget(key)
         cap = max(int(b * self.max_result_ratio), 1) if self.max_result_ratio is not None else None
+        limits = self.call_limits_for(key) if self.call_limits_for is not None else CallLimits()
         return PipelineConfig(
             target_tokens=max(int(b * self.target_ratio), 1),
             keep_recent_messages=self.keep_recent_messages,
             result_cap_tokens=cap,
             ceiling_tokens=b,
+            context_window_tokens=limits.context_window_tokens,
+            max_output_tokens=limits.max_output_tokens,
         )
 
     def load(self, key: ConversationKey) -> CompressionState:

@@ -36,6 +36,8 @@ __all__ = [
 SKIPPED = {
     "Quickstart": "pip install and pytest are the test run itself; tests/integration/test_demo.py runs the demo",
     "Distributed": "a list of commands and configuration forms, not a walk-through",
+    "A local summarisation model": "needs the local-model extra (a compiled llama.cpp); "
+    "tests/integration/test_real_model.py starts the same server and compacts through it",
 }
 
 _PORT_USE = re.compile(r"(?:127\.0\.0\.1:|localhost:|--port[ =]|PORT=)(\d{2,5})\b")

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from ctxcore import __version__
 from ctxcore.config import environment_variables
 from ctxcore.errors import CtxcoreError
-from workers import commands
+from workers import commands, local_model
 from workers.cli_parser import Parser, port, positive_float, positive_int
 from workers.commands import bundled_sample, counter_for, settings_for
 
@@ -351,6 +351,9 @@ def build_parser() -> Parser:
     rollback.add_argument("tenant", help="tenant id")
     rollback.add_argument("conversation", help="conversation id")
     rollback.add_argument("version", type=positive_int, help="the kept version to make current again")
+
+    model = command("model", "a local summarisation model (the local-model extra)", None)
+    local_model.add_model_parser(model, common, HelpFormatter)
     return parser
 
 

@@ -17,6 +17,7 @@ import redis
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
 from ctxcore.errors import ConfigError, StoreUnavailable
+from ctxcore.pipeline.fitting import CallLimits, check_context_window
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.journal import StageJournal
@@ -239,7 +240,13 @@ class Runtime:
                 else None
             ),
             recall_for=self.chunking_for,
+            call_limits_for=self.call_limits_for,
         )
+
+    def call_limits_for(self, key: ConversationKey) -> CallLimits:
+        """The context and output cap ``key``'s summariser calls are fitted to."""
+        model = self.settings.model_for_tenant(key.tenant_id)
+        return CallLimits(model.context_window_tokens, model.max_tokens)
 
     def chunking_for(self, key: ConversationKey) -> ChunkingConfig | None:
         """How ``key``'s compactions archive for recall (None: recall off for its tenant)."""
@@ -295,12 +302,24 @@ def check_startup(settings: Settings) -> None:
     check_broker(settings)
     check_telemetry(settings.telemetry)
     rt = Runtime(settings)
+    check_model_contexts(settings, rt.counter)
     try:
         rt.scheduler.check()
     except StoreUnavailable as exc:
         log.warning("Redis not reachable at start-up (%s); the start-up checks run at first use", exc)
         return
     rt.redis.close()
+
+
+def check_model_contexts(settings: Settings, counter: TokenCounter) -> None:
+    """Refuse (``ConfigError`` with the sizes) a ``model.context_window_tokens``, global or a
+    tenant's, too small for the smallest summariser call: better at start-up than as every
+    stage failing later."""
+    scoped = [("model", settings.model)] + [
+        (f"tenants.{tenant}.model", t.model) for tenant, t in settings.tenants.items() if t.model is not None
+    ]
+    for where, model in scoped:
+        check_context_window(model.context_window_tokens, counter, f"{where}.context_window_tokens")
 
 
 def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:
@@ -312,6 +331,7 @@ def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:
         api_key=os.environ.get(cfg.api_key_env),
         model=cfg.name,
         timeout=cfg.timeout,
+        timeout_per_output_token=cfg.timeout_per_output_token,
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
     )

@@ -22,9 +22,17 @@ class ModelSettings(BaseModel):
     base_url: str | None = None
     name: str = "gpt-4o-mini"
     api_key_env: str = Field(default="OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # A call's timeout is ``timeout`` plus ``timeout_per_output_token`` for each output token
+    # it asks for: a CPU model writes ~10-30 tokens a second (bench/real_model.py), so one
+    # flat timeout either cuts long summaries or waits a minute on a dead short call.
     timeout: float = Field(default=60.0, gt=0)
+    timeout_per_output_token: float = Field(default=0.0, ge=0)
     max_tokens: int = Field(default=4096, gt=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
+    # The model's context length (prompt and output together): a summariser call's input is
+    # split or trimmed to fit it with room for the output (None: no limit beyond the
+    # pipeline's compression_call_max_tokens).
+    context_window_tokens: int | None = Field(default=None, gt=0)
 
     @property
     def offline(self) -> bool:

@@ -35,6 +35,7 @@ from ctxcore.eval.policy_base import (
     conversation_key,
 )
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
+from ctxcore.pipeline.fitting import CallLimits
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
@@ -141,6 +142,9 @@ class FullPolicy(Policy):
                 setup.settings.engine.max_result_ratio
                 if setup.settings.engine.rule_chain == "default"
                 else None
+            ),
+            call_limits_for=lambda _key: CallLimits(
+                setup.settings.model.context_window_tokens, setup.settings.model.max_tokens
             ),
         )
         # The window at which the pending compaction was asked for (``setup.lag`` > 0).

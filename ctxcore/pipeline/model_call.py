@@ -4,8 +4,16 @@ redacted, sent with its output contract; the reply parsed into one text per bloc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
+from ctxcore.pipeline.fitting import (
+    CallTooLarge,
+    call_input_budget,
+    group_to_fit,
+    output_tokens_for,
+    reserved_output,
+)
 from ctxcore.pipeline.models import PipelineConfig, Stage
 from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.targets import Target
@@ -22,6 +30,14 @@ from ctxcore.summarize.prompts import (
 from ctxcore.summarize.redact import redact
 from ctxcore.summarize.sections import conform_sections
 from ctxcore.tokens import TokenCounter
+
+# Lines of the task prompt that no summary has reason to contain.
+_PROMPT_MARKERS = (
+    "[Compression Task]",
+    "[Selected Targets]",
+    "[Protected Recent Context]",
+    "[Output Contract]",
+)
 
 # Private to the pipeline: running.py calls _llm_blocks.
 __all__: list[str] = []
@@ -82,12 +98,14 @@ def _preview(message: AnyMessage, chars: int, cfg: PipelineConfig) -> AnyMessage
     return message.model_copy(update={"content": head_tail(text, chars, 0.5, cfg.truncated_marker)})
 
 
-def _fit_call_budget(system: str, prompt: str, cfg: PipelineConfig, counter: TokenCounter) -> str | None:
-    """Shrink the task prompt by head/tail truncation until the call fits its budget."""
-    budget = cfg.compression_call_max_tokens
+def _fit_call_budget(
+    system: str, prompt: str, budget: int, cfg: PipelineConfig, counter: TokenCounter
+) -> str | None:
+    """Shrink the task prompt by head/tail truncation until the call's input fits ``budget``
+    (None when not even its fixed lines do)."""
 
     def cost(text: str) -> int:
-        return counter.count_messages([SystemMessage(content=system), UserMessage(content=text)])
+        return _cost(system, text, counter)
 
     if cost(prompt) <= budget:
         return prompt
@@ -106,6 +124,22 @@ def _fit_call_budget(system: str, prompt: str, cfg: PipelineConfig, counter: Tok
     return best
 
 
+def _cost(system: str, prompt: str, counter: TokenCounter) -> int:
+    return counter.count_messages([SystemMessage(content=system), UserMessage(content=prompt)])
+
+
+@dataclass(frozen=True)
+class BlockTexts:
+    """What a stage's summariser calls returned: one text per block id, the raw reply (only
+    when one call carried every target: the non-JSON fallback covers them all), and usage."""
+
+    texts: dict[str, str]
+    raw_text: str
+    input_tokens: int
+    output_tokens: int
+    calls: int
+
+
 def _llm_blocks(
     stage: Stage,
     targets: Sequence[Target],
@@ -114,15 +148,58 @@ def _llm_blocks(
     client: ModelClient,
     counter: TokenCounter,
     aggressive: bool,
-) -> tuple[dict[str, str], str, int, int]:
+) -> BlockTexts:
     system = ROUND_LEVEL_AGGRESSIVE_SYSTEM_PROMPT if aggressive else ROUND_LEVEL_SYSTEM_PROMPT
-    prompt = _fit_call_budget(
-        system, _task_prompt(stage, targets, view, cfg, view.tokens(counter)), cfg, counter
-    )
-    if prompt is None:
-        return {}, "", 0, 0
-    if cfg.redact_secrets:
-        prompt = redact(prompt)
+    window_tokens = view.tokens(counter)
+
+    def prompt_of(group: Sequence[Target]) -> str:
+        prompt = _task_prompt(stage, group, view, cfg, window_tokens)
+        return redact(prompt) if cfg.redact_secrets else prompt
+
+    def fits(group: Sequence[Target]) -> bool:
+        budget = call_input_budget(cfg, output_tokens_for([t.target_tokens for t in group]))
+        return _cost(system, prompt_of(group), counter) <= budget
+
+    groups = group_to_fit(targets, fits) if cfg.context_window_tokens is not None else [list(targets)]
+    texts: dict[str, str] = {}
+    raw_text = ""
+    input_tokens = output_tokens = 0
+    for group in groups:
+        max_tokens = output_tokens_for([t.target_tokens for t in group])
+        budget = call_input_budget(cfg, max_tokens)
+        prompt = _fit_call_budget(system, prompt_of(group), budget, cfg, counter)
+        if prompt is None:
+            if cfg.context_window_tokens is None:
+                # Only the pipeline's own call cap is in the way: the stage cannot summarise.
+                return BlockTexts({}, "", 0, 0, 0)
+            skeleton = f"[Compression Task]\n{cfg.truncated_marker}\n[Output Contract]\nJSON only."
+            raise CallTooLarge(
+                stage.kind,
+                _cost(system, skeleton, counter),
+                reserved_output(cfg, max_tokens),
+                cfg.context_window_tokens,
+            )
+        completion = client.complete(
+            [SystemMessage(content=system), UserMessage(content=prompt)],
+            max_tokens=max_tokens,
+            contract=_contract(group, view),
+        )
+        input_tokens += completion.usage.input_tokens
+        output_tokens += completion.usage.output_tokens
+        reply = "" if _echoes_prompt(completion.text) else completion.text
+        raw_text = reply if len(groups) == 1 else ""
+        for bid, text in parse_blocks(reply).items():
+            texts[bid] = conform_sections(text, BLOCK_SECTIONS, where=f"block {bid}")
+    return BlockTexts(texts, raw_text, input_tokens, output_tokens, len(groups))
+
+
+def _echoes_prompt(text: str) -> bool:
+    """True for a reply that repeats the task prompt (a small model's frequent answer): its
+    scaffolding lines would otherwise pass for a summary of the non-JSON fallback."""
+    return any(marker in text for marker in _PROMPT_MARKERS)
+
+
+def _contract(targets: Sequence[Target], view: View) -> OutputContract:
     task_id, intent_id = view.anchor_ids()
     by_id = view.messages_by_id()
     query = message_text(by_id[intent_id]) if intent_id in by_id else ""
@@ -130,7 +207,7 @@ def _llm_blocks(
     context = [m for b in view.blocks if b.block_id not in replaced for m in b.messages]
     if task_id in by_id:
         context.insert(0, by_id[task_id])
-    contract = OutputContract(
+    return OutputContract(
         kind="blocks",
         blocks=[
             ContractBlock(
@@ -142,13 +219,3 @@ def _llm_blocks(
         context=context,
         query=query,
     )
-    max_tokens = int(sum(t.target_tokens for t in targets) * 1.25) + 64 * len(targets) + 64
-    completion = client.complete(
-        [SystemMessage(content=system), UserMessage(content=prompt)], max_tokens=max_tokens, contract=contract
-    )
-    usage = completion.usage
-    texts = {
-        bid: conform_sections(text, BLOCK_SECTIONS, where=f"block {bid}")
-        for bid, text in parse_blocks(completion.text).items()
-    }
-    return texts, completion.text, usage.input_tokens, usage.output_tokens

@@ -44,6 +44,12 @@ class PipelineConfig(BaseModel):
     third_pass_target_tokens: int | None = Field(default=None, gt=0)
     truncate_head_ratio: float = Field(default=0.2, gt=0, lt=1)
     compression_call_max_tokens: int = Field(default=250_000, gt=0)
+    # The summarisation model's context (input and output together; None: no limit): each
+    # call's input is split across calls or trimmed to fit it with room for the output.
+    context_window_tokens: int | None = Field(default=None, gt=0)
+    # The most output the model client sends for (model.max_tokens): the room a call keeps
+    # for its output within the context is no larger (None: what the pipeline asks for).
+    max_output_tokens: int | None = Field(default=None, gt=0)
     # Raw tokens one L1 block stands for at most: bounds what one summary must hold.
     l1_source_tokens: int | None = Field(default=None, gt=0)
     summarise_all_pending: bool = False

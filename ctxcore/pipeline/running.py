@@ -74,10 +74,9 @@ def run_stage(
                 "offline), or plan only l0_to_l1 (with a summarizer) and hard_truncate"
             )
         aggressive = stage.kind.startswith("aggressive")
-        texts, raw_text, usage_in, usage_out = _llm_blocks(
-            stage, targets, view, cfg, model_client, counter, aggressive
-        )
-        calls, input_tokens, output_tokens = 1, usage_in, usage_out
+        replies = _llm_blocks(stage, targets, view, cfg, model_client, counter, aggressive)
+        texts, raw_text = replies.texts, replies.raw_text
+        calls, input_tokens, output_tokens = replies.calls, replies.input_tokens, replies.output_tokens
         if not texts and raw_text.strip() and _one_segment(targets, view):
             merged = _merge_targets(targets, view, cfg, counter)
             targets = [merged]

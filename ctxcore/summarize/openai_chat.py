@@ -9,6 +9,7 @@ from typing import Any
 
 import openai
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, to_openai
 from ctxcore.summarize.errors import ModelCallError, classify_error, status_code_of
 from ctxcore.summarize.model import Completion, OutputContract, Usage
@@ -70,6 +71,8 @@ class OpenAIChatModel:
     """A ``ModelClient`` for an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``max_tokens`` (when set) caps every call below the caller's own ``max_tokens``.
+    A call's timeout is ``timeout`` plus ``timeout_per_output_token`` seconds for each
+    output token it asks for (a slow local model needs longer for a longer summary).
     ``max_retries`` is passed to the ``openai`` client and should stay 0: retries are the
     executor's job, which classifies errors and shrinks the request on overflow.
     Failures are raised as ``ModelCallError`` with a classified ``kind``, the HTTP status
@@ -85,10 +88,17 @@ class OpenAIChatModel:
         max_tokens: int | None = None,
         temperature: float = 0.0,
         max_retries: int = 0,
+        timeout_per_output_token: float = 0.0,
     ) -> None:
+        if timeout <= 0 or timeout_per_output_token < 0:
+            raise ConfigError(
+                f"OpenAIChatModel: timeout must be > 0 and timeout_per_output_token >= 0, got "
+                f"{timeout} and {timeout_per_output_token}; give seconds"
+            )
         self.base_url = base_url
         self.model = model
         self.timeout = timeout
+        self.timeout_per_output_token = timeout_per_output_token
         self.max_tokens = max_tokens
         self.temperature = temperature
         # OpenAI-compatible local servers need no key, but the client refuses to start
@@ -104,6 +114,10 @@ class OpenAIChatModel:
 
     def __repr__(self) -> str:
         return f"OpenAIChatModel(base_url={self.base_url!r}, model={self.model!r})"
+
+    def call_timeout(self, output_tokens: int) -> float:
+        """Seconds one call asking for ``output_tokens`` may take."""
+        return self.timeout + self.timeout_per_output_token * max(output_tokens, 0)
 
     def close(self) -> None:
         """Close the underlying HTTP connection pool."""
@@ -131,6 +145,7 @@ class OpenAIChatModel:
                 messages=to_openai(messages),  # type: ignore[arg-type]
                 max_tokens=max(limit, 1),
                 temperature=self.temperature,
+                timeout=self.call_timeout(max(limit, 1)),
             )
         except Exception as exc:
             raise ModelCallError(
