@@ -6,9 +6,10 @@ import hashlib
 
 from pydantic import ConfigDict
 
-__all__ = ["hash_token"]
+__all__ = ["STRICT", "hash_token"]
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+STRICT = ConfigDict(extra="forbid", frozen=True)
+"""Every settings section's model config: unknown keys refused, values frozen."""
 
 
 def hash_token(token: str) -> str:

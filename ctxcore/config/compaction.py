@@ -6,7 +6,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ctxcore.config.base import _STRICT
+from ctxcore.config.base import STRICT
 from ctxcore.errors import ConfigError
 from ctxcore.recall.index import require_fts5
 from ctxcore.turns import HARNESS_USER_PATTERNS, UserDetector, compile_patterns
@@ -18,7 +18,7 @@ class ModelSettings(BaseModel):
     """The summarisation model: any OpenAI-compatible endpoint, or the offline ``ExtractiveModel``
     when ``base_url`` is None."""
 
-    model_config = _STRICT
+    model_config = STRICT
     base_url: str | None = None
     name: str = "gpt-4o-mini"
     api_key_env: str = Field(default="OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,7 +43,7 @@ class ModelSettings(BaseModel):
 class EngineSettings(BaseModel):
     """Tokenizer and conversation-shape knobs shared by every conversation."""
 
-    model_config = _STRICT
+    model_config = STRICT
     tokenizer_model: str | None = None
     # The newest three steps (call + result each) stay verbatim through L0->L1: the agent acts
     # on what it just did. Only the most aggressive pass may take them.
@@ -78,7 +78,7 @@ class EngineSettings(BaseModel):
 class RecallSettings(BaseModel):
     """Compression recall: archive what compaction folds, search it, spend headroom on it."""
 
-    model_config = _STRICT
+    model_config = STRICT
     enabled: bool = False
     # Auto-recall: windows spend leftover room on the archived passages closest to the intent.
     auto: bool = False

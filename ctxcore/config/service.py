@@ -7,7 +7,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ctxcore.config.base import _STRICT
+from ctxcore.config.base import STRICT
 from ctxcore.config.compaction import ModelSettings, RecallSettings
 from ctxcore.state.keys import validate_id
 
@@ -17,7 +17,7 @@ __all__ = ["HttpSettings", "LoggingSettings", "ProxySettings", "ServiceSettings"
 class ServiceSettings(BaseModel):
     """Fast path and compaction targets, as ratios of the budget a client asks for."""
 
-    model_config = _STRICT
+    model_config = STRICT
     # Compaction is asked for once the raw view is over the budget itself: until the worker
     # lands it, the headroom-aware rules and the fallback fit the served window (oldest
     # first), so the verbatim tail uses the whole budget and each compaction saves a
@@ -66,7 +66,7 @@ BYTE_RATE_RULE = (
 class HttpSettings(BaseModel):
     """HTTP API: limits and the bearer-token table (sha256 of token -> tenant id)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     host: str = "127.0.0.1"
     port: int = Field(default=8080, gt=0, lt=65536)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
@@ -113,7 +113,7 @@ class ProxySettings(BaseModel):
     ``upstream_timeout`` bounds each read of an upstream call, ``upstream_deadline`` the call
     as a whole (a streamed reply included)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     upstream_base_url: str | None = None
     upstream_api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     upstream_timeout: float = Field(default=600.0, gt=0)
@@ -128,14 +128,14 @@ class LoggingSettings(BaseModel):
     """How the service and the workers write their logs: ``text`` keeps each tool's own
     format (uvicorn's, Celery's), ``json`` writes one JSON object a line (for a collector)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     format: Literal["text", "json"] = "text"
 
 
 class TenantSettings(BaseModel):
     """Per-tenant overrides."""
 
-    model_config = _STRICT
+    model_config = STRICT
     model: ModelSettings | None = None
     # Replaces the global proxy section whole for this tenant's requests.
     proxy: ProxySettings | None = None

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from ctxcore.config.base import _STRICT
+from ctxcore.config.base import STRICT
 
 __all__ = ["DatabaseSettings", "RedisSettings"]
 
@@ -22,7 +22,7 @@ class RedisSettings(BaseModel):
     backend, a plain Redis (kombu's Redis transport has no cluster mode).
     """
 
-    model_config = _STRICT
+    model_config = STRICT
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = Field(default="ctxcore", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     socket_timeout: float = Field(default=5.0, gt=0)
@@ -42,6 +42,6 @@ class RedisSettings(BaseModel):
 class DatabaseSettings(BaseModel):
     """Optional SQL storage of state, log and offloads (``url`` None: Redis holds them)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     url: str | None = None
     table_prefix: str = Field(default="ctxcore_", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,30}$")

@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
-from ctxcore.config.base import _STRICT
+from ctxcore.config.base import STRICT
 
 __all__ = ["TelemetrySettings"]
 
@@ -22,7 +22,7 @@ class TelemetrySettings(BaseModel):
     ``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_BSP_*``, ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED``).
     """
 
-    model_config = _STRICT
+    model_config = STRICT
     enabled: bool = False
     # The OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; refused at start-up
     # when it does not parse as an http(s) URL with a host.

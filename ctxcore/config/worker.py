@@ -7,7 +7,7 @@ from typing import Self
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ctxcore.config.base import _STRICT
+from ctxcore.config.base import STRICT
 
 __all__ = ["FlowerSettings", "WorkerSettings"]
 
@@ -17,7 +17,7 @@ _BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
 class WorkerSettings(BaseModel):
     """Celery worker limits and retry policy."""
 
-    model_config = _STRICT
+    model_config = STRICT
     soft_time_limit: float = Field(default=120.0, gt=0)
     hard_time_limit: float = Field(default=150.0, gt=0)
     concurrency: int = Field(default=2, gt=0)
@@ -122,7 +122,7 @@ class FlowerSettings(BaseModel):
     ``basic_auth`` (``user:password`` entries, a list or one comma-separated string).
     """
 
-    model_config = _STRICT
+    model_config = STRICT
     host: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=5555, ge=1, le=65535)
     basic_auth: tuple[str, ...] = ()

@@ -39,8 +39,8 @@ _PROMPT_MARKERS = (
     "[Output Contract]",
 )
 
-# Private to the pipeline: running.py calls _llm_blocks.
-__all__: list[str] = []
+# Used by the pipeline only: running.py calls llm_blocks.
+__all__ = ["llm_blocks"]
 
 
 def _task_prompt(
@@ -140,7 +140,7 @@ class BlockTexts:
     calls: int
 
 
-def _llm_blocks(
+def llm_blocks(
     stage: Stage,
     targets: Sequence[Target],
     view: View,

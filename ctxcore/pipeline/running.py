@@ -8,7 +8,7 @@ from typing import Any
 
 from ctxcore.errors import ConfigError, ModelError
 from ctxcore.messages import AnyMessage, UserMessage, message_text
-from ctxcore.pipeline.model_call import _llm_blocks
+from ctxcore.pipeline.model_call import llm_blocks
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageResult
 from ctxcore.pipeline.sizing import message_tokens
 from ctxcore.pipeline.targets import Target, targets_for_stage
@@ -74,7 +74,7 @@ def run_stage(
                 "offline), or plan only l0_to_l1 (with a summarizer) and hard_truncate"
             )
         aggressive = stage.kind.startswith("aggressive")
-        replies = _llm_blocks(stage, targets, view, cfg, model_client, counter, aggressive)
+        replies = llm_blocks(stage, targets, view, cfg, model_client, counter, aggressive)
         texts, raw_text = replies.texts, replies.raw_text
         calls, input_tokens, output_tokens = replies.calls, replies.input_tokens, replies.output_tokens
         if not texts and raw_text.strip() and _one_segment(targets, view):
