@@ -36,6 +36,7 @@ from ctxcore.errors import (
     UnsupportedItemError,
     VersionNotKept,
 )
+from ctxcore.pipeline.fitting import CallTooLarge
 from ctxcore.summarize.errors import ModelCallError
 from workers.circuit import CircuitOpenError
 from workers.failures import StageFailedError
@@ -186,6 +187,8 @@ ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
     StoreError: ErrorStatus(502, "store_error", _masked("a store failed; see the server log"), logged=True),
     ModelError: _MODEL_FAILED,
     ModelCallError: _MODEL_FAILED,
+    # Raised in stages only (the call does not fit model.context_window_tokens).
+    CallTooLarge: _MODEL_FAILED,
     StageFailedError: _MODEL_FAILED,
     CircuitOpenError: ErrorStatus(
         503,
