@@ -25,7 +25,8 @@ class Rules:
     rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at 320),
     ``lists_joined`` (bare list items joined to their sentence), ``bare_joined`` (a line
     of bare names or numbers is no candidate alone: joined to the line before it in its
-    message, dropped when it has none), ``output_errors`` (a tool
+    message, dropped when it has none; a call's line and an earlier summary's lines are
+    taken as they are), ``output_errors`` (a tool
     output's error lines). Weights: ``category_priors`` (a prior per kind of line, else
     one), ``diminishing`` (each further line of one message worth less), ``recency``
     (later lines worth more). Rules measured and removed for not paying on both halves
