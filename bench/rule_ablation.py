@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -35,6 +36,11 @@ from ctxcore.eval.references import sign_test
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.extractive.rules import names, without
 from ctxcore.tokens import TiktokenCounter
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from bench.summary_lines import line_stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = Path(os.environ.get("CTXCORE_DATA_DIR", HERE.parents[1] / "shared" / "data"))
@@ -56,7 +62,11 @@ def one(data: Path, ids: list[str], budget: int, off: str) -> dict[str, Any]:
         counter=counter,
     )
     started = time.perf_counter()
-    evaluate_file(data, config, progress=results.append)
+    with tempfile.TemporaryDirectory() as tmp:
+        # What full's summaries hold in the final windows (bench/summary_lines.py).
+        config.windows_out = Path(tmp) / "windows.jsonl"
+        evaluate_file(data, config, progress=results.append)
+        lines = line_stats(config.windows_out) if config.windows_out.exists() else None
     refs = reference_figures(results, None)
     return {
         "off": off,
@@ -65,6 +75,7 @@ def one(data: Path, ids: list[str], budget: int, off: str) -> dict[str, Any]:
         "stale": refs["stale"],
         "runs": {r.id: run_score(r) for r in results},
         "calls": sum(r.summariser_calls for r in results),
+        "lines": lines,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -75,6 +86,11 @@ def _f(value: float | None) -> str:
 
 def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _lines(res: dict[str, Any]) -> str:
+    lines = res.get("lines")
+    return "-" if not lines else f"{lines['lines']}/{lines['bare']}"
 
 
 def compare(base: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
@@ -138,9 +154,10 @@ def main() -> None:
                     fh.write(json.dumps(done[job]) + "\n")
     print(f"{time.perf_counter() - started:.0f} s in total", file=sys.stderr)
     print(
-        "| rule off | half, budget | with | without | diff | stale with / without | runs W/L (sign p) | calls with / without |"
+        "| rule off | half, budget | with | without | diff | stale with / without | runs W/L (sign p) | calls with / without "
+        "| summary lines / bare-token with / without |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for budget in args.budgets:
         for half in args.halves.split(","):
             base = done[(half, budget, ALL)]
@@ -151,7 +168,7 @@ def main() -> None:
                     f"| {off} | {half} {budget // 1000}k | {_f(base['overall'])} | {_f(res['overall'])} | "
                     f"{c['diff']:+.3f} | {_f(base['stale'])} / {_f(res['stale'])} | "
                     f"{c['wins']}/{c['losses']} ({_p(c['p'])}) | "
-                    f"{base['calls']} / {res['calls']} |",
+                    f"{base['calls']} / {res['calls']} | {_lines(base)} / {_lines(res)} |",
                     flush=True,
                 )
 

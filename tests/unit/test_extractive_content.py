@@ -9,6 +9,8 @@ import pytest
 
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.summarize import ContractBlock, ExtractiveModel, OutputContract
+from ctxcore.summarize.bare import bare_line
+from ctxcore.summarize.extractive.lists import with_bare_joined
 from ctxcore.summarize.extractive.tools import COMMAND_CHARS, command_text
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 from ctxcore.tokens import TiktokenCounter
@@ -101,3 +103,16 @@ def test_a_directory_listing_line_is_no_fact(model: ExtractiveModel) -> None:
     text = summary(model, source, 400)
     # Only the call's own one-line result names the listing; its dated lines are no facts.
     assert "CONTRIBUTING.rst" not in text and ".coveragerc" not in text, text
+
+
+def test_a_bare_line_is_kept_only_inside_the_line_it_belongs_to(model: ExtractiveModel) -> None:
+    thought = "THOUGHT: The failing offsets are at these lines of base.py\n1261\n1722\n`get_foreign_related_value`\nNext I fix them."
+    source: list[AnyMessage] = [
+        UserMessage(content="Fix the offsets."),
+        bash("c1", "grep -n offset django/db/models/base.py", thought),
+        out("c1", "1261: offset = 0"),
+    ]
+    text = summary(model, source, 400)
+    assert "these lines of base.py; 1261; 1722; `get_foreign_related_value`" in text, text
+    assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
+    assert with_bare_joined("1261\n1722") == ""

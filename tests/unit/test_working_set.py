@@ -115,7 +115,7 @@ def test_one_definition_of_a_bare_line_for_the_list_joining_and_the_check() -> N
     from ctxcore.summarize.extractive import lists
 
     assert verify.bare_line is bare.bare_line and lists.bare_line is bare.bare_line
-    for line in ("src/a.py", "  526", "1. Arcsin", "os.path.join", "foo_bar, BazQux"):
+    for line in ("src/a.py", "  526", "1. Arcsin", "os.path.join", "foo_bar, BazQux", "```bash", "```"):
         assert bare.bare_line(line), line
     for line in ("fix the lookup in src/a.py", "    return compute(x)", "2. check the `save` path"):
         assert not bare.bare_line(line), line

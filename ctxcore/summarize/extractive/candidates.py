@@ -33,7 +33,7 @@ from ctxcore.summarize.extractive.features import (
     tool_tag,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, Item, user_key
-from ctxcore.summarize.extractive.lists import with_lists_joined
+from ctxcore.summarize.extractive.lists import with_bare_joined, with_lists_joined
 from ctxcore.summarize.extractive.rules import Rules
 from ctxcore.summarize.extractive.tools import (
     COMMAND_CHARS,
@@ -110,9 +110,14 @@ class Extractor:
         independent: bool = False,
         section: str = "",
         limit: int = MAX_LINE_CHARS,
+        call: bool = False,
     ) -> None:
-        """One candidate line (nothing for a line without a word)."""
+        """One candidate line (nothing for a line without a word). A ``call`` line (a call
+        and its result, or a line an earlier summary kept) is the line its names belong to:
+        never joined or dropped as bare (``Rules.bare_joined``)."""
         text = clip(text.strip(), limit)
+        if self.rules.bare_joined and not call:
+            text = with_bare_joined(text)
         if len(text) < 3 or not meaningful(text):
             return
         norm = key or collapse(text).casefold()
@@ -219,6 +224,8 @@ class Extractor:
 
     def lines(self, index: int, text: str, classify: Callable[[str], str], tag: str) -> None:
         """Every line of ``text`` (long ones split into sentences), classified by ``classify``."""
+        if self.rules.bare_joined:
+            text = with_bare_joined(text)
         sub = 0
         for raw in text.splitlines():
             line = raw.strip().lstrip("-*• ").strip()
@@ -275,7 +282,17 @@ class Extractor:
             # from it outrank ordinary facts.
             bonus = 3.0 if category == "request" else 1.0
             self.add(
-                (index, sub), category, line, tag=tag, key=key, bonus=bonus, independent=True, section=section
+                (index, sub),
+                category,
+                line,
+                tag=tag,
+                key=key,
+                bonus=bonus,
+                independent=True,
+                section=section,
+                # Chosen once already: a bare line there came whole from its source (a
+                # call's line, a session's date) or was joined then.
+                call=True,
             )
 
     def assistant(self, index: int, message: AssistantMessage) -> None:
@@ -338,7 +355,7 @@ class Extractor:
         if result is not None:
             self.last_call = order
         if failed or is_error(line):
-            self.add(order, "error", item_text, tag=tag, limit=limit)
+            self.add(order, "error", item_text, tag=tag, limit=limit, call=True)
         elif writes_file(name, written, path):
             target = written or path or ""
             # Keyed by path: only the last write of each file survives deduplication, and
@@ -346,11 +363,13 @@ class Extractor:
             # command is its own brief, whole.
             brief_args = args if limit > MAX_LINE_CHARS else clip(args, 60, mark=True)
             brief = f"{head(brief_args)} -> {shown}"
-            self.add(order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}", limit=limit)
+            self.add(
+                order, "file", f"{target} <- {brief}", tag=tag, key=f"file:{target}", limit=limit, call=True
+            )
         elif TASK_TOOL.search(name):
-            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}", limit=limit)
+            self.add(order, "pending", item_text, tag=tag, key=f"task:{name}", limit=limit, call=True)
         else:
-            self.add(order, "tool", item_text, tag=tag, limit=limit)
+            self.add(order, "tool", item_text, tag=tag, limit=limit, call=True)
         if path:
             self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
         if written:

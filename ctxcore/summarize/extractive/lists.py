@@ -6,7 +6,7 @@ import re
 
 from ctxcore.summarize.bare import bare_line
 
-__all__ = ["with_lists_joined"]
+__all__ = ["with_bare_joined", "with_lists_joined"]
 
 # An item of the agent's own list: "1. ...", "2) ...", "- ...", "* ...".
 _LIST_ITEM = re.compile(r"^(?:\d{1,3}[.)]|[-*•])\s+\S")
@@ -30,4 +30,21 @@ def with_lists_joined(text: str) -> str:
             continue
         out.append(line)
         joined = False
+    return "\n".join(out)
+
+
+def with_bare_joined(text: str) -> str:
+    """``text`` with each bare line (a name or number alone, ``bare_line``) joined to the
+    line before it, ``"; "`` between; ``""`` when no line of ``text`` has a word. A bare line
+    is kept only inside the line it belongs to: alone it tells the agent nothing."""
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if bare_line(line):
+            if out:
+                out[-1] = f"{out[-1]}; {line}"
+            continue
+        out.append(line)
     return "\n".join(out)

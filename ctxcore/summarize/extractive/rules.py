@@ -23,7 +23,10 @@ class Rules:
 
     ``newest_call`` keeps the line of the newest call whatever else competes. Content
     rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at 320),
-    ``lists_joined`` (bare list items joined to their sentence), ``output_errors`` (a tool
+    ``lists_joined`` (bare list items joined to their sentence), ``bare_joined`` (a line
+    of bare names or numbers is no candidate alone: joined to the line before it in its
+    message, dropped when it has none; a call's line and an earlier summary's lines are
+    taken as they are), ``output_errors`` (a tool
     output's error lines). Weights: ``category_priors`` (a prior per kind of line, else
     one), ``diminishing`` (each further line of one message worth less), ``recency``
     (later lines worth more). Rules measured and removed for not paying on both halves
@@ -35,6 +38,7 @@ class Rules:
     newest_call: bool = True
     commands_whole: bool = True
     lists_joined: bool = True
+    bare_joined: bool = True
     output_errors: bool = True
     category_priors: bool = True
     diminishing: bool = True
