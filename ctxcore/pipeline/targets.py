@@ -24,7 +24,6 @@ from ctxcore.pipeline.sizing import (
     section_tokens,
     served_of,
     served_tokens,
-    summary_cap,
 )
 from ctxcore.pipeline.view import View, log_id
 from ctxcore.state.models import SummaryBlock
@@ -251,13 +250,7 @@ def _build_targets(
         merged = sum(
             message_tokens(counter, i.messages) for g in groups for i in g if isinstance(i, SummaryBlock)
         )
-        ceiling = _merge_ceiling(view, config, counter)
-        room = max(first_pass, min(budget(first_pass, sum(run_sizes), len(groups), merged), ceiling))
-        if fold:
-            # Steps fold whole, so the view would land below the target by part of the last
-            # one (median 0.78 of the budget for a target of 0.8 on the development runs):
-            # that slack goes to the summary, past the blocks' cap by less than one step.
-            room = max(room, _slack_room(view, config, counter, sum(run_sizes), len(groups)))
+        room = budget(first_pass, sum(run_sizes), len(groups), merged)
         targets = []
         for n, (group, size) in enumerate(zip(groups, run_sizes, strict=True), 1):
             lv = max(max(i.level, 1) for i in group if isinstance(i, SummaryBlock))
@@ -301,36 +294,6 @@ def l1_falls_short(view: View, config: PipelineConfig, counter: TokenCounter) ->
     return room_for(view, config, counter, source, len(targets)) < config.pass_targets()[0]
 
 
-def _slack_room(view: View, config: PipelineConfig, counter: TokenCounter, source: int, n_blocks: int) -> int:
-    """The room new summaries of ``source`` tokens may take for the view to land at the aim
-    (1% under the target, as ``_fold_raw`` aims), whatever the blocks' cap."""
-    rest = served_tokens(view, config, counter) - source
-    overhead = (header_tokens(counter, config) + section_tokens(counter)) * n_blocks
-    return _aim(config) - rest - overhead
-
-
-def _merge_ceiling(view: View, config: PipelineConfig, counter: TokenCounter) -> int:
-    """The most a merge's summaries may take before the slack under the target: the blocks'
-    cap less one L1 block at the first pass's floor. Merged at the cap, every compaction was
-    a merge re-writing a summary of 0.32 of the budget (output paid 4x). With the slack added
-    the blocks still end near the cap's edge, so compactions do not alternate merge / L1 (47
-    merges, 15 L1 on half A at 16k): the gain is a smaller merged summary (blocks 0.30 -> 0.19
-    of the budget, raw history 0.45 -> 0.57), run cost 0.87 -> 0.76 of `steps` at 16k, 1.49 ->
-    1.34 at 8k; next-step references -0.008 to +0.019 at 16k, 0 to -0.017 at 8k (bench/README
-    "Where a compaction lands"). Capping the slack too makes them alternate (30 / 25) but
-    lands at 0.78 again: fill lost, 8k references -0.012 / -0.020."""
-    cap = summary_cap(view, config)
-    if cap is None:  # a dialogue: its summaries may fill the target, no ceiling
-        return config.target_tokens
-    return cap - config.pass_targets()[0] - header_tokens(counter, config) - section_tokens(counter)
-
-
-def _aim(config: PipelineConfig) -> int:
-    # 1% below the target: a merged summary's real size differs from its estimate by a few
-    # tokens, and a view that many tokens over would cost a second merge call.
-    return config.target_tokens - config.target_tokens // 100
-
-
 def _fold_raw(
     view: View, config: PipelineConfig, counter: TokenCounter, barriers: frozenset[str]
 ) -> list[AnyMessage]:
@@ -356,12 +319,13 @@ def _fold_raw(
     window = served_tokens(view, config, counter)
     overhead = (header_tokens(counter, config) + section_tokens(counter)) * n_groups
     floor = config.pass_targets()[0]
-    aim = _aim(config)
-    ceiling = _merge_ceiling(view, config, counter)
+    # Aim 1% below the target: a merged summary's real size differs from this estimate by a
+    # few tokens, and a view that many tokens over would cost a second merge call.
+    aim = config.target_tokens - config.target_tokens // 100
 
     def within(end: int) -> bool:
         source = block_tokens + gap_tokens + served_of(candidates[:end], config, counter)
-        merged = max(floor, min(room_for(view, config, counter, source, n_groups, block_tokens), ceiling))
+        merged = max(floor, room_for(view, config, counter, source, n_groups, block_tokens))
         return window - source + merged + overhead <= aim
 
     return _shortest_prefix(candidates, within)
