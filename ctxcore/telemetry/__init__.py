@@ -14,9 +14,8 @@ task's headers.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
-from types import TracebackType
 from typing import Protocol
 
 __all__ = [
@@ -112,19 +111,9 @@ class _NoSpan:
 NO_SPAN: Span = _NoSpan()
 
 
-class _Nothing:
-    """A reusable context manager yielding ``NO_SPAN``: no allocation per span when off."""
-
-    def __enter__(self) -> Span:
-        return NO_SPAN
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-
-_NOTHING = _Nothing()
+# Reusable no-op context managers: no allocation per span when telemetry is off.
+_NOTHING = nullcontext(NO_SPAN)
+_NONE: AbstractContextManager[None] = nullcontext()
 
 
 class NoTracer:
@@ -156,17 +145,6 @@ class NoTracer:
         return _NONE
 
 
-class _NoneContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-
-_NONE = _NoneContext()
 NO_TRACER: Tracer = NoTracer()
 
 # The span deep code may annotate (``current_span``): set by a tracer while its span is current.
