@@ -83,7 +83,7 @@ from workers.http_state import state_router
 from workers.http_window import window_router
 from workers.logs import apply_log_format, uvicorn_log_config
 from workers.prom_api import RequestMetricsMiddleware
-from workers.proxy import proxy_router
+from workers.proxy.routes import proxy_router
 from workers.runtime import Runtime, check_startup
 from workers.service import CompactionQueue
 from workers.ui import ui_router

@@ -37,7 +37,7 @@ from ctxcore.state.redis_retention import (
 )
 from ctxcore.state.retention import Retention
 from workers.locks import LockBusy, conversation_lock
-from workers.proxy_index import HashIndex
+from workers.proxy.index import HashIndex
 
 if TYPE_CHECKING:
     from ctxcore.state.sql_retention import SqlRetentionSweep

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ctxcore.state import ConversationKey
 from workers.locks import ConversationBusy, LockBusy, conversation_lock
-from workers.proxy_index import HashIndex
+from workers.proxy.index import HashIndex
 from workers.runtime import Runtime
 
 __all__ = ["DELETE_LOCK_WAIT_SECONDS", "delete_conversation"]

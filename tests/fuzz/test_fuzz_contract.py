@@ -27,7 +27,7 @@ from ctxcore.testing import OpenAIServer
 from tests.chaos.helpers import LONG
 from workers.http import create_app
 from workers.keyspace import delete_prefixed_keys
-from workers.proxy_match import PROXY_HASH_KEY
+from workers.proxy.match import PROXY_HASH_KEY
 from workers.runtime import Runtime
 from workers.service import InlineQueue
 

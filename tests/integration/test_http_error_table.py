@@ -24,7 +24,7 @@ from ctxcore.errors import CtxcoreError, Violation
 from workers.http import create_app
 from workers.http_errors import ERROR_STATUSES, error_status
 from workers.keyspace import delete_prefixed_keys
-from workers.proxy_errors import ProxyError
+from workers.proxy.errors import ProxyError
 from workers.runtime import Runtime
 from workers.service import ContextService, InlineQueue
 

@@ -27,7 +27,7 @@ from ctxcore.state.tail import AppendCounts
 from ctxcore.tokens import EstimateCounter
 from tests.chaos.helpers import agent_round
 from workers.keyspace import delete_prefixed_keys
-from workers.proxy_index import HashIndex
+from workers.proxy.index import HashIndex
 from workers.runtime import Runtime, build_service
 from workers.service import InlineQueue
 

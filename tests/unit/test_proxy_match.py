@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ctxcore.messages import from_openai
-from workers.proxy_match import (
+from workers.proxy.match import (
     Divergence,
     Match,
     canonical_hash,
@@ -13,7 +13,7 @@ from workers.proxy_match import (
     new_message_id,
     reply_message_id,
 )
-from workers.proxy_stream import ReplyAssembler, replay_chunks
+from workers.proxy.stream import ReplyAssembler, replay_chunks
 
 IDS = [f"{i:012d}" for i in range(1, 7)]
 

@@ -18,7 +18,7 @@ import redis
 from ctxcore.state import ConversationKey, MessageLog
 from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
-from workers.proxy_match import entry_hash
+from workers.proxy.match import entry_hash
 
 __all__ = ["HashIndex", "IndexEntry"]
 

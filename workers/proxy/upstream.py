@@ -14,7 +14,7 @@ import httpx
 from ctxcore.state import ConversationKey
 from ctxcore.summarize.redact import scrub
 from ctxcore.telemetry import NO_TRACER, Tracer
-from workers.proxy_errors import ProxyError
+from workers.proxy.errors import ProxyError
 from workers.telemetry.spans import upstream_span
 
 __all__ = ["Answer", "Upstream", "deadline_passed", "reply_too_large", "upstream_error"]

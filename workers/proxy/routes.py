@@ -4,7 +4,7 @@ An agent on the OpenAI SDK gets compaction by configuration: ``base_url`` here, 
 a ctxcore token (never forwarded), and the header ``X-Ctxcore-Conversation``. Each request:
 
 1. its ``system``/``developer`` messages are kept aside (never logged; they go upstream
-   first, in order); the rest is matched against the log (``workers.proxy_match``) and what
+   first, in order); the rest is matched against the log (``workers.proxy.match``) and what
    is new is appended with ids derived from its position and content, so a retry appends
    nothing twice;
 2. ``messages`` is replaced by the window within ``window(model) - reserve`` (the reserve is
@@ -15,7 +15,7 @@ a ctxcore token (never forwarded), and the header ``X-Ctxcore-Conversation``. Ea
    OpenAI error with its status and its message redacted (``upstream_error``). A request whose reply is already logged is answered from the log with
    ``x-ctxcore-replayed: true``, without an upstream call.
 
-Errors are OpenAI-shaped (``workers.proxy_errors``). ``/v1/responses`` is a 404.
+Errors are OpenAI-shaped (``workers.proxy.errors``). ``/v1/responses`` is a 404.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route's annotations.
@@ -36,12 +36,12 @@ from ctxcore.errors import InvalidKeyError, InvalidMessageError
 from ctxcore.state import ConversationKey
 from workers.http_api import ApiState
 from workers.http_auth import rate_limit, tenant_for_token
-from workers.proxy_errors import ProxyError, openai_error, proxy_responses
-from workers.proxy_flow import Prepared, ProxyFlow
-from workers.proxy_index import HashIndex
-from workers.proxy_request import api_keys, request_budget, split_messages
-from workers.proxy_stream import ReplyAssembler, replay_chunks, replay_completion, sse
-from workers.proxy_upstream import Upstream, deadline_passed, upstream_error
+from workers.proxy.errors import ProxyError, openai_error, proxy_responses
+from workers.proxy.flow import Prepared, ProxyFlow
+from workers.proxy.index import HashIndex
+from workers.proxy.request import api_keys, request_budget, split_messages
+from workers.proxy.stream import ReplyAssembler, replay_chunks, replay_completion, sse
+from workers.proxy.upstream import Upstream, deadline_passed, upstream_error
 
 __all__ = ["CONVERSATION_HEADER", "proxy_router"]
 

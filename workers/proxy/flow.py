@@ -13,9 +13,9 @@ from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai
 from ctxcore.state import ConversationKey
 from ctxcore.telemetry import NO_TRACER, Tracer
-from workers.proxy_errors import ProxyError
-from workers.proxy_index import HashIndex, IndexEntry
-from workers.proxy_match import (
+from workers.proxy.errors import ProxyError
+from workers.proxy.index import HashIndex, IndexEntry
+from workers.proxy.match import (
     PROXY_HASH_KEY,
     Divergence,
     canonical_hash,

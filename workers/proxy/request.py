@@ -13,7 +13,7 @@ from ctxcore.contract import check_message
 from ctxcore.errors import ConfigError, InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.window import known_context_window
-from workers.proxy_errors import ProxyError
+from workers.proxy.errors import ProxyError
 
 __all__ = ["api_keys", "request_budget", "split_messages"]
 
