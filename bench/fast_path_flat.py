@@ -52,8 +52,8 @@ from ctxcore.assemble import assemble_window
 from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, from_openai
 from ctxcore.pipeline import block_message
-from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.recall import ChunkingConfig, archive_messages
+from ctxcore.render import head_tail, serialize_messages
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
 from ctxcore.turns import steps
 from workers.embedded import ensure_redis

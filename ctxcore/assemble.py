@@ -28,10 +28,10 @@ from ctxcore.errors import BudgetExceeded, InvalidWindowError
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View
-from ctxcore.pipeline.render import head_tail
 from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.protocol import check_window, close_interrupted_tool_calls
 from ctxcore.recall.auto import AutoRecall, RecallStats, recall_query, recalled_message
+from ctxcore.render import head_tail
 from ctxcore.state.models import CompressionState
 from ctxcore.status import CompactionDetail, CompactionStatus
 from ctxcore.tokens import TokenCounter

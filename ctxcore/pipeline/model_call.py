@@ -15,9 +15,9 @@ from ctxcore.pipeline.fitting import (
     reserved_output,
 )
 from ctxcore.pipeline.models import PipelineConfig, Stage
-from ctxcore.pipeline.render import head_tail, serialize_messages
 from ctxcore.pipeline.targets import Target
 from ctxcore.pipeline.view import View
+from ctxcore.render import head_tail, serialize_messages
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.blocks import parse_blocks
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage
-from ctxcore.pipeline.render import serialize_message
+from ctxcore.render import serialize_message
 from ctxcore.state.archive import ArchiveChunk
 from ctxcore.tokens import TokenCounter
 

@@ -18,7 +18,7 @@ from ctxcore.messages import (
     UserMessage,
     message_text,
 )
-from ctxcore.pipeline.render import head_tail, serialize_messages
+from ctxcore.render import head_tail, serialize_messages
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.blocks import Summarizer, parse_blocks
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract

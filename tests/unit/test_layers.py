@@ -42,11 +42,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ctxcore.window_counter",
         ),
     ),
-    # pipeline.render (messages -> prompt text) is read by recall and summarize too: it sits
-    # below them, apart from the rest of the pipeline package.
+    # render (messages -> prompt text) is read by recall, summarize and the pipeline: it
+    # sits below all three.
     (
         "windows and stores",
-        ("ctxcore.window", "ctxcore.window_repair", "ctxcore.state", "ctxcore.pipeline.render"),
+        ("ctxcore.window", "ctxcore.window_repair", "ctxcore.state", "ctxcore.render"),
     ),
     ("recall and summarisation", ("ctxcore.recall", "ctxcore.summarize")),
     ("configuration", ("ctxcore.config", "ctxcore.engine_config")),
