@@ -202,6 +202,39 @@ def test_no_import_cycle_in_workers() -> None:
     assert cycles(import_graph(ROOT, "workers")) == []
 
 
+def package_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded to packages: ``ctxcore.pipeline.loop`` counts as ``ctxcore.pipeline``."""
+
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folded.setdefault(top(module), set()).update(top(t) for t in targets if top(t) != top(module))
+    return folded
+
+
+def test_no_two_packages_of_ctxcore_import_each_other() -> None:
+    assert cycles(package_graph(import_graph(ROOT))) == []
+
+
+def test_a_package_cycle_is_found_where_modules_do_not_cycle(tmp_path: Path) -> None:
+    root = _plant(
+        tmp_path,
+        {
+            "ctxcore/__init__.py": "",
+            "ctxcore/a/__init__.py": "",
+            "ctxcore/a/one.py": "from ctxcore.b.two import X\n",
+            "ctxcore/a/three.py": "",
+            "ctxcore/b/__init__.py": "",
+            "ctxcore/b/two.py": "",
+            "ctxcore/b/four.py": "from ctxcore.a.three import Y\n",
+        },
+    )
+    assert cycles(import_graph(root)) == []
+    assert cycles(package_graph(import_graph(root))) == [["ctxcore.a", "ctxcore.b"]]
+
+
 def test_no_import_against_the_layer_order() -> None:
     assert upward(import_graph(ROOT)) == []
 
