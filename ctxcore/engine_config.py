@@ -17,7 +17,17 @@ from ctxcore.errors import ConfigError
 from ctxcore.recall.index import require_fts5
 from ctxcore.turns import HARNESS_USER_PATTERNS, compile_patterns
 
-__all__ = ["CompressionRecallConfig", "ContextEngineConfig", "StrictConfig", "validate_config"]
+__all__ = [
+    "DEFAULT_DEBUG_DIR",
+    "CompressionRecallConfig",
+    "ContextEngineConfig",
+    "StrictConfig",
+    "validate_config",
+]
+
+# The reference's last fallback for the debug records' directory (spec 5.4), under the
+# working directory.
+DEFAULT_DEBUG_DIR = "context/context_debug"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -83,17 +93,14 @@ class CompressionRecallConfig(StrictConfig):
     @model_validator(mode="after")
     def _overlap_below_size(self) -> CompressionRecallConfig:
         if self.chunk_overlap_tokens >= self.chunk_size_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be smaller than "
                 f"chunk_size_tokens ({self.chunk_size_tokens})"
             )
         if self.auto and not self.enabled:
-            raise ValueError("auto needs enabled: set compression_recall_config.enabled too")
+            raise ConfigError("auto needs enabled: set compression_recall_config.enabled too")
         if self.enabled:
-            try:
-                require_fts5("compression_recall_config.enabled")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
+            require_fts5("compression_recall_config.enabled")
         return self
 
 
@@ -124,7 +131,11 @@ class ContextEngineConfig(StrictConfig):
     model_name: str | None = None
     model_context_window_tokens: dict[str, PositiveInt] | None = None
     compression_recall_config: CompressionRecallConfig = Field(default_factory=CompressionRecallConfig)
-    # Read by compressors that write debug records; the rule processors never write any.
+    # The compressors' dumps (spec 5.3) and JSONL debug records (spec 5.4) go to
+    # ``context_debug_dir`` (``{session_id}``/``{context_id}`` expanded; None:
+    # ``DEFAULT_DEBUG_DIR``) when on, as the reference's rail sets each compressor's
+    # ``enable_compression_dump``/``compression_dump_dir``; a compressor's own dump
+    # settings win. Rule processors write none.
     enable_context_debug: bool = False
     context_debug_dir: str | None = None
     strict_processors: bool = False
@@ -134,8 +145,5 @@ class ContextEngineConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _patterns_compile(self) -> ContextEngineConfig:
-        try:
-            compile_patterns(self.internal_user_patterns)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        compile_patterns(self.internal_user_patterns)
         return self

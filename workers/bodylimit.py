@@ -16,6 +16,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ctxcore.errors import ConfigError
+
 __all__ = ["BodyLimitMiddleware"]
 
 
@@ -57,7 +59,7 @@ class BodyLimitMiddleware:
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes!r}")
+            raise ConfigError(f"http.max_body_bytes must be positive, got {max_bytes!r}")
         self.app = app
         self.max_bytes = max_bytes
 

@@ -23,7 +23,7 @@ from ctxcore import __version__
 from ctxcore.config import environment_variables
 from ctxcore.errors import CtxcoreError
 from workers import commands, local_model
-from workers.cli_parser import Parser, port, positive_float, positive_int
+from workers.cli_parser import Parser, missing_extra, port, positive_float, positive_int
 from workers.commands import bundled_sample, counter_for, settings_for
 
 __all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
@@ -367,6 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args, sys.stdout))
     except (CtxcoreError, OSError) as exc:
         print(f"ctxcore: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        # Installed without the extra the command needs: say which, not a traceback.
+        line = missing_extra(exc, args.command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ctxcore: interrupted", file=sys.stderr)

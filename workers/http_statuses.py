@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ctxcore.errors import ApiError as ClientApiError
+from ctxcore.client.errors import ApiError as ClientApiError
 from ctxcore.errors import (
     AuthenticationError,
     BudgetExceeded,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ctxcore.errors import StoreUnavailable
+from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.state.redis_common import UNAVAILABLE
 
 __all__ = ["Admission", "RateDecision", "RateLimiter"]
@@ -147,7 +147,10 @@ class RateLimiter:
         when Redis cannot be reached.
         """
         if rate <= 0 or burst <= 0:
-            raise ValueError(f"rate and burst must be positive, got rate={rate!r} burst={burst!r}")
+            raise ConfigError(
+                f"a rate limit needs a positive rate and burst (http.requests_per_second, http.burst), "
+                f"got rate={rate!r} burst={burst!r}"
+            )
         try:
             allowed, wait = self._take(keys=[self.key(tenant_id)], args=[repr(float(rate)), burst, cost])
         except UNAVAILABLE as exc:

@@ -60,10 +60,7 @@ class EngineSettings(BaseModel):
     @field_validator("internal_user_patterns")
     @classmethod
     def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        try:
-            compile_patterns(value, "engine.internal_user_patterns")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        compile_patterns(value, "engine.internal_user_patterns")
         return value
 
     def detector(self) -> UserDetector:
@@ -90,15 +87,12 @@ class RecallSettings(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.chunk_overlap_tokens >= self.chunk_size_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be below chunk_size_tokens "
                 f"({self.chunk_size_tokens})"
             )
         if self.auto and not self.enabled:
-            raise ValueError("auto needs enabled: set recall.enabled = true as well")
+            raise ConfigError("auto needs enabled: set recall.enabled = true as well")
         if self.enabled:
-            try:
-                require_fts5("recall.enabled")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
+            require_fts5("recall.enabled")
         return self

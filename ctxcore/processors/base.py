@@ -117,6 +117,11 @@ class ProcessorContext(Protocol):
         """The API key in environment variable ``env_name``, read by the engine at start-up."""
         ...
 
+    @property
+    def debug_dir(self) -> str | None:
+        """Where compressors write dumps and debug records (``enable_context_debug``; None: none)."""
+        ...
+
 
 class ProcessorConfig(StrictConfig):
     """Base of processor configs: immutable, unknown keys rejected with ``ConfigError``."""

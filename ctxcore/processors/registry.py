@@ -1,10 +1,9 @@
-"""The processor registry: name -> processor class.
+"""The processor registry: name -> processor class, one per engine.
 
-``REGISTRY`` is the default registry and the one module-level mutable object of the
-processors package; built-ins add themselves when ``ctxcore.processors`` is imported, other
-modules with ``@register_processor`` (``ContextEngine.register_processor``). Each new
-``ContextEngine`` copies it, so ``engine.registry.register()`` affects that engine only; a
-``ProcessorRegistry`` passed to ``ContextEngine`` is used as it is (tests, plugins).
+There is no process-wide registry: ``builtin_registry()`` builds a new one holding the
+built-in processors, which each ``ContextEngine`` takes unless it is given its own; a
+processor of yours is registered on the engine that is to build it
+(``engine.registry.register(cls)`` or ``@register_processor(registry=engine.registry)``).
 """
 
 from __future__ import annotations
@@ -15,8 +14,34 @@ from typing import Any, TypeVar, overload
 
 from ctxcore.errors import ConfigError
 from ctxcore.processors.base import ContextProcessor
+from ctxcore.processors.compact_tool_turns import CompactCompletedToolTurns
+from ctxcore.processors.current_round import CurrentRoundCompressor
+from ctxcore.processors.dialogue import DialogueCompressor
+from ctxcore.processors.message_offloader import MessageOffloader
+from ctxcore.processors.micro_compact import MicroCompactProcessor
+from ctxcore.processors.round_level import RoundLevelCompressor
+from ctxcore.processors.summary_offloader import MessageSummaryOffloader
+from ctxcore.processors.tool_result_budget import ToolResultBudgetProcessor
+from ctxcore.processors.tool_result_cap import ToolResultCap
+from ctxcore.processors.tool_result_window import ToolResultWindowProcessor
+from ctxcore.processors.window_limit import WindowLimit
 
-__all__ = ["REGISTRY", "ProcessorRegistry", "register_processor"]
+__all__ = ["BUILT_INS", "ProcessorRegistry", "builtin_registry", "register_processor"]
+
+BUILT_INS: tuple[type[ContextProcessor[Any]], ...] = (
+    CompactCompletedToolTurns,
+    CurrentRoundCompressor,
+    DialogueCompressor,
+    MessageOffloader,
+    MessageSummaryOffloader,
+    MicroCompactProcessor,
+    RoundLevelCompressor,
+    ToolResultBudgetProcessor,
+    ToolResultCap,
+    ToolResultWindowProcessor,
+    WindowLimit,
+)
+"""Every processor ctxcore ships, in every engine's registry."""
 
 
 class ProcessorRegistry:
@@ -46,19 +71,8 @@ class ProcessorRegistry:
             return self._parent.get(name)
         raise ConfigError(
             f"cannot find processor type {name!r}; registered: {', '.join(self.names())}. Register it "
-            "on this engine (engine.registry.register) or with @ContextEngine.register_processor "
-            "before the engine is created (each engine copies the default registry then)"
+            "on this engine (engine.registry.register) or pass ContextEngine a registry holding it"
         )
-
-    def copy(self) -> ProcessorRegistry:
-        """A new registry holding what this one (and its parent) holds now; later
-        registrations on either side stay on that side."""
-        copied = ProcessorRegistry()
-        if self._parent is not None:
-            copied._classes.update(self._parent.copy()._classes)
-        with self._lock:
-            copied._classes.update(self._classes)
-        return copied
 
     def names(self) -> list[str]:
         """All registered names, sorted."""
@@ -87,39 +101,39 @@ class ProcessorRegistry:
             return False
 
 
-REGISTRY = ProcessorRegistry()
+def builtin_registry() -> ProcessorRegistry:
+    """A new registry holding the built-in processors (``BUILT_INS``)."""
+    registry = ProcessorRegistry()
+    for cls in BUILT_INS:
+        registry.register(cls)
+    return registry
 
 
 P = TypeVar("P", bound=type[ContextProcessor[Any]])
 
 
 @overload
-def register_processor(
-    cls: P, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P: ...
+def register_processor(cls: P, /, *, registry: ProcessorRegistry, name: str | None = None) -> P: ...
 
 
 @overload
-def register_processor(
-    *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> Callable[[P], P]: ...
+def register_processor(*, registry: ProcessorRegistry, name: str | None = None) -> Callable[[P], P]: ...
 
 
 def register_processor(
-    cls: P | None = None, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
+    cls: P | None = None, /, *, registry: ProcessorRegistry, name: str | None = None
 ) -> P | Callable[[P], P]:
-    """Class decorator adding a processor to a registry (the engine's by default).
+    """Class decorator adding a processor to ``registry`` (an engine's: there is no global one).
 
-    Usable bare (``@register_processor``), with arguments
-    (``@register_processor(name="MyCompressor")``) or as a call
-    (``register_processor(MyCompressor, registry=mine)``). Registering a name again replaces the
-    previous class, so a module can override a built-in deliberately.
+    Usable as a decorator (``@register_processor(registry=engine.registry, name="Mine")``) or
+    as a call (``register_processor(MyCompressor, registry=mine)``). Registering a name again
+    replaces the previous class, so an engine can override a built-in deliberately.
     """
 
     def decorate(target: P) -> P:
         if name is not None:
             target._processor_type = name  # type: ignore[attr-defined]
-        (registry or REGISTRY).register(target)
+        registry.register(target)
         return target
 
     return decorate(cls) if cls is not None else decorate

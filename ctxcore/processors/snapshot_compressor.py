@@ -23,7 +23,7 @@ from ctxcore.processors.llm_support import ModelClientSpec, client_name, resolve
 from ctxcore.processors.reinjection import build_recovered_context
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import mark_snapshot
-from ctxcore.summarize.dump import CompressionDump
+from ctxcore.summarize.dump import debug_outputs
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
 from ctxcore.summarize.prompts import with_preserve_instruction
@@ -161,13 +161,12 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
             instruction=preserve_instruction or "",
             query=query,
         )
-        dump = (
-            CompressionDump(self.config.compression_dump_dir)
-            if self.config.enable_compression_dump and self.config.compression_dump_dir
-            else None
+        own = self.config.compression_dump_dir if self.config.enable_compression_dump else None
+        dump, debug = debug_outputs(
+            own or ctx.debug_dir, self.processor_type(), ctx.key.tenant_id, ctx.key.conversation_id
         )
         executor = CompressionExecutor(
-            resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump, debug=debug
         )
         state = {"target": list(span.target), "tail": list(span.tail)}
 
@@ -243,6 +242,14 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
                 )
                 new = [marked if m is memory else m for m in new]
                 memory = marked
+        executor.write_dump(
+            self.processor_type(),
+            extracted_summary=summary,
+            context_after=new,
+            tokens_before=counter.count_messages(original),
+            tokens_after=counter.count_messages(new),
+            span={"messages_to_compress": len(target), "protected_tail": len(tail)},
+        )
         event = ContextEvent(
             event_type=self.processor_type(),
             messages_to_modify=list(range(len(original))),

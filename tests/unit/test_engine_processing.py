@@ -15,12 +15,12 @@ from ctxcore.engine import ContextEngine, ModelContext
 from ctxcore.errors import ConfigError, CtxcoreError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage, replace_content
 from ctxcore.processors import (
-    REGISTRY,
     CompressionStateEvent,
     ContextEvent,
     ContextProcessor,
     ProcessorConfig,
     ProcessorRegistry,
+    builtin_registry,
     register_processor,
 )
 from ctxcore.processors.events import HISTORY_LIMIT
@@ -118,7 +118,7 @@ class Blocker(ContextProcessor[ProcessorConfig]):
 
 @pytest.fixture
 def registry() -> ProcessorRegistry:
-    reg = ProcessorRegistry(parent=REGISTRY)
+    reg = ProcessorRegistry(parent=builtin_registry())
     for cls in (Tagger, WindowCanceller, Recorder, OffloadRecorder, ViewRecorder):
         register_processor(cls, registry=reg)
     Tagger.calls.clear()
@@ -234,19 +234,23 @@ def test_unknown_processor_and_failing_constructor_raise_config_errors(registry:
         make(registry, [("Tagger", {"colour": "red"})])
 
 
-def test_register_processor_works_bare_and_named_from_any_module() -> None:
-    @register_processor(name="TestOnlyNamed", registry=ProcessorRegistry())
+def test_register_processor_names_the_registry_and_optionally_the_type() -> None:
+    mine = ProcessorRegistry()
+
+    @register_processor(name="TestOnlyNamed", registry=mine)
     class Named(ContextProcessor[ProcessorConfig]):
         pass
 
-    assert Named.processor_type() == "TestOnlyNamed"
+    assert Named.processor_type() == "TestOnlyNamed" and mine.get("TestOnlyNamed") is Named
 
-    @register_processor
-    class TestOnlyGlobal(ContextProcessor[ProcessorConfig]):
+    engine = ContextEngine()
+
+    @register_processor(registry=engine.registry)
+    class TestOnlyEngine(ContextProcessor[ProcessorConfig]):
         pass
 
-    assert REGISTRY.get("TestOnlyGlobal") is TestOnlyGlobal
-    assert ContextEngine.register_processor is register_processor
+    assert engine.registry.get("TestOnlyEngine") is TestOnlyEngine
+    assert "TestOnlyEngine" not in ContextEngine().registry
 
 
 # --- active compression ---------------------------------------------------------------
