@@ -35,7 +35,6 @@ from typing import Literal
 import redis
 from redis.exceptions import RedisClusterException
 
-from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.errors import TRANSIENT_KINDS, ModelCallError, classify_error
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract
@@ -122,10 +121,7 @@ class CircuitBreaker:
         reset_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if failure_threshold < 1:
-            raise ConfigError(f"worker.circuit_failure_threshold must be >= 1, got {failure_threshold}")
-        if reset_seconds <= 0:
-            raise ConfigError(f"worker.circuit_reset_seconds must be > 0, got {reset_seconds}")
+        # Both limits are validated once, by the settings (worker.circuit_*: above 0).
         self.client = client
         self.failure_threshold = failure_threshold
         self.reset_seconds = reset_seconds

@@ -26,7 +26,7 @@ from ctxcore.processors.events import (
 )
 from ctxcore.processors.message_offloader import MessageOffloader, MessageOffloaderConfig
 from ctxcore.processors.micro_compact import MicroCompactConfig, MicroCompactProcessor
-from ctxcore.processors.registry import BUILT_INS, ProcessorRegistry, builtin_registry, register_processor
+from ctxcore.processors.registry import BUILT_INS, ProcessorRegistry, builtin_registry
 from ctxcore.processors.round_level import RoundLevelCompressor, RoundLevelCompressorConfig
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv, RuleResult
@@ -78,5 +78,4 @@ __all__ = [
     "build_rule_chain",
     "builtin_registry",
     "default_rule_chain",
-    "register_processor",
 ]

@@ -151,7 +151,7 @@ class ContextProcessor(Generic[C]):
 
     @classmethod
     def processor_type(cls) -> str:
-        """The registry name: the name given to ``register_processor``, else the class name."""
+        """The registry name: the name it was registered under, else the class name."""
         name = cls.__dict__.get("_processor_type")
         return name if isinstance(name, str) else cls.__name__
 

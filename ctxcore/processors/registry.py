@@ -3,14 +3,13 @@
 There is no process-wide registry: ``builtin_registry()`` builds a new one holding the
 built-in processors, which each ``ContextEngine`` takes unless it is given its own; a
 processor of yours is registered on the engine that is to build it
-(``engine.registry.register(cls)`` or ``@register_processor(registry=engine.registry)``).
+(``engine.registry.register(cls)``, also a class decorator).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from ctxcore.errors import ConfigError
 from ctxcore.processors.base import ContextProcessor
@@ -26,7 +25,9 @@ from ctxcore.processors.tool_result_cap import ToolResultCap
 from ctxcore.processors.tool_result_window import ToolResultWindowProcessor
 from ctxcore.processors.window_limit import WindowLimit
 
-__all__ = ["BUILT_INS", "ProcessorRegistry", "builtin_registry", "register_processor"]
+__all__ = ["BUILT_INS", "ProcessorRegistry", "builtin_registry"]
+
+P = TypeVar("P", bound=type[ContextProcessor[Any]])
 
 BUILT_INS: tuple[type[ContextProcessor[Any]], ...] = (
     CompactCompletedToolTurns,
@@ -52,10 +53,16 @@ class ProcessorRegistry:
         self._parent = parent
         self._lock = threading.Lock()
 
-    def register(self, cls: type[ContextProcessor[Any]]) -> None:
-        """Add ``cls`` under its ``processor_type()`` (replacing any earlier class)."""
+    def register(self, cls: P, *, name: str | None = None) -> P:
+        """Add ``cls`` under ``name`` (which becomes its ``processor_type()``), else its
+        ``processor_type()``, replacing any earlier class: so an engine can override a
+        built-in deliberately. Returns ``cls``, so it also decorates a class
+        (``@engine.registry.register``)."""
+        if name is not None:
+            cls._processor_type = name  # type: ignore[attr-defined]
         with self._lock:
             self._classes[cls.processor_type()] = cls
+        return cls
 
     def get(self, name: str) -> type[ContextProcessor[Any]]:
         """The class registered as ``name`` (here or in the parent registry).
@@ -107,33 +114,3 @@ def builtin_registry() -> ProcessorRegistry:
     for cls in BUILT_INS:
         registry.register(cls)
     return registry
-
-
-P = TypeVar("P", bound=type[ContextProcessor[Any]])
-
-
-@overload
-def register_processor(cls: P, /, *, registry: ProcessorRegistry, name: str | None = None) -> P: ...
-
-
-@overload
-def register_processor(*, registry: ProcessorRegistry, name: str | None = None) -> Callable[[P], P]: ...
-
-
-def register_processor(
-    cls: P | None = None, /, *, registry: ProcessorRegistry, name: str | None = None
-) -> P | Callable[[P], P]:
-    """Class decorator adding a processor to ``registry`` (an engine's: there is no global one).
-
-    Usable as a decorator (``@register_processor(registry=engine.registry, name="Mine")``) or
-    as a call (``register_processor(MyCompressor, registry=mine)``). Registering a name again
-    replaces the previous class, so an engine can override a built-in deliberately.
-    """
-
-    def decorate(target: P) -> P:
-        if name is not None:
-            target._processor_type = name  # type: ignore[attr-defined]
-        registry.register(target)
-        return target
-
-    return decorate(cls) if cls is not None else decorate

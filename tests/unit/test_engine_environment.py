@@ -46,7 +46,7 @@ def test_there_is_no_process_wide_registry() -> None:
     one, other = ContextEngine(), ContextEngine()
     assert one.registry is not other.registry
     assert "ToolResultCap" in one.registry and "ToolResultCap" in other.registry  # built-ins in each
-    assert not hasattr(processors, "REGISTRY") and not hasattr(ContextEngine, "register_processor")
+    assert not hasattr(processors, "REGISTRY") and not hasattr(processors, "register_processor")
 
 
 def test_the_image_override_comes_from_the_environ_given() -> None:

@@ -21,7 +21,6 @@ from ctxcore.processors import (
     ProcessorConfig,
     ProcessorRegistry,
     builtin_registry,
-    register_processor,
 )
 from ctxcore.processors.events import HISTORY_LIMIT
 from ctxcore.window import ContextWindow
@@ -120,7 +119,7 @@ class Blocker(ContextProcessor[ProcessorConfig]):
 def registry() -> ProcessorRegistry:
     reg = ProcessorRegistry(parent=builtin_registry())
     for cls in (Tagger, WindowCanceller, Recorder, OffloadRecorder, ViewRecorder):
-        register_processor(cls, registry=reg)
+        reg.register(cls)
     Tagger.calls.clear()
     Recorder.order.clear()
     return reg
@@ -227,25 +226,25 @@ def test_unknown_processor_and_failing_constructor_raise_config_errors(registry:
         def __init__(self, config: Any = None) -> None:
             raise OSError("no disk")
 
-    register_processor(Exploding, registry=registry)
+    registry.register(Exploding)
     with pytest.raises(ConfigError, match="init processor type 'Exploding' failed: no disk"):
         make(registry, [("Exploding", None)])
     with pytest.raises(ConfigError, match="Tagger: invalid config: field 'colour'"):
         make(registry, [("Tagger", {"colour": "red"})])
 
 
-def test_register_processor_names_the_registry_and_optionally_the_type() -> None:
+def test_register_takes_an_optional_name_and_decorates_a_class() -> None:
     mine = ProcessorRegistry()
 
-    @register_processor(name="TestOnlyNamed", registry=mine)
     class Named(ContextProcessor[ProcessorConfig]):
         pass
 
+    assert mine.register(Named, name="TestOnlyNamed") is Named
     assert Named.processor_type() == "TestOnlyNamed" and mine.get("TestOnlyNamed") is Named
 
     engine = ContextEngine()
 
-    @register_processor(registry=engine.registry)
+    @engine.registry.register
     class TestOnlyEngine(ContextProcessor[ProcessorConfig]):
         pass
 
