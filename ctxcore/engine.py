@@ -28,7 +28,7 @@ from ctxcore.engine_config import ContextEngineConfig, validate_config
 from ctxcore.engine_context import ModelContext
 from ctxcore.engine_core import LOCK_WARN_SECONDS, check_messages
 from ctxcore.engine_hooks import CompressResult
-from ctxcore.errors import ConfigError, CtxcoreError
+from ctxcore.errors import ConfigError, NotFoundError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors import ContextProcessor, ProcessorRegistry, builtin_registry
 from ctxcore.processors.events import Subscriber
@@ -182,13 +182,13 @@ class ContextEngine:
     def _require(self, context_id: str, session_id: str | None) -> ModelContext:
         context = self.get_context(context_id, session_id)
         if context is None:
-            raise CtxcoreError(f"no context {context_id!r} in session {session_id or 'default'!r}")
+            raise NotFoundError(f"no context {context_id!r} in session {session_id or 'default'!r}")
         return context
 
     def compress_context(
         self, context_id: str, session_id: str | None = None, **kwargs: Any
     ) -> CompressResult:
-        """``ModelContext.compress_context`` of a pooled context (missing -> ``CtxcoreError``)."""
+        """``ModelContext.compress_context`` of a pooled context (missing -> ``NotFoundError``)."""
         return self._require(context_id, session_id).compress_context(**kwargs)
 
     def recover_from_model_exception(

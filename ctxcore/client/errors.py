@@ -18,6 +18,7 @@ from ctxcore.errors import (
     InvalidMessageError,
     InvalidWindowError,
     NotFoundError,
+    OperationFailed,
     QuotaExceeded,
     RateLimited,
     RecallDisabled,
@@ -30,7 +31,7 @@ from ctxcore.protocol import Violation
 __all__ = ["ApiError", "error_for", "parse_retry_after"]
 
 
-class ApiError(CtxcoreError):
+class ApiError(OperationFailed):
     """Any other error status of the HTTP API (e.g. a 500), with the body's code."""
 
 
