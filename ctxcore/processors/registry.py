@@ -9,6 +9,7 @@ processor of yours is registered on the engine that is to build it
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from ctxcore.errors import ConfigError
@@ -48,9 +49,8 @@ BUILT_INS: tuple[type[ContextProcessor[Any]], ...] = (
 class ProcessorRegistry:
     """A thread-safe mapping of processor type names to classes."""
 
-    def __init__(self, parent: ProcessorRegistry | None = None) -> None:
-        self._classes: dict[str, type[ContextProcessor[Any]]] = {}
-        self._parent = parent
+    def __init__(self, classes: Iterable[type[ContextProcessor[Any]]] = ()) -> None:
+        self._classes = {cls.processor_type(): cls for cls in classes}
         self._lock = threading.Lock()
 
     def register(self, cls: P, *, name: str | None = None) -> P:
@@ -65,7 +65,7 @@ class ProcessorRegistry:
         return cls
 
     def get(self, name: str) -> type[ContextProcessor[Any]]:
-        """The class registered as ``name`` (here or in the parent registry).
+        """The class registered as ``name``.
 
         Raises:
             ConfigError: no processor of that name is registered.
@@ -74,8 +74,6 @@ class ProcessorRegistry:
             found = self._classes.get(name)
         if found is not None:
             return found
-        if self._parent is not None:
-            return self._parent.get(name)
         raise ConfigError(
             f"cannot find processor type {name!r}; registered: {', '.join(self.names())}. Register it "
             "on this engine (engine.registry.register) or pass ContextEngine a registry holding it"
@@ -84,8 +82,7 @@ class ProcessorRegistry:
     def names(self) -> list[str]:
         """All registered names, sorted."""
         with self._lock:
-            own = set(self._classes)
-        return sorted(own | set(self._parent.names() if self._parent else ()))
+            return sorted(self._classes)
 
     def create(self, name: str, config: Any = None) -> ContextProcessor[Any]:
         """Instantiate processor ``name`` with ``config`` (a config model, a dict or None).
@@ -102,15 +99,10 @@ class ProcessorRegistry:
             raise ConfigError(f"init processor type {name!r} failed: {exc}") from exc
 
     def __contains__(self, name: object) -> bool:
-        try:
-            return isinstance(name, str) and self.get(name) is not None
-        except ConfigError:
-            return False
+        with self._lock:
+            return isinstance(name, str) and name in self._classes
 
 
 def builtin_registry() -> ProcessorRegistry:
     """A new registry holding the built-in processors (``BUILT_INS``)."""
-    registry = ProcessorRegistry()
-    for cls in BUILT_INS:
-        registry.register(cls)
-    return registry
+    return ProcessorRegistry(BUILT_INS)

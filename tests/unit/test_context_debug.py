@@ -66,3 +66,26 @@ def test_off_writes_nothing_and_on_without_a_dir_uses_the_reference_default(tmp_
     ctx = ContextEngine({"enable_context_debug": True}).create_context("c")
     assert ctx.debug_dir == DEFAULT_DEBUG_DIR == "context/context_debug"
     assert ContextEngine().create_context("c").debug_dir is None
+
+
+def test_a_compressors_own_dump_settings_win(tmp_path: Path) -> None:
+    ctx = ContextEngine(
+        ContextEngineConfig(
+            context_window_tokens=8000, enable_context_debug=True, context_debug_dir=str(tmp_path / "engine")
+        )
+    ).create_context(
+        "c1",
+        processors=[
+            (
+                "CurrentRoundCompressor",
+                {
+                    "model_client": ExtractiveModel(),
+                    "enable_compression_dump": True,
+                    "compression_dump_dir": str(tmp_path / "own"),
+                },
+            )
+        ],
+        history_messages=_swe_run(),
+    )
+    assert ctx.compress_context() == "compressed"
+    assert len(list((tmp_path / "own").glob("*.json"))) == 1 and not (tmp_path / "engine").exists()

@@ -117,7 +117,7 @@ class Blocker(ContextProcessor[ProcessorConfig]):
 
 @pytest.fixture
 def registry() -> ProcessorRegistry:
-    reg = ProcessorRegistry(parent=builtin_registry())
+    reg = builtin_registry()
     for cls in (Tagger, WindowCanceller, Recorder, OffloadRecorder, ViewRecorder):
         reg.register(cls)
     Tagger.calls.clear()
