@@ -47,6 +47,6 @@ class DialogueCompressor(SnapshotCompressor):
         self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Active compression still honours the minimum-target check (spec 3.4)."""
-        if not self._worth_it(ctx, messages):
+        if self.shortfall(ctx, messages) is not None:
             return None, messages
         return super().on_compress(ctx, messages, **kwargs)

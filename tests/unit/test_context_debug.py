@@ -49,15 +49,44 @@ def test_a_compression_writes_its_dump_under_the_debug_dir(tmp_path: Path) -> No
 
 def test_a_failed_call_writes_a_debug_record(tmp_path: Path) -> None:
     assert _compress(tmp_path, FailingModel("authentication")) == "noop"
-    lines = (tmp_path / "s1" / "CurrentRoundCompressor.jsonl").read_text(encoding="utf-8").splitlines()
-    record = json.loads(lines[0])
-    assert record["event"] == "compression_retry" and record["processor"] == "CurrentRoundCompressor"
-    assert (record["error_type"], record["retried"], record["reason"]) == (
+    records = _records(tmp_path / "s1" / "CurrentRoundCompressor.jsonl")
+    assert [r["event"] for r in records] == ["span_built", "compression_retry"]
+    span, retry = records
+    assert span["messages_to_compress"] > 0
+    assert span["preserved_prefix"] >= 0
+    assert all(t.keys() == {"idx", "role", "tokens", "preview"} for t in span["protected_tail"])
+    assert retry["processor"] == "CurrentRoundCompressor"
+    assert (retry["error_type"], retry["retried"], retry["reason"]) == (
         "authentication",
         False,
         "not_retryable",
     )
-    assert (record["session_id"], record["context_id"]) == ("s1", "c1")
+    assert (retry["session_id"], retry["context_id"]) == ("s1", "c1")
+
+
+def test_each_trigger_decision_is_a_threshold_check_record(tmp_path: Path) -> None:
+    config = ContextEngineConfig(
+        context_window_tokens=8000, enable_context_debug=True, context_debug_dir=str(tmp_path)
+    )
+    ctx = ContextEngine(config).create_context(
+        "c1", processors=[("CurrentRoundCompressor", {"model_client": ExtractiveModel()})]
+    )
+    ctx.add_messages(_swe_run()[:2])
+    ctx.get_context_window()  # far below the trigger
+    ctx.add_messages(_swe_run()[2:])
+    ctx.get_context_window()  # over it: compressed
+    checks = [
+        r for r in _records(tmp_path / "CurrentRoundCompressor.jsonl") if r["event"] == "threshold_check"
+    ]
+    assert [(c["hit"], c["reason"]) for c in checks][:2] == [
+        (False, "below_threshold"),
+        (True, "reached_threshold"),
+    ]
+    assert checks[1]["total_tokens"] >= checks[1]["threshold"] == int(8000 * 0.8)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def test_off_writes_nothing_and_on_without_a_dir_uses_the_reference_default(tmp_path: Path) -> None:
