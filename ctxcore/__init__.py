@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ctxcore.assemble import assemble_window
     from ctxcore.client import AsyncCtxcoreClient, CtxcoreClient
+    from ctxcore.client.errors import ApiError
     from ctxcore.coordinator import Coordinator
     from ctxcore.engine import AsyncModelContext, ContextEngine, ContextEngineConfig, ModelContext
     from ctxcore.errors import (
-        ApiError,
         AuthenticationError,
         BudgetExceeded,
         ConfigError,
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         InvalidWindowError,
         ModelError,
         NotFoundError,
+        OperationFailed,
         QuotaExceeded,
         RateLimited,
         RecallDisabled,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
         StoreUnavailable,
         TruncateRefused,
         UnsupportedItemError,
+        UsageError,
         VersionNotKept,
     )
     from ctxcore.messages import (
@@ -62,7 +64,6 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _ERRORS = (
-    "ApiError",
     "AuthenticationError",
     "BudgetExceeded",
     "ConfigError",
@@ -75,6 +76,7 @@ _ERRORS = (
     "InvalidWindowError",
     "ModelError",
     "NotFoundError",
+    "OperationFailed",
     "QuotaExceeded",
     "RateLimited",
     "RecallDisabled",
@@ -82,11 +84,13 @@ _ERRORS = (
     "StoreUnavailable",
     "TruncateRefused",
     "UnsupportedItemError",
+    "UsageError",
     "VersionNotKept",
 )
 
 # Public name -> the module defining it.
 _LAZY: dict[str, str] = {
+    "ApiError": "ctxcore.client.errors",
     "AsyncCtxcoreClient": "ctxcore.client",
     "CtxcoreClient": "ctxcore.client",
     "AsyncModelContext": "ctxcore.engine",
@@ -140,6 +144,7 @@ __all__ = [
     "ModelContext",
     "ModelError",
     "NotFoundError",
+    "OperationFailed",
     "QuotaExceeded",
     "RateLimited",
     "RecallDisabled",
@@ -152,6 +157,7 @@ __all__ = [
     "ToolMessage",
     "TruncateRefused",
     "UnsupportedItemError",
+    "UsageError",
     "UserMessage",
     "VersionNotKept",
     "Violation",

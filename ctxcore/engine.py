@@ -28,9 +28,9 @@ from ctxcore.engine_config import ContextEngineConfig, validate_config
 from ctxcore.engine_context import ModelContext
 from ctxcore.engine_core import LOCK_WARN_SECONDS, check_messages
 from ctxcore.engine_hooks import CompressResult
-from ctxcore.errors import ConfigError, CtxcoreError
+from ctxcore.errors import ConfigError, NotFoundError
 from ctxcore.messages import AnyMessage
-from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorRegistry, register_processor
+from ctxcore.processors import ContextProcessor, ProcessorRegistry, builtin_registry
 from ctxcore.processors.events import Subscriber
 from ctxcore.processors.llm_support import api_key_env
 from ctxcore.state.base import OffloadStore
@@ -60,14 +60,12 @@ class ContextEngine:
         config: a ``ContextEngineConfig`` or a dict of its fields.
         offload_store: where offloaded originals go (default: a ``MemoryOffloadStore``).
         clock: seconds source for TTL decisions (default ``time.time``).
-        registry: processor registry, used as given (default: a copy of the default
-            registry ``ContextEngine.register_processor`` fills, taken now).
+        registry: this engine's processor registry, used as given (default: a new
+            ``builtin_registry()``; register your processors on ``engine.registry``).
         environ: the environment, read here only (default ``os.environ``): the image price
             override ``CTXCORE_IMAGE_PLACEHOLDER_TOKENS`` and the API keys that processors'
             ``model_client.api_key_env`` name, which each context hands its processors.
     """
-
-    register_processor = staticmethod(register_processor)
 
     def __init__(
         self,
@@ -89,8 +87,8 @@ class ContextEngine:
             offload_store if offload_store is not None else MemoryOffloadStore()
         )
         self.clock = clock
-        # A copy: registering on one engine must not change what another engine can build.
-        self.registry = registry if registry is not None else REGISTRY.copy()
+        # Its own: registering on one engine must not change what another engine can build.
+        self.registry = registry if registry is not None else builtin_registry()
         self.detector = UserDetector(
             extra_prefixes=self.config.internal_user_prefixes,
             patterns=self.config.internal_user_patterns,
@@ -184,13 +182,13 @@ class ContextEngine:
     def _require(self, context_id: str, session_id: str | None) -> ModelContext:
         context = self.get_context(context_id, session_id)
         if context is None:
-            raise CtxcoreError(f"no context {context_id!r} in session {session_id or 'default'!r}")
+            raise NotFoundError(f"no context {context_id!r} in session {session_id or 'default'!r}")
         return context
 
     def compress_context(
         self, context_id: str, session_id: str | None = None, **kwargs: Any
     ) -> CompressResult:
-        """``ModelContext.compress_context`` of a pooled context (missing -> ``CtxcoreError``)."""
+        """``ModelContext.compress_context`` of a pooled context (missing -> ``NotFoundError``)."""
         return self._require(context_id, session_id).compress_context(**kwargs)
 
     def recover_from_model_exception(

@@ -11,13 +11,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, Field, PositiveInt, ValidationError
 
+from ctxcore.config import RecallSettings, Settings
+from ctxcore.config.base import RETIRED, STRICT
+from ctxcore.config.compaction import UserMarkers
 from ctxcore.errors import ConfigError
-from ctxcore.recall.index import require_fts5
-from ctxcore.turns import HARNESS_USER_PATTERNS, compile_patterns
 
-__all__ = ["CompressionRecallConfig", "ContextEngineConfig", "StrictConfig", "validate_config"]
+__all__ = [
+    "DEFAULT_DEBUG_DIR",
+    "CompressionRecallConfig",
+    "ContextEngineConfig",
+    "StrictConfig",
+    "validate_config",
+]
+
+# The reference's last fallback for the debug records' directory (spec 5.4), under the
+# working directory.
+DEFAULT_DEBUG_DIR = "context/context_debug"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -25,15 +36,17 @@ M = TypeVar("M", bound=BaseModel)
 class StrictConfig(BaseModel):
     """Base of every ctxcore config model: immutable, unknown keys rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 def _describe(error: Mapping[str, Any]) -> str:
     loc = ".".join(str(part) for part in error.get("loc", ()))
     kind = error.get("type", "")
-    reason = (
-        "unknown field (not accepted by this config)" if kind == "extra_forbidden" else error.get("msg", "")
-    )
+    reason = error.get("msg", "")
+    if kind == "extra_forbidden":
+        reason = (
+            f"removed; {RETIRED[loc]}" if loc in RETIRED else "unknown field (not accepted by this config)"
+        )
     if not loc:
         return str(reason).removeprefix("Value error, ")
     shown = "" if kind == "extra_forbidden" else f" (got {error.get('input')!r})"
@@ -65,39 +78,13 @@ def validate_config(model: type[M], raw: M | Mapping[str, Any] | None, component
         raise ConfigError(f"{component}: invalid config: {details}") from exc
 
 
-class CompressionRecallConfig(StrictConfig):
-    """Chunking of archived originals for recall by LLM compressors (spec 2.2).
-
-    With ``enabled`` what the compressors fold is archived in the context and searchable
-    (``ModelContext.recall``, the ``recall_compressed_context`` tool in every window).
-    """
-
-    enabled: bool = False
-    chunk_size_tokens: PositiveInt = 3000
-    chunk_overlap_tokens: PositiveInt = 300
-    # ctxcore's own: windows spend leftover room on archived passages near the intent.
-    auto: bool = False
-    auto_passage_tokens: PositiveInt = 256
-    auto_max_ratio: float = Field(default=0.25, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _overlap_below_size(self) -> CompressionRecallConfig:
-        if self.chunk_overlap_tokens >= self.chunk_size_tokens:
-            raise ValueError(
-                f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be smaller than "
-                f"chunk_size_tokens ({self.chunk_size_tokens})"
-            )
-        if self.auto and not self.enabled:
-            raise ValueError("auto needs enabled: set compression_recall_config.enabled too")
-        if self.enabled:
-            try:
-                require_fts5("compression_recall_config.enabled")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
-        return self
+CompressionRecallConfig = RecallSettings
+"""Chunking of archived originals for recall by LLM compressors (spec 2.2): the ``recall``
+section's model. With ``enabled`` what the compressors fold is archived in the context and
+searchable (``ModelContext.recall``, the ``recall_compressed_context`` tool in every window)."""
 
 
-class ContextEngineConfig(StrictConfig):
+class ContextEngineConfig(UserMarkers):
     """Engine-wide settings (spec 2.2) with ctxcore's deliberate changes.
 
     * ``enable_tiktoken_counter`` defaults to True: budgets are compared with exact counts;
@@ -111,6 +98,7 @@ class ContextEngineConfig(StrictConfig):
       patterns default to ``HARNESS_USER_PATTERNS`` (deviation from spec 1.4: harness
       reminders are not the user's intent), ``()`` turns them off. ``harness_structure``
       adds the structural rule of ``UserDetector`` (off: it also catches a person's reply).
+      These three are the ``engine`` section's (``UserMarkers``), defined once.
     * ``enable_reload`` adds the ``reload_original_context_messages`` tool definition to
       every window's tools.
     """
@@ -124,18 +112,27 @@ class ContextEngineConfig(StrictConfig):
     model_name: str | None = None
     model_context_window_tokens: dict[str, PositiveInt] | None = None
     compression_recall_config: CompressionRecallConfig = Field(default_factory=CompressionRecallConfig)
-    # Read by compressors that write debug records; the rule processors never write any.
+    # The compressors' dumps (spec 5.3) and JSONL debug records (spec 5.4) go to
+    # ``context_debug_dir`` (``{session_id}``/``{context_id}`` expanded; None:
+    # ``DEFAULT_DEBUG_DIR``) when on, as the reference's rail sets each compressor's
+    # ``enable_compression_dump``/``compression_dump_dir``; a compressor's own dump
+    # settings win. Rule processors write none.
     enable_context_debug: bool = False
     context_debug_dir: str | None = None
     strict_processors: bool = False
-    internal_user_prefixes: tuple[str, ...] = ()
-    internal_user_patterns: tuple[str, ...] = HARNESS_USER_PATTERNS
-    harness_structure: bool = False
 
-    @model_validator(mode="after")
-    def _patterns_compile(self) -> ContextEngineConfig:
-        try:
-            compile_patterns(self.internal_user_patterns)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return self
+    @classmethod
+    def from_settings(cls, settings: Settings, **fields: Any) -> ContextEngineConfig:
+        """The engine config of a ``Settings`` tree: the ``engine`` section's user markers and
+        tokenizer model (as ``model_name``) and the ``recall`` section; ``fields`` add to them.
+
+        Raises:
+            ConfigError: an invalid or unknown field, naming it.
+        """
+        engine = settings.engine
+        tree = {
+            **engine.model_dump(include=set(UserMarkers.model_fields)),
+            "model_name": engine.tokenizer_model,
+            "compression_recall_config": settings.recall,
+        }
+        return validate_config(cls, tree | fields, "ContextEngineConfig")

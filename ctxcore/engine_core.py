@@ -24,7 +24,7 @@ from typing import Any
 
 from ctxcore.contract import check_messages_contract
 from ctxcore.counting import tolerant
-from ctxcore.engine_config import ContextEngineConfig
+from ctxcore.engine_config import DEFAULT_DEBUG_DIR, ContextEngineConfig
 from ctxcore.errors import ConfigError, InvalidMessageError, RecallDisabled, TruncateRefused
 from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors.base import ContextProcessor
@@ -118,6 +118,9 @@ class ContextCore:
         self.offload_store = offload_store
         self.clock = clock
         self.detector = detector
+        self.debug_dir = (
+            (config.context_debug_dir or DEFAULT_DEBUG_DIR) if config.enable_context_debug else None
+        )
         # Only the keys this context's processors name (``model_client.api_key_env``).
         self._api_keys = dict(api_keys or {})
         self.context_max = resolve_context_max(

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxcore.errors import CtxcoreError
+from ctxcore.errors import UsageError
 from ctxcore.messages import AnyMessage, message_text, messages_from_json, messages_to_json
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 
@@ -80,16 +80,16 @@ def dump_snapshot(snapshot: ContextSnapshot, context_id: str, session_id: str | 
 def load_snapshot(state: Mapping[str, Any], processor_names: Sequence[str]) -> ContextSnapshot:
     """Decode what ``dump_snapshot`` wrote (format 1 or 2) for a context with ``processor_names``.
 
-    Raises ``CtxcoreError`` for another format or another processor chain.
+    Raises ``UsageError`` for another format or another processor chain.
     """
     version = state.get("format")
     if version not in _READABLE_FORMATS:
-        raise CtxcoreError(
+        raise UsageError(
             f"unsupported context state format {version!r}: this version reads formats {list(_READABLE_FORMATS)}"
         )
     saved = list(state.get("processors", []))
     if [s.get("type") for s in saved] != list(processor_names):
-        raise CtxcoreError(
+        raise UsageError(
             f"the saved state was made with another processor chain ({[s.get('type') for s in saved]}, "
             f"this context has {list(processor_names)})"
         )

@@ -1,6 +1,33 @@
-"""The exception hierarchy: one base, a few precise subclasses.
+"""The exception hierarchy: one base, misuse apart from runtime failure.
 
-Every message says what was wrong and what to do about it.
+Every message says what was wrong and what to do about it::
+
+    CtxcoreError
+    |-- UsageError              the call, its input or the configuration is wrong:
+    |   |                       retried unchanged it fails again; fix the call
+    |   |-- InvalidMessageError (ValueError)  a message or request field
+    |   |   `-- UnsupportedItemError          a framework item with no chat form
+    |   |-- ConfigError         (ValueError)  a setting or a component's config
+    |   |-- InvalidKeyError     (ValueError)  a tenant or conversation id
+    |   |-- BudgetExceeded      the fixed part of the window is over the budget
+    |   |-- RecallDisabled      recall asked for while it is off
+    |   |-- NotFoundError       no such conversation, context or offload
+    |   `-- AuthenticationError the bearer token is missing or unknown
+    `-- OperationFailed         the call was right; what it needs failed or said no now:
+        |                       retry later, re-read, or repair the state
+        |-- StoreError          a store failed
+        |   |-- StoreUnavailable      unreachable: retry later
+        |   `-- CursorNotFoundError   the saved state names a missing log id
+        |-- ConflictError       an optimistic-concurrency expectation did not hold
+        |   |-- VersionNotKept
+        |   `-- TruncateRefused
+        |-- ModelError          a summarisation model call failed
+        |-- InvalidWindowError  the saved state would serve a broken window
+        |-- QuotaExceeded       the tenant's conversation limit is reached
+        `-- RateLimited         the tenant's request rate is exceeded
+
+How each answers over HTTP is the service's business (``workers/http_statuses.py``); the
+HTTP client's own error for any other status is ``ctxcore.client.errors.ApiError``.
 """
 
 from __future__ import annotations
@@ -68,7 +95,16 @@ class CtxcoreError(Exception):
     code: str | None = None
 
 
-class InvalidMessageError(CtxcoreError, ValueError):
+class UsageError(CtxcoreError):
+    """Misuse: the call, its input or the configuration is wrong; fix it (a retry fails again)."""
+
+
+class OperationFailed(CtxcoreError):
+    """A runtime failure: the call was right, but a store, a model, the saved state or a limit
+    said no now; retry later, re-read, or repair the conversation as the message says."""
+
+
+class InvalidMessageError(UsageError, ValueError):
     """A message (or a sequence of messages) is malformed.
 
     ``index`` is the position of the offending message in the input (-1 when the
@@ -83,15 +119,15 @@ class InvalidMessageError(CtxcoreError, ValueError):
         super().__init__(f"{where}: field {field!r}: {detail}")
 
 
-class ConfigError(CtxcoreError, ValueError):
+class ConfigError(UsageError, ValueError):
     """A configuration value is invalid; the message names the component and field."""
 
 
-class InvalidKeyError(CtxcoreError, ValueError):
+class InvalidKeyError(UsageError, ValueError):
     """A tenant or conversation id is not a safe identifier."""
 
 
-class BudgetExceeded(CtxcoreError):
+class BudgetExceeded(UsageError):
     """System messages, tools and the anchors alone do not fit the token budget.
 
     The window cannot be served without silently truncating the user's own words, so
@@ -111,7 +147,7 @@ class BudgetExceeded(CtxcoreError):
         )
 
 
-class StoreError(CtxcoreError):
+class StoreError(OperationFailed):
     """A state, log or offload store failed."""
 
 
@@ -119,7 +155,7 @@ class StoreUnavailable(StoreError):
     """The store's infrastructure is unreachable; retry later (the cause is chained)."""
 
 
-class ConflictError(CtxcoreError):
+class ConflictError(OperationFailed):
     """An optimistic-concurrency expectation did not hold (e.g. ``expected_last_id``).
 
     ``last_id`` is the log's actual last id when the expectation was about the log (None
@@ -137,7 +173,7 @@ class ConflictError(CtxcoreError):
 class VersionNotKept(ConflictError):
     """A rollback named a state version that is not among the kept ones; nothing changed.
 
-    ``kept`` lists the versions that are (newest first). Over HTTP a 409 ``version_not_kept``.
+    ``kept`` lists the versions that are (newest first).
     """
 
     def __init__(self, message: str, *, version: int = 0, kept: Sequence[int] = ()) -> None:
@@ -153,7 +189,7 @@ class CursorNotFoundError(StoreError):
     """
 
 
-class ModelError(CtxcoreError):
+class ModelError(OperationFailed):
     """A summarisation model call failed; ``kind`` (an ``ErrorKind``) classifies why."""
 
     def __init__(self, kind: ErrorKind | str, message: str) -> None:
@@ -161,7 +197,7 @@ class ModelError(CtxcoreError):
         super().__init__(f"{kind}: {message}")
 
 
-class InvalidWindowError(CtxcoreError):
+class InvalidWindowError(OperationFailed):
     """A window about to be served breaks the chat protocol (``check_window`` violations).
 
     Never served: the model would reject it. Usually the saved compaction state is at
@@ -185,7 +221,7 @@ class InvalidWindowError(CtxcoreError):
         super().__init__(f"the {where} breaks the chat protocol: {shown}{more}; {remedy}")
 
 
-class RecallDisabled(CtxcoreError):
+class RecallDisabled(UsageError):
     """Recall was asked for while it is off for the conversation's tenant.
 
     ``setting`` names what to turn on (``recall.enabled``, ``tenants.<id>.recall.enabled``
@@ -204,7 +240,7 @@ class TruncateRefused(ConflictError):
     the log behind a saved state cannot shrink), ``part_of_message`` (the newest session
     item shares its log message with others), ``busy`` (a compaction holds the
     conversation's lock: retry shortly) or ``moved`` (the log no longer ends at the id
-    the caller expected). Over HTTP it is a 409 ``truncate_refused``.
+    the caller expected).
     """
 
     def __init__(self, reason: str, message: str, *, last_id: str | None = None) -> None:
@@ -224,28 +260,21 @@ class UnsupportedItemError(InvalidMessageError):
         super().__init__(index, "type", f"{kind}: {detail}")
 
 
-# --- errors the HTTP client raises for the API's status codes ----------------------------
+class AuthenticationError(UsageError):
+    """The bearer token is missing or unknown (never retried: check the token)."""
 
 
-class AuthenticationError(CtxcoreError):
-    """401: the bearer token is missing or unknown (never retried: check the token)."""
+class NotFoundError(UsageError):
+    """No such conversation, context or offload (for this tenant)."""
 
 
-class QuotaExceeded(CtxcoreError):
-    """403: the tenant's ``max_conversations`` is reached; delete a conversation first."""
+class QuotaExceeded(OperationFailed):
+    """The tenant's ``max_conversations`` is reached; delete a conversation first."""
 
 
-class NotFoundError(CtxcoreError):
-    """404: no such conversation (or offload) for this tenant."""
-
-
-class RateLimited(CtxcoreError):
-    """429: the tenant's request rate is exceeded; ``retry_after`` is the server's wait in seconds."""
+class RateLimited(OperationFailed):
+    """The tenant's request rate is exceeded; ``retry_after`` is the server's wait in seconds."""
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         self.retry_after = retry_after
         super().__init__(message)
-
-
-class ApiError(CtxcoreError):
-    """Any other error status of the HTTP API (e.g. a 500), with the body's code."""

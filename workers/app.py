@@ -1,8 +1,8 @@
 """The Celery app: ``celery -A workers.app worker`` or ``ctxcore worker``.
 
-Importing this module reads no environment and opens no connection; the defaults point
-at ``redis://127.0.0.1:6379/0``. The CLI (or the worker's start-up when launched by the
-``celery`` command) applies ``Settings`` with ``configure``.
+Importing this module configures nothing, reads no environment and opens no connection:
+``configure(settings)`` is called at start-up, by the CLI's commands, by the HTTP app, or
+(a worker launched by the ``celery`` command) by ``celeryd_init`` from the environment.
 
 Crash safety (see README, "Distributed compaction"): tasks are acknowledged late and
 rejected when their worker is lost, so a killed worker's task is redelivered; with Redis as
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from workers.runtime import Runtime
 
 __all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "runtime", "settings"]
-
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 app = Celery("ctxcore", include=["workers.tasks", "workers.reconciler", "workers.telemetry.celery_glue"])
 
@@ -103,9 +101,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         config["broker_native_delayed_delivery_queue_type"] = "quorum"
         config["broker_transport_options"] = {"confirm_publish": True}
     return config
-
-
-app.conf.update(celery_config(Settings()))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ctxcore.config import Settings
-from ctxcore.errors import CtxcoreError
+from ctxcore.errors import CtxcoreError, OperationFailed, UsageError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai, to_openai
 from ctxcore.tokens import TokenCounter
 
@@ -46,7 +46,7 @@ def read_batch(path: Path) -> list[BatchRecord]:
 
     records = [BatchRecord(f"{path}:{n}", str(r["id"]), r["messages"]) for n, r in numbered_records(path)]
     if not records:
-        raise CtxcoreError(f"{path}: no conversations (the file is empty)")
+        raise UsageError(f"{path}: no conversations (the file is empty)")
     return records
 
 
@@ -54,7 +54,7 @@ def read_batch(path: Path) -> list[BatchRecord]:
 def _replace_on_success(target: Path) -> Iterator[TextIO]:
     """A temporary file beside ``target``, renamed over it only when the block completes."""
     if not target.parent.is_dir():
-        raise CtxcoreError(f"--out {target}: directory {target.parent} does not exist")
+        raise UsageError(f"--out {target}: directory {target.parent} does not exist")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as sink:
@@ -126,9 +126,9 @@ def compact_file(
     from workers.runtime import build_model
 
     if budget <= 0:
-        raise CtxcoreError(f"--budget must be a positive number of tokens, got {budget}")
+        raise UsageError(f"--budget must be a positive number of tokens, got {budget}")
     if not out_path.parent.is_dir():
-        raise CtxcoreError(f"--out {out_path}: directory {out_path.parent} does not exist")
+        raise UsageError(f"--out {out_path}: directory {out_path.parent} does not exist")
     records = read_batch(path)
     model = build_model(settings.model, counter)
     failed: list[str] = []
@@ -141,7 +141,9 @@ def compact_file(
                 row = _window(record, budget, settings, model, counter)
             except CtxcoreError as exc:
                 if not continue_on_error:
-                    raise CtxcoreError(f"{record.label()}: {exc}") from exc
+                    raise (UsageError if isinstance(exc, UsageError) else OperationFailed)(
+                        f"{record.label()}: {exc}"
+                    ) from exc
                 failed.append(record.label())
                 bar.write(f"ctxcore: error: {record.label()}: {exc}", file=sys.stderr)
                 bar.update(1)

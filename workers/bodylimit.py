@@ -56,8 +56,7 @@ class BodyLimitMiddleware:
     """Reject HTTP request bodies larger than ``max_bytes`` with 413 (see module docstring)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes!r}")
+        # Validated once, by the settings (http.max_body_bytes: above 0).
         self.app = app
         self.max_bytes = max_bytes
 

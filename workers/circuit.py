@@ -121,10 +121,7 @@ class CircuitBreaker:
         reset_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if failure_threshold < 1:
-            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
-        if reset_seconds <= 0:
-            raise ValueError(f"reset_seconds must be > 0, got {reset_seconds}")
+        # Both limits are validated once, by the settings (worker.circuit_*: above 0).
         self.client = client
         self.failure_threshold = failure_threshold
         self.reset_seconds = reset_seconds

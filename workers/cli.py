@@ -21,9 +21,9 @@ from typing import Any, TextIO
 
 from ctxcore import __version__
 from ctxcore.config import environment_variables
-from ctxcore.errors import CtxcoreError
+from ctxcore.errors import CtxcoreError, UsageError
 from workers import commands, local_model
-from workers.cli_parser import Parser, port, positive_float, positive_int
+from workers.cli_parser import Parser, missing_extra, port, positive_float, positive_int
 from workers.commands import bundled_sample, counter_for, settings_for
 
 __all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
@@ -50,13 +50,13 @@ def _check_eval_inputs(args: argparse.Namespace) -> int:
     from ctxcore.eval.data import read_records
 
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise CtxcoreError("--plot needs matplotlib: pip install 'ctxcore[plot]'")
+        raise UsageError("--plot needs matplotlib: pip install 'ctxcore[plot]'")
     for option, value in (("--json", args.json), ("--plot", args.plot)):
         if value and not Path(value).resolve().parent.is_dir():
-            raise CtxcoreError(f"{option} {value}: directory {Path(value).resolve().parent} does not exist")
+            raise UsageError(f"{option} {value}: directory {Path(value).resolve().parent} does not exist")
     records = read_records(args.file)
     if not records:
-        raise CtxcoreError(f"{args.file}: no conversations (the file is empty)")
+        raise UsageError(f"{args.file}: no conversations (the file is empty)")
     ids = [str(r["id"]) for r in records]
     if not args.ids:
         return min(len(ids), args.limit or len(ids))
@@ -64,7 +64,7 @@ def _check_eval_inputs(args: argparse.Namespace) -> int:
     unknown = [i for i in wanted if i not in set(ids)]
     if unknown or not wanted:
         shown = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
-        raise CtxcoreError(
+        raise UsageError(
             f"--ids {args.ids}: no conversation {', '.join(unknown)} in {args.file} (ids: {shown})"
         )
     selected = len(set(wanted) & set(ids))
@@ -367,6 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args, sys.stdout))
     except (CtxcoreError, OSError) as exc:
         print(f"ctxcore: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        # Installed without the extra the command needs: say which, not a traceback.
+        line = missing_extra(exc, args.command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ctxcore: interrupted", file=sys.stderr)

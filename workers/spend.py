@@ -32,7 +32,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from ctxcore.config import Settings
-from ctxcore.errors import CtxcoreError, StoreUnavailable
+from ctxcore.errors import OperationFailed, StoreUnavailable
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract
 from ctxcore.tokens import TokenCounter
@@ -87,7 +87,7 @@ def summariser_cap(settings: Settings, tenant_id: str) -> int | None:
     return own if own is not None else settings.service.summariser_tokens_per_day
 
 
-class SummariserBudgetExhausted(CtxcoreError):
+class SummariserBudgetExhausted(OperationFailed):
     """A summariser call was refused: the tenant's tokens for the UTC day would pass its cap.
 
     ``used`` is what the day has spent (reserved included), ``cap`` the tenant's cap,

@@ -7,6 +7,8 @@ is not the whole id (``--json`` or the API have it whole).
 
 from __future__ import annotations
 
+from ctxcore.errors import UsageError
+
 __all__ = ["ELLIPSIS", "cell"]
 
 ELLIPSIS = "…"
@@ -15,7 +17,7 @@ ELLIPSIS = "…"
 def cell(text: str, width: int) -> str:
     """``text`` left-aligned in ``width`` characters, cut at the right with an ellipsis."""
     if width < 1:
-        raise ValueError(f"a table cell needs a width of at least 1, got {width}")
+        raise UsageError(f"a table cell needs a width of at least 1, got {width}")
     if len(text) > width:
         text = text[: width - 1] + ELLIPSIS
     return f"{text:<{width}}"

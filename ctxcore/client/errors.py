@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxcore.errors import (
-    ApiError,
     AuthenticationError,
     BudgetExceeded,
     ConfigError,
@@ -19,6 +18,7 @@ from ctxcore.errors import (
     InvalidMessageError,
     InvalidWindowError,
     NotFoundError,
+    OperationFailed,
     QuotaExceeded,
     RateLimited,
     RecallDisabled,
@@ -28,7 +28,11 @@ from ctxcore.errors import (
 )
 from ctxcore.protocol import Violation
 
-__all__ = ["error_for", "parse_retry_after"]
+__all__ = ["ApiError", "error_for", "parse_retry_after"]
+
+
+class ApiError(OperationFailed):
+    """Any other error status of the HTTP API (e.g. a 500), with the body's code."""
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:

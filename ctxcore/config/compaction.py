@@ -11,7 +11,7 @@ from ctxcore.errors import ConfigError
 from ctxcore.recall.index import require_fts5
 from ctxcore.turns import HARNESS_USER_PATTERNS, UserDetector, compile_patterns
 
-__all__ = ["EngineSettings", "ModelSettings", "RecallSettings"]
+__all__ = ["EngineSettings", "ModelSettings", "RecallSettings", "UserMarkers"]
 
 
 class ModelSettings(BaseModel):
@@ -40,30 +40,21 @@ class ModelSettings(BaseModel):
         return self.base_url is None
 
 
-class EngineSettings(BaseModel):
-    """Tokenizer and conversation-shape knobs shared by every conversation."""
+class UserMarkers(BaseModel):
+    """Which user-role messages the harness wrote (never the user's intent): defined once, for
+    the ``engine`` section and for ``ContextEngineConfig``."""
 
     model_config = STRICT
-    tokenizer_model: str | None = None
-    # The newest three steps (call + result each) stay verbatim through L0->L1: the agent acts
-    # on what it just did. Only the most aggressive pass may take them.
-    keep_recent_messages: int = Field(default=6, ge=0)
     internal_user_prefixes: tuple[str, ...] = ()
     # Regexes of harness-written user messages (never an anchor); () turns the defaults off.
     internal_user_patterns: tuple[str, ...] = HARNESS_USER_PATTERNS
     # Also treat a user message right after a tool-using turn's final reply as internal.
     harness_structure: bool = False
-    rule_chain: Literal["default", "none"] = "default"
-    # The most of the window one tool result may take in the default chain (ToolResultCap).
-    max_result_ratio: float = Field(default=0.25, gt=0, le=1)
 
     @field_validator("internal_user_patterns")
     @classmethod
     def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        try:
-            compile_patterns(value, "engine.internal_user_patterns")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        compile_patterns(value, "internal_user_patterns")
         return value
 
     def detector(self) -> UserDetector:
@@ -75,8 +66,23 @@ class EngineSettings(BaseModel):
         )
 
 
+class EngineSettings(UserMarkers):
+    """Tokenizer and conversation-shape knobs shared by every conversation."""
+
+    tokenizer_model: str | None = None
+    # The newest three steps (call + result each) stay verbatim through L0->L1: the agent acts
+    # on what it just did. Only the most aggressive pass may take them.
+    keep_recent_messages: int = Field(default=6, ge=0)
+    rule_chain: Literal["default", "none"] = "default"
+    # The most of the window one tool result may take in the default chain (ToolResultCap).
+    max_result_ratio: float = Field(default=0.25, gt=0, le=1)
+
+
 class RecallSettings(BaseModel):
-    """Compression recall: archive what compaction folds, search it, spend headroom on it."""
+    """Compression recall: archive what compaction folds, search it, spend headroom on it.
+
+    The ``recall`` section, and ``ContextEngineConfig.compression_recall_config`` (spec 2.2).
+    """
 
     model_config = STRICT
     enabled: bool = False
@@ -90,15 +96,12 @@ class RecallSettings(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.chunk_overlap_tokens >= self.chunk_size_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"chunk_overlap_tokens ({self.chunk_overlap_tokens}) must be below chunk_size_tokens "
                 f"({self.chunk_size_tokens})"
             )
         if self.auto and not self.enabled:
-            raise ValueError("auto needs enabled: set recall.enabled = true as well")
+            raise ConfigError("auto needs enabled: set enabled = true as well")
         if self.enabled:
-            try:
-                require_fts5("recall.enabled")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
+            require_fts5("recall.enabled")
         return self

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ctxcore.config.base import STRICT
 from ctxcore.config.compaction import ModelSettings, RecallSettings
+from ctxcore.errors import ConfigError
 from ctxcore.state.keys import validate_id
 
 __all__ = ["HttpSettings", "LoggingSettings", "ProxySettings", "ServiceSettings", "TenantSettings"]
@@ -45,7 +46,7 @@ class ServiceSettings(BaseModel):
     @model_validator(mode="after")
     def _ratios(self) -> Self:
         if self.target_ratio > self.trigger_ratio:
-            raise ValueError(
+            raise ConfigError(
                 f"target_ratio ({self.target_ratio}) must be <= trigger_ratio ({self.trigger_ratio})"
             )
         return self
@@ -91,7 +92,7 @@ class HttpSettings(BaseModel):
     @classmethod
     def _byte_rate(cls, value: float) -> float:
         if not byte_rate_ok(value):
-            raise ValueError(BYTE_RATE_RULE.format(value))
+            raise ConfigError(BYTE_RATE_RULE.format(value))
         return value
 
     @field_validator("tokens")
@@ -99,7 +100,7 @@ class HttpSettings(BaseModel):
     def _hashes(cls, value: dict[str, str]) -> dict[str, str]:
         for digest, tenant in value.items():
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError(
+                raise ConfigError(
                     "http.tokens keys must be sha256 hex digests of bearer tokens (see hash_token)"
                 )
             validate_id(tenant, "tenant_id")
@@ -154,5 +155,5 @@ class TenantSettings(BaseModel):
     @classmethod
     def _byte_rate(cls, value: float | None) -> float | None:
         if value is not None and not byte_rate_ok(value):
-            raise ValueError(BYTE_RATE_RULE.format(value))
+            raise ConfigError(BYTE_RATE_RULE.format(value))
         return value

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
+from ctxcore.config.base import RETIRED
 from ctxcore.config.compaction import EngineSettings, ModelSettings, RecallSettings
 from ctxcore.config.service import (
     HttpSettings,
@@ -153,6 +154,8 @@ def _problem(err: Any) -> str:
     where = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         origin = f" (from {err['input']})" if isinstance(err.get("input"), SetBy) else ""
+        if where in RETIRED:
+            return f"{where}: removed setting{origin}; {RETIRED[where]}"
         return f"{where}: unknown setting{origin}; `ctxcore --help` lists them all"
     return f"{where}: {err['msg']}"
 

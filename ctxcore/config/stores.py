@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from ctxcore.config.base import STRICT
+from ctxcore.errors import ConfigError
 
 __all__ = ["DatabaseSettings", "RedisSettings"]
 
@@ -35,7 +36,7 @@ class RedisSettings(BaseModel):
             value = [part.strip() for part in value.split(",") if part.strip()]
         for node in value if isinstance(value, list | tuple) else ():
             if not isinstance(node, str) or _HOST_PORT.fullmatch(node) is None:
-                raise ValueError(f"cluster node {node!r} is not host:port (e.g. 127.0.0.1:7000)")
+                raise ConfigError(f"cluster node {node!r} is not host:port (e.g. 127.0.0.1:7000)")
         return value
 
 

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, field_validator
 
 from ctxcore.config.base import STRICT
+from ctxcore.errors import ConfigError
 
 __all__ = ["TelemetrySettings"]
 
@@ -49,11 +50,11 @@ class TelemetrySettings(BaseModel):
             parts = urlsplit(value)
             parts.port  # noqa: B018  # raises on a port that is not a number in range
         except ValueError as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"does not parse as a URL ({exc}); e.g. http://collector:4318/v1/traces"
             ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname or " " in value:
-            raise ValueError(
+            raise ConfigError(
                 "must be an http:// or https:// URL with a host, e.g. http://collector:4318/v1/traces"
             )
         return value

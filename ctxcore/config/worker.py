@@ -8,6 +8,7 @@ from typing import Self
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ctxcore.config.base import STRICT
+from ctxcore.errors import ConfigError
 
 __all__ = ["FlowerSettings", "WorkerSettings"]
 
@@ -82,7 +83,7 @@ class WorkerSettings(BaseModel):
         if value is not None and value.split("://", 1)[0].lower() not in _BROKER_SCHEMES:
             # Never echo the value: it may carry a password.
             scheme = value.split("://", 1)[0] if "://" in value else "(none)"
-            raise ValueError(
+            raise ConfigError(
                 f"scheme {scheme!r} is not one of {', '.join(_BROKER_SCHEMES)} "
                 "(e.g. amqp://user:password@host:5672//)"
             )
@@ -91,23 +92,23 @@ class WorkerSettings(BaseModel):
     @model_validator(mode="after")
     def _limits(self) -> Self:
         if self.soft_time_limit >= self.hard_time_limit:
-            raise ValueError("worker.soft_time_limit must be below worker.hard_time_limit")
+            raise ConfigError("worker.soft_time_limit must be below worker.hard_time_limit")
         # Retry delays are jittered by up to +20% (workers/tasks.py) and rounded up to whole
         # seconds on RabbitMQ's delayed delivery.
         longest = self.hard_time_limit + math.ceil(max(self.retry_delays, default=1.0) * 1.2)
         if self.consumer_timeout <= longest:
-            raise ValueError(
+            raise ConfigError(
                 f"worker.consumer_timeout ({self.consumer_timeout:g} s) must be above "
                 f"worker.hard_time_limit plus the longest retry countdown ({longest:g} s)"
             )
         if self.heartbeat_seconds is not None and self.heartbeat_seconds > self.hard_time_limit:
-            raise ValueError(
+            raise ConfigError(
                 f"worker.heartbeat_seconds ({self.heartbeat_seconds:g} s) must not be longer than "
                 f"worker.hard_time_limit ({self.hard_time_limit:g} s): a stage would end before "
                 "its first heartbeat"
             )
         if self.failure_backoff_max_seconds < self.failure_backoff_seconds:
-            raise ValueError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")
+            raise ConfigError("worker.failure_backoff_max_seconds must be >= worker.failure_backoff_seconds")
         return self
 
 
@@ -135,7 +136,7 @@ class FlowerSettings(BaseModel):
         for entry in value if isinstance(value, list | tuple) else ():
             user, sep, password = entry.partition(":") if isinstance(entry, str) else ("", "", "")
             if not sep or not user or not password or any(c in entry for c in ", \t\n"):
-                raise ValueError(
+                raise ConfigError(
                     "flower.basic_auth entries must be user:password (a non-empty user without ':', "
                     "a non-empty password, no spaces or commas)"
                 )

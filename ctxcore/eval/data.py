@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxcore.errors import CtxcoreError
+from ctxcore.errors import UsageError
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolMessage, from_openai
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
 
@@ -73,11 +73,11 @@ def numbered_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise CtxcoreError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+                raise UsageError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
             if isinstance(record, list):
                 record = {"messages": record}
             if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                raise CtxcoreError(f"{path}:{n}: expected an object with 'messages' or a list of messages")
+                raise UsageError(f"{path}:{n}: expected an object with 'messages' or a list of messages")
             record.setdefault("id", f"line-{n}")
             yield n, record
 

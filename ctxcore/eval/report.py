@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ctxcore.errors import CtxcoreError
+from ctxcore.errors import UsageError
 from ctxcore.eval.probes import PROBES
 
 __all__ = [
@@ -270,7 +270,7 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise CtxcoreError("plotting needs matplotlib: pip install 'ctxcore[plot]'") from exc
+        raise UsageError("plotting needs matplotlib: pip install 'ctxcore[plot]'") from exc
     reports = policy_reports(report)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     first = reports[0]

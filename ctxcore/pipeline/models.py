@@ -6,6 +6,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ctxcore.errors import ConfigError
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK, TRUNCATED
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.model import Usage
@@ -80,7 +81,7 @@ class PipelineConfig(BaseModel):
     def _check(self) -> Self:
         first, second, third = self.pass_targets()
         if not third <= second <= first:
-            raise ValueError(
+            raise ConfigError(
                 f"pass targets must satisfy third ({third}) <= second ({second}) <= first ({first})"
             )
         return self

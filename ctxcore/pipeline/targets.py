@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, AssistantMessage
 from ctxcore.pipeline.merge_groups import merge_groups
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
@@ -279,7 +280,7 @@ def _build_targets(
         # A lone block already within its share has nothing to gain.
         return [t for t in targets if t.source_tokens > t.target_tokens * 2 or len(t.blocks) + len(t.raw) > 1]
 
-    raise ValueError(f"no targets for stage kind {kind!r}")
+    raise ConfigError(f"no targets for stage kind {kind!r}; pass one of the pipeline's stage kinds")
 
 
 def l1_falls_short(view: View, config: PipelineConfig, counter: TokenCounter) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ctxcore.errors import InvalidMessageError
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.state.models import CompressionState, SummaryBlock
@@ -76,7 +77,9 @@ def block_provenance(message: AnyMessage) -> Mapping[str, Any] | None:
 def log_id(message: AnyMessage) -> str:
     """A view message's log id (its ``context_message_id``), which every view message has."""
     if message.context_message_id is None:
-        raise ValueError("view messages need their log id (context_message_id)")
+        raise InvalidMessageError(
+            -1, "context_message_id", "a view message needs its log id: append the messages to the log first"
+        )
     return message.context_message_id
 
 

@@ -1,9 +1,7 @@
 """Processors: the hook contract, the registry and every built-in rule processor.
 
-Importing this package registers the built-ins (and does nothing else):
-``MessageOffloader``, ``MessageSummaryOffloader``, ``ToolResultBudgetProcessor``,
-``ToolResultWindowProcessor``, ``MicroCompactProcessor``, ``CompactCompletedToolTurns``
-and ``WindowLimit``. Other modules add theirs with ``@register_processor``.
+Importing this package registers nothing: ``builtin_registry()`` is a new registry of the
+built-ins (``BUILT_INS``), and each engine holds its own (``engine.registry``).
 """
 
 from ctxcore.processors.base import ContextProcessor, Kind, ProcessorConfig, ProcessorContext
@@ -28,7 +26,7 @@ from ctxcore.processors.events import (
 )
 from ctxcore.processors.message_offloader import MessageOffloader, MessageOffloaderConfig
 from ctxcore.processors.micro_compact import MicroCompactConfig, MicroCompactProcessor
-from ctxcore.processors.registry import REGISTRY, ProcessorRegistry, register_processor
+from ctxcore.processors.registry import BUILT_INS, ProcessorRegistry, builtin_registry
 from ctxcore.processors.round_level import RoundLevelCompressor, RoundLevelCompressorConfig
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv, RuleResult
@@ -39,7 +37,7 @@ from ctxcore.processors.tool_result_window import ToolResultWindowConfig, ToolRe
 from ctxcore.processors.window_limit import WindowLimit, WindowLimitConfig
 
 __all__ = [
-    "REGISTRY",
+    "BUILT_INS",
     "ChainResult",
     "CompactCompletedToolTurns",
     "CompactCompletedToolTurnsConfig",
@@ -78,6 +76,6 @@ __all__ = [
     "apply_rules",
     "apply_rules_result",
     "build_rule_chain",
+    "builtin_registry",
     "default_rule_chain",
-    "register_processor",
 ]

@@ -117,6 +117,11 @@ class ProcessorContext(Protocol):
         """The API key in environment variable ``env_name``, read by the engine at start-up."""
         ...
 
+    @property
+    def debug_dir(self) -> str | None:
+        """Where compressors write dumps and debug records (``enable_context_debug``; None: none)."""
+        ...
+
 
 class ProcessorConfig(StrictConfig):
     """Base of processor configs: immutable, unknown keys rejected with ``ConfigError``."""
@@ -146,7 +151,7 @@ class ContextProcessor(Generic[C]):
 
     @classmethod
     def processor_type(cls) -> str:
-        """The registry name: the name given to ``register_processor``, else the class name."""
+        """The registry name: the name it was registered under, else the class name."""
         name = cls.__dict__.get("_processor_type")
         return name if isinstance(name, str) else cls.__name__
 

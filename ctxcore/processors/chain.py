@@ -17,7 +17,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import IdRange
 from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.offload_batch import DeferredOffloads
-from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
+from ctxcore.processors.registry import ProcessorRegistry, builtin_registry
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import RuleEnv
 from ctxcore.state.base import OffloadStore
@@ -101,7 +101,7 @@ def build_rule_chain(
             built.append(entry)
             continue
         name, config = entry
-        processor = (registry or REGISTRY).create(name, config)
+        processor = (registry or builtin_registry()).create(name, config)
         if not isinstance(processor, RuleProcessor):
             raise ConfigError(f"{name}: not a rule processor; apply_rules runs rule processors only")
         built.append(processor)

@@ -18,7 +18,6 @@ from pydantic import NonNegativeInt
 
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import ProcessorConfig
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 from ctxcore.turns import Turn, turns
@@ -80,7 +79,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class CompactCompletedToolTurns(RuleProcessor[CompactCompletedToolTurnsConfig]):
     """Serves older completed tool turns as request + final answer."""
 

@@ -16,7 +16,6 @@ from pydantic import Field
 from ctxcore.markers import MEMORY_BLOCK_CURRENT
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.processors.base import ProcessorConfig
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.snapshot_compressor import (
     SnapshotCompressor,
     SnapshotCompressorConfig,
@@ -38,7 +37,6 @@ class CurrentRoundCompressorConfig(SnapshotCompressorConfig):
     keep_recent_messages: int = Field(default=0, ge=0)
 
 
-@register_processor
 class CurrentRoundCompressor(SnapshotCompressor):
     """Summarise the active round into ``<memory_block_current>``."""
 

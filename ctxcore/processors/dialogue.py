@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from ctxcore.markers import MEMORY_BLOCK_DIALOGUE
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import ContextEvent
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.snapshot_compressor import SnapshotCompressor, Span, complete_prefix
 from ctxcore.summarize.prompts import DIALOGUE_COMPACT_PROMPT, DIALOGUE_SECTIONS
 from ctxcore.turns import anchors
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["DialogueCompressor"]
 
 
-@register_processor
 class DialogueCompressor(SnapshotCompressor):
     """Summarise the history between the task and intent anchors into ``<memory_block_dialogue>``."""
 
@@ -49,6 +47,6 @@ class DialogueCompressor(SnapshotCompressor):
         self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any
     ) -> tuple[ContextEvent | None, list[AnyMessage]]:
         """Active compression still honours the minimum-target check (spec 3.4)."""
-        if not self._worth_it(ctx, messages):
+        if self.shortfall(ctx, messages) is not None:
             return None, messages
         return super().on_compress(ctx, messages, **kwargs)

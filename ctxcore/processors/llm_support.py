@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract, Usage
@@ -23,11 +24,11 @@ def _check_client(value: Any) -> Any:
     if isinstance(value, Mapping):
         unknown = set(value) - _MODEL_KEYS
         if unknown:
-            raise ValueError(f"unknown model_client keys {sorted(unknown)}; expected {sorted(_MODEL_KEYS)}")
+            raise ConfigError(f"unknown model_client keys {sorted(unknown)}; expected {sorted(_MODEL_KEYS)}")
         from ctxcore.config import ModelSettings
 
         return ModelSettings.model_validate(dict(value))
-    raise ValueError("model_client must be a ModelClient instance or a dict with the keys of Settings.model")
+    raise ConfigError("model_client must be a ModelClient instance or a dict with the keys of Settings.model")
 
 
 # A ModelClient instance (in process) or the keys of ``Settings.model`` (built on first use).

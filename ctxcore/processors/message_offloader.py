@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import PositiveInt, model_validator
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,
@@ -57,7 +57,7 @@ class MessageOffloaderConfig(ProcessorConfig):
     @model_validator(mode="after")
     def _consistent(self) -> MessageOffloaderConfig:
         if self.trim_size >= self.large_message_threshold:
-            raise ValueError(
+            raise ConfigError(
                 f"trim_size ({self.trim_size}) must be smaller than large_message_threshold "
                 f"({self.large_message_threshold})"
             )
@@ -66,7 +66,7 @@ class MessageOffloaderConfig(ProcessorConfig):
             and self.messages_threshold is not None
             and self.messages_to_keep >= self.messages_threshold
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"messages_to_keep ({self.messages_to_keep}) must be smaller than messages_threshold "
                 f"({self.messages_threshold})"
             )
@@ -138,7 +138,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class MessageOffloader(RuleProcessor[MessageOffloaderConfig]):
     """Offloads large messages of the configured roles once the context is over a threshold."""
 

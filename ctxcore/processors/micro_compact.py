@@ -23,7 +23,6 @@ from ctxcore.markers import CLEARED_TOOL_RESULT
 from ctxcore.messages import AnyMessage, ToolMessage, message_text, replace_content
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import find_offload_markers
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     HeadroomBudget,
@@ -137,7 +136,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class MicroCompactProcessor(RuleProcessor[MicroCompactConfig]):
     """Clears all but the newest results of each compactable tool."""
 

@@ -1,39 +1,71 @@
-"""The processor registry: name -> processor class.
+"""The processor registry: name -> processor class, one per engine.
 
-``REGISTRY`` is the default registry and the one module-level mutable object of the
-processors package; built-ins add themselves when ``ctxcore.processors`` is imported, other
-modules with ``@register_processor`` (``ContextEngine.register_processor``). Each new
-``ContextEngine`` copies it, so ``engine.registry.register()`` affects that engine only; a
-``ProcessorRegistry`` passed to ``ContextEngine`` is used as it is (tests, plugins).
+There is no process-wide registry: ``builtin_registry()`` builds a new one holding the
+built-in processors, which each ``ContextEngine`` takes unless it is given its own; a
+processor of yours is registered on the engine that is to build it
+(``engine.registry.register(cls)``, also a class decorator).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from ctxcore.errors import ConfigError
 from ctxcore.processors.base import ContextProcessor
+from ctxcore.processors.compact_tool_turns import CompactCompletedToolTurns
+from ctxcore.processors.current_round import CurrentRoundCompressor
+from ctxcore.processors.dialogue import DialogueCompressor
+from ctxcore.processors.message_offloader import MessageOffloader
+from ctxcore.processors.micro_compact import MicroCompactProcessor
+from ctxcore.processors.round_level import RoundLevelCompressor
+from ctxcore.processors.summary_offloader import MessageSummaryOffloader
+from ctxcore.processors.tool_result_budget import ToolResultBudgetProcessor
+from ctxcore.processors.tool_result_cap import ToolResultCap
+from ctxcore.processors.tool_result_window import ToolResultWindowProcessor
+from ctxcore.processors.window_limit import WindowLimit
 
-__all__ = ["REGISTRY", "ProcessorRegistry", "register_processor"]
+__all__ = ["BUILT_INS", "ProcessorRegistry", "builtin_registry"]
+
+P = TypeVar("P", bound=type[ContextProcessor[Any]])
+
+BUILT_INS: tuple[type[ContextProcessor[Any]], ...] = (
+    CompactCompletedToolTurns,
+    CurrentRoundCompressor,
+    DialogueCompressor,
+    MessageOffloader,
+    MessageSummaryOffloader,
+    MicroCompactProcessor,
+    RoundLevelCompressor,
+    ToolResultBudgetProcessor,
+    ToolResultCap,
+    ToolResultWindowProcessor,
+    WindowLimit,
+)
+"""Every processor ctxcore ships, in every engine's registry."""
 
 
 class ProcessorRegistry:
     """A thread-safe mapping of processor type names to classes."""
 
-    def __init__(self, parent: ProcessorRegistry | None = None) -> None:
-        self._classes: dict[str, type[ContextProcessor[Any]]] = {}
-        self._parent = parent
+    def __init__(self, classes: Iterable[type[ContextProcessor[Any]]] = ()) -> None:
+        self._classes = {cls.processor_type(): cls for cls in classes}
         self._lock = threading.Lock()
 
-    def register(self, cls: type[ContextProcessor[Any]]) -> None:
-        """Add ``cls`` under its ``processor_type()`` (replacing any earlier class)."""
+    def register(self, cls: P, *, name: str | None = None) -> P:
+        """Add ``cls`` under ``name`` (which becomes its ``processor_type()``), else its
+        ``processor_type()``, replacing any earlier class: so an engine can override a
+        built-in deliberately. Returns ``cls``, so it also decorates a class
+        (``@engine.registry.register``)."""
+        if name is not None:
+            cls._processor_type = name  # type: ignore[attr-defined]
         with self._lock:
             self._classes[cls.processor_type()] = cls
+        return cls
 
     def get(self, name: str) -> type[ContextProcessor[Any]]:
-        """The class registered as ``name`` (here or in the parent registry).
+        """The class registered as ``name``.
 
         Raises:
             ConfigError: no processor of that name is registered.
@@ -42,29 +74,15 @@ class ProcessorRegistry:
             found = self._classes.get(name)
         if found is not None:
             return found
-        if self._parent is not None:
-            return self._parent.get(name)
         raise ConfigError(
             f"cannot find processor type {name!r}; registered: {', '.join(self.names())}. Register it "
-            "on this engine (engine.registry.register) or with @ContextEngine.register_processor "
-            "before the engine is created (each engine copies the default registry then)"
+            "on this engine (engine.registry.register) or pass ContextEngine a registry holding it"
         )
-
-    def copy(self) -> ProcessorRegistry:
-        """A new registry holding what this one (and its parent) holds now; later
-        registrations on either side stay on that side."""
-        copied = ProcessorRegistry()
-        if self._parent is not None:
-            copied._classes.update(self._parent.copy()._classes)
-        with self._lock:
-            copied._classes.update(self._classes)
-        return copied
 
     def names(self) -> list[str]:
         """All registered names, sorted."""
         with self._lock:
-            own = set(self._classes)
-        return sorted(own | set(self._parent.names() if self._parent else ()))
+            return sorted(self._classes)
 
     def create(self, name: str, config: Any = None) -> ContextProcessor[Any]:
         """Instantiate processor ``name`` with ``config`` (a config model, a dict or None).
@@ -81,45 +99,10 @@ class ProcessorRegistry:
             raise ConfigError(f"init processor type {name!r} failed: {exc}") from exc
 
     def __contains__(self, name: object) -> bool:
-        try:
-            return isinstance(name, str) and self.get(name) is not None
-        except ConfigError:
-            return False
+        with self._lock:
+            return isinstance(name, str) and name in self._classes
 
 
-REGISTRY = ProcessorRegistry()
-
-
-P = TypeVar("P", bound=type[ContextProcessor[Any]])
-
-
-@overload
-def register_processor(
-    cls: P, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P: ...
-
-
-@overload
-def register_processor(
-    *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> Callable[[P], P]: ...
-
-
-def register_processor(
-    cls: P | None = None, /, *, name: str | None = None, registry: ProcessorRegistry | None = None
-) -> P | Callable[[P], P]:
-    """Class decorator adding a processor to a registry (the engine's by default).
-
-    Usable bare (``@register_processor``), with arguments
-    (``@register_processor(name="MyCompressor")``) or as a call
-    (``register_processor(MyCompressor, registry=mine)``). Registering a name again replaces the
-    previous class, so a module can override a built-in deliberately.
-    """
-
-    def decorate(target: P) -> P:
-        if name is not None:
-            target._processor_type = name  # type: ignore[attr-defined]
-        (registry or REGISTRY).register(target)
-        return target
-
-    return decorate(cls) if cls is not None else decorate
+def builtin_registry() -> ProcessorRegistry:
+    """A new registry holding the built-in processors (``BUILT_INS``)."""
+    return ProcessorRegistry(BUILT_INS)

@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import Field, model_validator
 
+from ctxcore.errors import ConfigError
 from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK, TRUNCATED
 from ctxcore.messages import AnyMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View, compress_until_target
 from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import is_verbatim, mark_archived
+from ctxcore.summarize.dump import debug_outputs
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.window import ContextWindow
 
@@ -63,12 +64,12 @@ class RoundLevelCompressorConfig(ProcessorConfig):
     def _order(self) -> Self:
         first, second, third = self.pipeline().pass_targets()
         if not third <= second <= first < self.target_total_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"pass targets must satisfy third ({third}) <= second ({second}) <= first ({first}) "
                 f"< target_total_tokens ({self.target_total_tokens})"
             )
         if self.trigger_total_tokens is not None and self.target_total_tokens > self.trigger_total_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"target_total_tokens ({self.target_total_tokens}) must be <= trigger_total_tokens "
                 f"({self.trigger_total_tokens})"
             )
@@ -90,7 +91,6 @@ class RoundLevelCompressorConfig(ProcessorConfig):
         )
 
 
-@register_processor
 class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
     """Compress the whole context until it fits ``target_total_tokens`` (see module docstring)."""
 
@@ -146,8 +146,11 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         view = View.from_messages(messages, system=system, tools=tools, detector=ctx.detector)
         if not force and view.tokens(counter) <= cfg.target_tokens:
             return None, messages
+        _, debug = debug_outputs(
+            ctx.debug_dir, self.processor_type(), ctx.key.tenant_id, ctx.key.conversation_id
+        )
         executor = CompressionExecutor(
-            resolve_client(self.config.model_client, counter, ctx.api_key), counter
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter, debug=debug
         )
         run = compress_until_target(view, cfg, ExecutorClient(executor), counter)
         if not any(r.changed for r in run.results):

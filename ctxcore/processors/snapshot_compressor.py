@@ -23,7 +23,7 @@ from ctxcore.processors.llm_support import ModelClientSpec, client_name, resolve
 from ctxcore.processors.reinjection import build_recovered_context
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import mark_snapshot
-from ctxcore.summarize.dump import CompressionDump
+from ctxcore.summarize.dump import CompressionDump, DebugLog, debug_outputs
 from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
 from ctxcore.summarize.prompts import with_preserve_instruction
@@ -112,25 +112,46 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
     # --- hooks -------------------------------------------------------------------------
 
     def trigger_get_context_window(self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any) -> bool:
-        """Over ``trigger_context_ratio`` of the window, with a span worth summarising."""
+        """Over ``trigger_context_ratio`` of the window, with a span worth summarising; with
+        debug records on, the decision is a ``threshold_check`` record (spec 4.1, 5.4)."""
         total = window_trigger_tokens(ctx, window, usage_aware=self.config.usage_aware_trigger)
-        if total < max(int(ctx.context_max * self.config.trigger_context_ratio), 1):
-            return False
-        return self._worth_it(ctx, window.context_messages)
+        threshold = max(int(ctx.context_max * self.config.trigger_context_ratio), 1)
+        reason = "below_threshold" if total < threshold else self.shortfall(ctx, window.context_messages)
+        debug = self._outputs(ctx)[1]
+        if debug is not None:
+            debug.event(
+                "threshold_check",
+                phase=kwargs.get("phase", ""),
+                total_tokens=total,
+                context_max=ctx.context_max,
+                threshold=threshold,
+                hit=reason is None,
+                reason=reason or "reached_threshold",
+            )
+        return reason is None
 
-    def _worth_it(self, ctx: ProcessorContext, messages: list[AnyMessage]) -> bool:
+    def shortfall(self, ctx: ProcessorContext, messages: list[AnyMessage]) -> str | None:
+        """Why the span is not worth summarising (``no_compressible_span``,
+        ``target_below_min``), else None."""
         span = self.span(ctx, messages)
         if not span.target:
-            return False
-        return ctx.token_counter.count_messages(span.target) >= int(
-            ctx.context_max * self.config.min_target_context_ratio
+            return "no_compressible_span"
+        floor = int(ctx.context_max * self.config.min_target_context_ratio)
+        return "target_below_min" if ctx.token_counter.count_messages(span.target) < floor else None
+
+    def _outputs(self, ctx: ProcessorContext) -> tuple[CompressionDump | None, DebugLog | None]:
+        # Its own dump settings, else the engine's enable_context_debug directory (as the
+        # reference's rail fills them in), else nowhere.
+        own = self.config.compression_dump_dir if self.config.enable_compression_dump else None
+        return debug_outputs(
+            own or ctx.debug_dir, self.processor_type(), ctx.key.tenant_id, ctx.key.conversation_id
         )
 
     def on_get_context_window(
         self, ctx: ProcessorContext, window: ContextWindow, **kwargs: Any
     ) -> tuple[ContextEvent | None, ContextWindow]:
         """Summarise the span; on success the rewrite replaces the view."""
-        new, event = self._compress(ctx, window, kwargs.get("preserve_instruction"))
+        new, event = self._compress(ctx, window, kwargs.get("preserve_instruction"), kwargs.get("phase", ""))
         if event is None:
             return None, window
         ctx.set_messages(new)
@@ -141,13 +162,31 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
     # --- work --------------------------------------------------------------------------
 
     def _compress(
-        self, ctx: ProcessorContext, window: ContextWindow, preserve_instruction: str | None
+        self, ctx: ProcessorContext, window: ContextWindow, preserve_instruction: str | None, phase: str
     ) -> tuple[list[AnyMessage], ContextEvent | None]:
         original = list(window.context_messages)
         span = self.span(ctx, original)
         if not span.target:
             return original, None
         counter = ctx.token_counter
+        dump, debug = self._outputs(ctx)
+        if debug is not None:
+            first_kept = len(original) - len(span.tail)
+            debug.event(
+                "span_built",
+                phase=phase,
+                preserved_prefix=len(span.prefix),
+                messages_to_compress=len(span.target),
+                protected_tail=[
+                    {
+                        "idx": first_kept + i,
+                        "role": m.role,
+                        "tokens": counter.count_messages([m]),
+                        "preview": m.text[:200],
+                    }
+                    for i, m in enumerate(span.tail)
+                ],
+            )
         source_tokens = counter.count_messages(span.target)
         target_tokens = max(min(source_tokens // 3, self.config.summary_max_tokens), 64)
         prompt = with_preserve_instruction(self.prompt, preserve_instruction)
@@ -161,13 +200,8 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
             instruction=preserve_instruction or "",
             query=query,
         )
-        dump = (
-            CompressionDump(self.config.compression_dump_dir)
-            if self.config.enable_compression_dump and self.config.compression_dump_dir
-            else None
-        )
         executor = CompressionExecutor(
-            resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump
+            resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump, debug=debug
         )
         state = {"target": list(span.target), "tail": list(span.tail)}
 
@@ -243,6 +277,14 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
                 )
                 new = [marked if m is memory else m for m in new]
                 memory = marked
+        executor.write_dump(
+            self.processor_type(),
+            extracted_summary=summary,
+            context_after=new,
+            tokens_before=counter.count_messages(original),
+            tokens_after=counter.count_messages(new),
+            span={"messages_to_compress": len(target), "protected_tail": len(tail)},
+        )
         event = ContextEvent(
             event_type=self.processor_type(),
             messages_to_modify=list(range(len(original))),

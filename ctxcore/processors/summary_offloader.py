@@ -31,7 +31,6 @@ from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.content_rules import ContentType, RuleBudget, compress, truncate_middle
 from ctxcore.processors.events import ContextEvent
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,
@@ -225,7 +224,6 @@ def ttl_apply(messages: list[AnyMessage], config: MessageSummaryOffloaderConfig,
     return rewrite.result()
 
 
-@register_processor
 class MessageSummaryOffloader(RuleProcessor[MessageSummaryOffloaderConfig]):
     """Rule-compresses large tool results as they arrive; a TTL pass catches the rest."""
 

@@ -21,10 +21,10 @@ from functools import partial
 
 from pydantic import PositiveInt, model_validator
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
     HeadroomBudget,
@@ -66,7 +66,7 @@ class ToolResultBudgetConfig(ProcessorConfig):
     @model_validator(mode="after")
     def _trim_below_large(self) -> ToolResultBudgetConfig:
         if self.trim_size >= self.large_message_threshold:
-            raise ValueError(
+            raise ConfigError(
                 f"trim_size ({self.trim_size}) must be smaller than large_message_threshold "
                 f"({self.large_message_threshold})"
             )
@@ -158,7 +158,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class ToolResultBudgetProcessor(RuleProcessor[ToolResultBudgetConfig]):
     """Keeps each turn's tool results under a token budget by offloading the largest."""
 

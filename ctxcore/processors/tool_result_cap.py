@@ -26,7 +26,6 @@ from pydantic import Field
 
 from ctxcore.messages import AnyMessage, message_text
 from ctxcore.processors.base import ProcessorConfig
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 
@@ -122,7 +121,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class ToolResultCap(RuleProcessor[ToolResultCapConfig]):
     """Caps each tool result at a share of the window, head and tail kept, original offloaded."""
 

@@ -16,7 +16,6 @@ from pydantic import NonNegativeInt, PositiveInt
 from ctxcore.messages import AnyMessage, ToolMessage, replace_content
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, tool_calls_of_results, tool_name
 from ctxcore.processors.tool_result_budget import persisted_output
@@ -94,7 +93,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class ToolResultWindowProcessor(RuleProcessor[ToolResultWindowConfig]):
     """Keeps the newest ``keep_last_k`` results of the listed tools; older ones are persisted."""
 

@@ -12,7 +12,6 @@ from pydantic import PositiveInt
 
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.base import ProcessorConfig
-from ctxcore.processors.registry import register_processor
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, anchor_indices, rounds
 
@@ -71,7 +70,6 @@ def apply(
     return rewrite.result()
 
 
-@register_processor
 class WindowLimit(RuleProcessor[WindowLimitConfig]):
     """Attaches only the newest whole turns (current turn and anchors always)."""
 

@@ -21,7 +21,7 @@ from typing import Any
 from ctxcore.messages import AnyMessage, to_openai
 from ctxcore.summarize.redact import redact_value
 
-__all__ = ["CompressionDump", "DebugLog", "benefit", "dump_record", "safe_name"]
+__all__ = ["CompressionDump", "DebugLog", "benefit", "debug_outputs", "dump_record", "safe_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -221,3 +221,17 @@ class DebugLog:
             logger.warning("debug record to %s failed: %s", self.directory, exc)
             return False
         return True
+
+
+def debug_outputs(
+    directory: str | None, processor: str, session_id: str, context_id: str
+) -> tuple[CompressionDump | None, DebugLog | None]:
+    """What a compressor writes to ``directory`` (None: nothing): a dump per compression
+    (spec 5.3) and its JSONL debug records (spec 5.4), both under the one directory, as the
+    reference's compressors do with ``enable_compression_dump``."""
+    if directory is None:
+        return None, None
+    return (
+        CompressionDump(directory, session_id=session_id, context_id=context_id),
+        DebugLog(directory, processor=processor, session_id=session_id, context_id=context_id),
+    )

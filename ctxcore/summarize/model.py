@@ -14,6 +14,7 @@ from typing import Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, Message
 
 __all__ = ["Completion", "ContractBlock", "ModelClient", "OutputContract", "Usage"]
@@ -119,17 +120,17 @@ class OutputContract(BaseModel):
     def _check_kind(self) -> Self:
         if self.kind == "state_snapshot":
             if self.target_tokens < 1:
-                raise ValueError("a state_snapshot contract needs target_tokens >= 1")
+                raise ConfigError("a state_snapshot contract needs target_tokens >= 1")
             if self.blocks:
-                raise ValueError("a state_snapshot contract takes sections and source, not blocks")
+                raise ConfigError("a state_snapshot contract takes sections and source, not blocks")
         else:
             if not self.blocks:
-                raise ValueError("a blocks contract needs at least one block")
+                raise ConfigError("a blocks contract needs at least one block")
             if self.source:
-                raise ValueError("a blocks contract carries its sources per block, not source")
+                raise ConfigError("a blocks contract carries its sources per block, not source")
             ids = [b.block_id for b in self.blocks]
             if len(set(ids)) != len(ids):
-                raise ValueError(f"block ids must be unique, got {ids}")
+                raise ConfigError(f"block ids must be unique, got {ids}")
         return self
 
     @property

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ctxcore.errors import ConfigError, CtxcoreError
+from ctxcore.errors import ConfigError, UsageError
 from ctxcore.testing.openai_replies import (
     FAULT_KINDS,
     Reply,
@@ -208,7 +208,7 @@ class OpenAIServer:
     def port(self) -> int:
         """The bound port."""
         if self._server is None:
-            raise CtxcoreError("the server is not running; call start() or use it in a with block")
+            raise UsageError("the server is not running; call start() or use it in a with block")
         return int(self._server.server_address[1])
 
     @property

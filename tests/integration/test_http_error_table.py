@@ -43,6 +43,7 @@ MASKED = {
     "CircuitOpenError",
     "ApiError",
     "InvalidKeyError",
+    "OperationFailed",
 }
 
 

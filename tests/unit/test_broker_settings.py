@@ -4,6 +4,9 @@ Celery's configuration (no server needed: ``tests/chaos/test_rabbitmq.py`` runs 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -97,3 +100,17 @@ def test_a_dead_letter_is_described_by_task_id_conversation_and_reason() -> None
     assert describe(stage) == ("ctxcore.stage.l0_to_l1", "t1", "acme/c1", "delivery_limit in dep1.stages")
     drain = {"task": "ctxcore.drain", "id": "t2", "argsrepr": "()", "kwargsrepr": "{'ring': 3}"}
     assert describe(drain)[2] == "no conversation (kwargs {'ring': 3})"
+
+
+def test_importing_the_app_configures_nothing_configure_does() -> None:
+    # A fresh interpreter: other tests configure the shared app in this one.
+    script = (
+        "from workers.app import app, configure\n"
+        "from ctxcore.config import Settings\n"
+        "print(app.conf.task_default_queue, app.conf.broker_url)\n"
+        "configure(Settings.load({'redis': {'url': 'redis://r:6379/3', 'key_prefix': 'dep1'}}))\n"
+        "print(app.conf.task_default_queue, app.conf.broker_url)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXCORE_")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.splitlines() == ["celery None", "dep1.jobs redis://r:6379/3"]

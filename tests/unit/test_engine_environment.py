@@ -1,7 +1,7 @@
 """What an engine reads at start-up, and what it shares with other engines.
 
-* Registry: ``ContextEngine.register_processor`` fills the default registry, which each new
-  engine copies; ``engine.registry.register`` affects that engine only.
+* Registry: each engine holds its own (the built-ins, ``builtin_registry()``): there is no
+  process-wide one; ``engine.registry.register`` affects that engine only.
 * Environment: read only by ``Settings.from_env`` and ``ContextEngine.__init__`` (which
   takes ``environ``); an AST walk fails on any other read in ``ctxcore/``.
 """
@@ -16,7 +16,7 @@ import pytest
 from ctxcore.engine import ContextEngine
 from ctxcore.errors import ConfigError
 from ctxcore.messages import UserMessage
-from ctxcore.processors import REGISTRY, ContextProcessor, ProcessorConfig
+from ctxcore.processors import ContextProcessor, ProcessorConfig, builtin_registry
 
 ROOT = Path(__file__).resolve().parents[2] / "ctxcore"
 # (file under ctxcore/, qualified function) allowed to read the environment.
@@ -36,16 +36,17 @@ def test_a_processor_registered_on_one_engine_is_unknown_to_another() -> None:
     with pytest.raises(ConfigError, match="cannot find processor type 'TestOnlyEngineLocal'") as raised:
         other.create_context("a", processors=[("TestOnlyEngineLocal", None)])
     assert "engine.registry.register" in str(raised.value)  # says how to make it known
-    assert "TestOnlyEngineLocal" not in REGISTRY
+    assert "TestOnlyEngineLocal" not in builtin_registry()
     assert "TestOnlyEngineLocal" not in ContextEngine().registry
 
 
-def test_class_level_registration_reaches_engines_created_afterwards() -> None:
-    before = ContextEngine()
-    ContextEngine.register_processor(type("TestOnlyClassLevel", (_Mine,), {}))
-    assert "TestOnlyClassLevel" in ContextEngine().registry
-    assert "TestOnlyClassLevel" not in before.registry  # a copy taken at construction
-    assert "ToolResultCap" in before.registry  # built-ins are in every copy
+def test_there_is_no_process_wide_registry() -> None:
+    import ctxcore.processors as processors
+
+    one, other = ContextEngine(), ContextEngine()
+    assert one.registry is not other.registry
+    assert "ToolResultCap" in one.registry and "ToolResultCap" in other.registry  # built-ins in each
+    assert not hasattr(processors, "REGISTRY") and not hasattr(processors, "register_processor")
 
 
 def test_the_image_override_comes_from_the_environ_given() -> None:

@@ -15,13 +15,12 @@ from ctxcore.engine import ContextEngine, ModelContext
 from ctxcore.errors import ConfigError, CtxcoreError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage, replace_content
 from ctxcore.processors import (
-    REGISTRY,
     CompressionStateEvent,
     ContextEvent,
     ContextProcessor,
     ProcessorConfig,
     ProcessorRegistry,
-    register_processor,
+    builtin_registry,
 )
 from ctxcore.processors.events import HISTORY_LIMIT
 from ctxcore.window import ContextWindow
@@ -118,9 +117,9 @@ class Blocker(ContextProcessor[ProcessorConfig]):
 
 @pytest.fixture
 def registry() -> ProcessorRegistry:
-    reg = ProcessorRegistry(parent=REGISTRY)
+    reg = builtin_registry()
     for cls in (Tagger, WindowCanceller, Recorder, OffloadRecorder, ViewRecorder):
-        register_processor(cls, registry=reg)
+        reg.register(cls)
     Tagger.calls.clear()
     Recorder.order.clear()
     return reg
@@ -227,26 +226,30 @@ def test_unknown_processor_and_failing_constructor_raise_config_errors(registry:
         def __init__(self, config: Any = None) -> None:
             raise OSError("no disk")
 
-    register_processor(Exploding, registry=registry)
+    registry.register(Exploding)
     with pytest.raises(ConfigError, match="init processor type 'Exploding' failed: no disk"):
         make(registry, [("Exploding", None)])
     with pytest.raises(ConfigError, match="Tagger: invalid config: field 'colour'"):
         make(registry, [("Tagger", {"colour": "red"})])
 
 
-def test_register_processor_works_bare_and_named_from_any_module() -> None:
-    @register_processor(name="TestOnlyNamed", registry=ProcessorRegistry())
+def test_register_takes_an_optional_name_and_decorates_a_class() -> None:
+    mine = ProcessorRegistry()
+
     class Named(ContextProcessor[ProcessorConfig]):
         pass
 
-    assert Named.processor_type() == "TestOnlyNamed"
+    assert mine.register(Named, name="TestOnlyNamed") is Named
+    assert Named.processor_type() == "TestOnlyNamed" and mine.get("TestOnlyNamed") is Named
 
-    @register_processor
-    class TestOnlyGlobal(ContextProcessor[ProcessorConfig]):
+    engine = ContextEngine()
+
+    @engine.registry.register
+    class TestOnlyEngine(ContextProcessor[ProcessorConfig]):
         pass
 
-    assert REGISTRY.get("TestOnlyGlobal") is TestOnlyGlobal
-    assert ContextEngine.register_processor is register_processor
+    assert engine.registry.get("TestOnlyEngine") is TestOnlyEngine
+    assert "TestOnlyEngine" not in ContextEngine().registry
 
 
 # --- active compression ---------------------------------------------------------------

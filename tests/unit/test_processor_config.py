@@ -10,10 +10,10 @@ from pydantic import ValidationError
 from ctxcore.engine import ContextEngine
 from ctxcore.errors import ConfigError
 from ctxcore.processors import (
-    REGISTRY,
     MicroCompactConfig,
     MicroCompactProcessor,
     WindowLimitConfig,
+    builtin_registry,
     default_rule_chain,
 )
 
@@ -76,12 +76,12 @@ def test_unknown_keys_are_rejected_not_ignored(name: str) -> None:
     with pytest.raises(
         ConfigError, match=rf"{name}: invalid config: field 'tokens_threshhold': unknown field"
     ):
-        REGISTRY.create(name, {"tokens_threshhold": 5})
+        builtin_registry().create(name, {"tokens_threshhold": 5})
 
 
 @pytest.mark.parametrize("name", BUILT_INS)
 def test_every_built_in_is_registered_and_accepts_its_defaults(name: str) -> None:
-    processor = REGISTRY.create(name, None)
+    processor = builtin_registry().create(name, None)
     assert processor.processor_type() == name
     assert processor.kind in ("offloader", "compressor", "view")
     assert processor.save_state() == {}
