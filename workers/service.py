@@ -26,8 +26,8 @@ from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.state.redis import RedisMessageLog
-from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
+from ctxcore.state.base import read_pinned
+from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
@@ -36,7 +36,7 @@ from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
 from workers.holds import rearmed
 from workers.queues import CompactionQueue, InlineQueue
-from workers.service_tail import WindowTail, read_window_tail, window_reader
+from workers.service_tail import WindowTail, read_window_tail
 from workers.service_write import AppendOutcome, check_batch, validation_tail
 from workers.spend import summariser_cap
 
@@ -74,9 +74,8 @@ class ContextService:
         self._counters: dict[str, TokenCounter] = {}
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
-        self._window_reader = window_reader(state_store, log, failures)
-        # Checked once: isinstance on a runtime protocol walks its members on every call.
-        self._counted_log = log if isinstance(log, CountedLog) else None
+        self._window_reader = state_store.window_reader(log)
+        self._counted_log = log.counted()
 
     # --- appends ----------------------------------------------------------------------
 
@@ -157,13 +156,12 @@ class ContextService:
     ) -> AppendCounts | None:
         """What an append stores beside ``messages`` (logged after ``tail``): their counts under
         the default encoding and which are real user messages, so windows can read long tails
-        newest first. None with a custom counter (stored counts are ``TiktokenCounter``'s)."""
-        if not isinstance(self.counter, TiktokenCounter):
+        newest first. None for a counter without an encoding (stored counts are tiktoken's)."""
+        encoding = self.counter.encoding_name
+        if encoding is None:
             return None
         flags = self.detector.real_flags([*tail, *messages])[len(tail) :]
-        return AppendCounts(
-            self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
-        )
+        return AppendCounts(encoding, [self.counter.count_message(m) for m in messages], flags)
 
     # --- windows ----------------------------------------------------------------------
 
@@ -221,9 +219,10 @@ class ContextService:
         ``recall_index`` the Redis read also brings a recall index newer than the one held."""
         reader = self._window_reader if recording else None  # the readers record the budget
         tail_read: TailRead | None = None
-        if reader is not None and isinstance(base, TiktokenCounter):
+        encoding = base.encoding_name
+        if reader is not None and encoding is not None:
             held = self._indexes.version(key) if recall_index else None
-            got = reader.read(key, budget_tokens, base.encoding_name, held)
+            got = reader.read(key, budget_tokens, encoding, held)
             if require_existing and got.state is None and got.last_id is None:
                 raise NotFoundError(f"conversation {key} not found")
             if got.index is not None:
@@ -233,8 +232,8 @@ class ContextService:
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
             if self.failures is None:
                 record = None
-            elif got.compaction is not None:  # read beside the conversation (Redis)
-                record = parse_record(got.compaction)
+            elif got.compaction is not None and got.compaction_key == self.failures.key(key):
+                record = parse_record(got.compaction)  # read beside the conversation (Redis)
             else:
                 record = self.failures.get(key)
         else:
@@ -244,9 +243,7 @@ class ContextService:
             state = loaded or CompressionState()
             if recording:
                 self.state_store.set_budget(key, budget_tokens)
-                if isinstance(self.log, RedisMessageLog):  # expiry refreshed when due; SQL stamps it
-                    self.log.retention.touch(key)
-            pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
+            pinned = read_pinned(self.log, key, state)
             record = self.failures.get(key) if self.failures is not None else None
         tail = read_window_tail(
             self.log,
@@ -256,7 +253,7 @@ class ContextService:
             budget_tokens,
             base,
             counter,
-            default_encoding=getattr(self.counter, "encoding_name", None),
+            default_encoding=self.counter.encoding_name,
             pinned=pinned,
             detector=self.detector,
             read=tail_read,
@@ -384,13 +381,11 @@ class ContextService:
         elif result.raw_tokens > trigger and not held and cap != 0 and not preview:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
-            # The queue's status from the record already read, where the queue reads it
-            # from there (the scheduler's mirror): the record is read once per window.
-            from_record = getattr(self.queue, "status_from", None)
+            # The queue's status from the record already read: read once per window.
             if detail.last_error:
                 result.compaction = "failing"
-            elif record is not None and callable(from_record):
-                result.compaction = from_record(record)
+            elif record is not None:
+                result.compaction = self.queue.status_from(record)
             else:
                 result.compaction = self.queue.status(key)
         if detail.last_error is not None and result.compaction != "paused":

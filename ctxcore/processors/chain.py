@@ -140,12 +140,10 @@ def apply_rules_result(
     offload handles between calls (see ``HandleMemo``).
     """
     rules = build_rule_chain(chain)
-    summed = getattr(counter, "sum_messages", None)  # a WindowCounter's: counts it has already
-    if callable(summed):
-        total = int(summed(messages))
-        if all(r.idle_for(total, tail_budget_tokens, context_max) for r in rules):
-            # The fast path's usual window: the tail fits, nothing to build an environment for.
-            return ChainResult(list(messages))
+    total = counter.sum_messages(messages)
+    if all(r.idle_for(total, tail_budget_tokens, context_max) for r in rules):
+        # The fast path's usual window: the tail fits, nothing to build an environment for.
+        return ChainResult(list(messages))
     if originals is None:
         originals = {m.context_message_id: m for m in messages if m.context_message_id}
     env = RuleEnv(

@@ -44,10 +44,7 @@ _SUMS_KEPT = 64  # lists whose sums an env remembers (a chain sizes a handful)
 
 def message_tokens(counter: TokenCounter, message: AnyMessage) -> int:
     """Tokens of one message (without the per-request priming)."""
-    count_message = getattr(counter, "count_message", None)
-    if callable(count_message):
-        return int(count_message(message))
-    return counter.count_messages([message])
+    return counter.count_message(message)
 
 
 @dataclass(frozen=True)
@@ -104,8 +101,7 @@ class RuleEnv:
         found = self._sums.get(key)
         if found is not None:
             return found[1]
-        summed = getattr(self.counter, "sum_messages", None)  # a WindowCounter's fast path
-        total = int(summed(messages)) if callable(summed) else sum(self.tokens(m) for m in messages)
+        total = self.counter.sum_messages(messages)
         if len(self._sums) >= _SUMS_KEPT:
             self._sums.clear()
         self._sums[key] = (tuple(messages), total)

@@ -7,12 +7,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError, TruncateRefused
+from ctxcore.errors import (
+    ConflictError,
+    CursorNotFoundError,
+    InvalidKeyError,
+    InvalidMessageError,
+    StoreError,
+    TruncateRefused,
+)
 from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
+from ctxcore.state.tail import CountedLog
 from ctxcore.state.undecodable import decode_entries
+from ctxcore.state.window_read import WindowReader
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -25,12 +34,14 @@ __all__ = [
     "append_conflict",
     "check_budget",
     "check_loggable",
+    "check_pinned",
     "decode_log_messages",
     "encode_log_message",
     "encode_state",
     "expected_seq",
     "format_log_id",
     "parse_log_id",
+    "read_pinned",
     "replayed_ids",
     "rollback_by_save",
     "truncate_moved",
@@ -110,6 +121,11 @@ class StateStore(Protocol):
         """Record the budget a client asked for (a plain write, no version bump)."""
         ...
 
+    def window_reader(self, log: MessageLog) -> WindowReader | None:
+        """The reader of windows over this store and ``log`` in one round trip, when ``log`` is
+        this store's sibling (same database and prefix); None: read the stores one by one."""
+        ...
+
 
 @runtime_checkable
 class MessageLog(Protocol):
@@ -178,6 +194,10 @@ class MessageLog(Protocol):
 
     def overview(self, key: ConversationKey) -> LogOverview:
         """What a listing shows of the log without reading its entries (``LogOverview``)."""
+        ...
+
+    def counted(self) -> CountedLog | None:
+        """This log as a ``CountedLog`` when it stores token counts (else None)."""
         ...
 
 
@@ -353,6 +373,26 @@ def check_budget(budget_tokens: int) -> None:
     """A budget must be a positive number of tokens (``ValueError`` otherwise)."""
     if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 1:
         raise ValueError(f"budget_tokens must be a positive integer, got {budget_tokens!r}")
+
+
+def check_pinned(key: ConversationKey, state: CompressionState | None, found: Sequence[AnyMessage]) -> None:
+    """``CursorNotFoundError`` when a log id ``state`` pins is not among the messages read for
+    it, as the Coordinator raises: never a window without an anchor. An entry that is in the
+    log but no longer decodes was read (as its placeholder): the undecodable rule leaves it out."""
+    ids = {m.context_message_id for m in found}
+    for log_id in state.pinned if state is not None else ():
+        if log_id not in ids:
+            raise CursorNotFoundError(
+                f"{key}: pinned message {log_id!r} is missing from the log; inspect the state "
+                "history and roll back, or delete the conversation"
+            )
+
+
+def read_pinned(log: MessageLog, key: ConversationKey, state: CompressionState) -> list[AnyMessage]:
+    """The messages ``state`` pins, read one by one (``check_pinned``)."""
+    found = [m for m in (log.get(key, i) for i in state.pinned) if m is not None]
+    check_pinned(key, state, found)
+    return found
 
 
 def rollback_by_save(store: StateStore, key: ConversationKey, to_version: int, expected_version: int) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from ctxcore.state.base import check_budget, format_log_id
+from ctxcore.state.base import check_budget, check_pinned, format_log_id
 from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import as_bytes, text, translated
@@ -147,8 +147,10 @@ class RedisWindowReader:
         pinned_messages, _ = decode_rows(pinned, self.decoded)
         extra, _ = decode_rows(anchors, self.decoded)
         fields: list[Any] = list(compaction)
+        decoded = self.states.decode(as_bytes(state)) if state is not None else None
+        check_pinned(key, decoded, pinned_messages)
         return WindowRead(
-            state=self.states.decode(as_bytes(state)) if state is not None else None,
+            state=decoded,
             pinned=pinned_messages,
             tail=TailRead(
                 messages=messages,
@@ -158,6 +160,7 @@ class RedisWindowReader:
                 anchors=extra,
             ),
             compaction={text(fields[i]): text(fields[i + 1]) for i in range(0, len(fields), 2)},
+            compaction_key=self._keys(key)[7],
             last_id=format_log_id(last_seq) if last_seq > 0 else None,
             refresh_due=bool(ttl)
             and (state is not None or last_seq > 0)

@@ -39,14 +39,12 @@ from sqlalchemy import (
 )
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import check_budget, format_log_id
+from ctxcore.state.base import MessageLog, StateStore, check_budget, check_pinned, format_log_id, read_pinned
 from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_engine import translated_errors
-from ctxcore.state.sql_log import SqlMessageLog
-from ctxcore.state.sql_state import SqlStateStore
-from ctxcore.state.tail import TAIL_PAGE, TailRead
+from ctxcore.state.sql_engine import SqlBackend, translated_errors
+from ctxcore.state.tail import TAIL_PAGE, CountedLog, TailRead
 from ctxcore.state.window_read import WindowRead
 
 __all__ = ["SqlWindowReader"]
@@ -56,13 +54,22 @@ _STATE, _BUDGET, _COUNTER, _PINNED, _PAGE, _INDEX = range(6)
 
 
 class SqlWindowReader:
-    """Reads windows for a ``SqlStateStore`` and ``SqlMessageLog`` of one database and prefix."""
+    """Reads windows for a ``SqlStateStore`` and ``SqlMessageLog`` of one database and prefix
+    (``SqlStateStore.window_reader``): ``state`` is the store's tables, ``budgets`` the store,
+    ``log`` and ``tails`` the log."""
 
     def __init__(
-        self, state: SqlStateStore, log: SqlMessageLog, decoded: DecodedEntries | None = None
+        self,
+        state: SqlBackend,
+        budgets: StateStore,
+        log: MessageLog,
+        tails: CountedLog,
+        decoded: DecodedEntries | None = None,
     ) -> None:
-        self._state = state
+        self._tables = state._t
+        self._budgets = budgets
         self._log = log
+        self._tails = tails
         self._engine = state.engine
         self._clock = state._clock
         # Consecutive windows read the same page: its entries are decoded once per process.
@@ -76,7 +83,7 @@ class SqlWindowReader:
         """Nothing to do: SQL stamps activity in the budget row (see ``read``)."""
 
     def _statement(self, with_index: bool) -> Select[Any]:
-        t = self._state._t
+        t = self._tables
         tenant: Any = bindparam("tenant")
         conversation: Any = bindparam("conversation")
 
@@ -184,12 +191,12 @@ class SqlWindowReader:
             return WindowRead(None, [], TailRead([], []))  # no such conversation: nothing written
         budget = found.get(_BUDGET, [None])[0]
         if budget is None or budget.n != budget_tokens or _stamp_due(budget.f, self._clock()):
-            self._state.set_budget(key, budget_tokens)
+            self._budgets.set_budget(key, budget_tokens)
         state = self.states.decode(state_row.data.encode()) if state_row is not None else None
         if state is not None and state_row.n is None:
             # Saved before the head row held the cursor: read the way it was written.
-            pinned = [m for m in (self._log.get(key, i) for i in state.pinned) if m is not None]
-            tail = self._log.read_tail(
+            pinned = read_pinned(self._log, key, state)
+            tail = self._tails.read_tail(
                 key, state.covered_until, budget_tokens=budget_tokens, encoding=encoding
             )
             self.tail_reads += 1
@@ -197,10 +204,11 @@ class SqlWindowReader:
             pinned = self._decoded(
                 sorted((r for r in found.get(_PINNED, []) if r.data is not None), key=lambda r: r.seq)
             )
+            check_pinned(key, state, pinned)
             cursor = int(state_row.n) if state_row is not None else 0
             page = _page(found.get(_PAGE, []), cursor, counter, encoding)
             if page is None:
-                tail = self._log.read_tail(
+                tail = self._tails.read_tail(
                     key,
                     format_log_id(cursor) if cursor else None,
                     budget_tokens=budget_tokens,
