@@ -249,3 +249,12 @@ class RateLimited(CtxcoreError):
 
 class ApiError(CtxcoreError):
     """Any other error status of the HTTP API (e.g. a 500), with the body's code."""
+
+
+class InvalidRequestError(CtxcoreError, ValueError):
+    """A request parameter is out of its range (HTTP 422 naming ``field``): fix it and retry."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field} {reason}")

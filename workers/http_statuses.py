@@ -24,6 +24,7 @@ from ctxcore.errors import (
     CursorNotFoundError,
     InvalidKeyError,
     InvalidMessageError,
+    InvalidRequestError,
     InvalidWindowError,
     ModelError,
     NotFoundError,
@@ -130,6 +131,7 @@ ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
     # The request is wrong: fix it.
     CtxcoreError: ErrorStatus(400, "ctxcore_error"),
     InvalidMessageError: _INVALID_MESSAGE,
+    InvalidRequestError: ErrorStatus(422, "invalid_request", fields=lambda x: {"field": x.field}),
     UnsupportedItemError: _INVALID_MESSAGE,
     BudgetExceeded: ErrorStatus(
         422,

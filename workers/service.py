@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
@@ -18,7 +19,7 @@ from ctxcore.config import Settings
 from ctxcore.contract import check_messages_contract
 from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
-from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
+from ctxcore.processors.chain import WindowRules
 from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.protocol import append_violation
@@ -26,7 +27,7 @@ from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.state.base import read_pinned
+from ctxcore.state.base import check_budget, read_pinned
 from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
@@ -68,7 +69,7 @@ class ContextService:
         self.detector = detector or settings.engine.detector()
         self._clock = clock
         self.failures = failures
-        self._chains: dict[int, list[Any]] = {}
+        self._chains: dict[int, WindowRules] = {}
         # Windows clear the same old results again: their offload handles are hashed once.
         self._handles = HandleMemo()
         self._counters: dict[str, TokenCounter] = {}
@@ -176,33 +177,23 @@ class ContextService:
             counter = self._counters.setdefault(encoding, TiktokenCounter(model))
         return counter
 
-    def _rules(self, key: ConversationKey, budget: int, counter: TokenCounter) -> RuleFn | None:
+    def _rules(self, key: ConversationKey, budget_tokens: int, counter: TokenCounter) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
-        chain = self._chains.get(budget)
+        chain = self._chains.get(budget_tokens)
         if chain is None:
-            chain = build_rule_chain(
-                default_rule_chain(budget, max_result_ratio=self.settings.engine.max_result_ratio)
-            )
+            chain = WindowRules.build(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
             if len(self._chains) > 256:
                 self._chains.clear()
-            self._chains[budget] = chain
-        built = chain
-
-        def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None) -> list[AnyMessage]:
-            return apply_rules(
-                messages,
-                built,
-                counter,
-                self.offloads,
-                key,
-                context_max=budget,
-                detector=self.detector,
-                tail_budget_tokens=tail_budget_tokens,
-                handles=self._handles,
-            )
-
-        return rules
+            self._chains[budget_tokens] = chain
+        return partial(
+            chain.apply,
+            counter=counter,
+            offloads=self.offloads,
+            key=key,
+            detector=self.detector,
+            handles=self._handles,
+        )
 
     def _window_reads(
         self,
@@ -214,12 +205,13 @@ class ContextService:
         recall_index: bool,
         recording: bool = True,
     ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
-        """State, pinned anchors, tail and failure record: one round trip on Redis (with a
-        ``TiktokenCounter``), else the stores one by one (the record read once). With
-        ``recall_index`` the Redis read also brings a recall index newer than the one held."""
+        """State, pinned anchors, tail and failure record: one round trip where the stores
+        offer a window reader (with a counter whose counts the log stores), else the stores
+        one by one (the record read once). With ``recall_index`` the reader also brings a
+        recall index newer than the one held."""
         reader = self._window_reader if recording else None  # the readers record the budget
-        tail_read: TailRead | None = None
         encoding = base.encoding_name
+        tail_read: TailRead | None = None
         if reader is not None and encoding is not None:
             held = self._indexes.version(key) if recall_index else None
             got = reader.read(key, budget_tokens, encoding, held)
@@ -245,13 +237,15 @@ class ContextService:
                 self.state_store.set_budget(key, budget_tokens)
             pinned = read_pinned(self.log, key, state)
             record = self.failures.get(key) if self.failures is not None else None
+            if encoding is not None and self._counted_log is not None:
+                tail_read = self._counted_log.read_tail(
+                    key, state.covered_until, budget_tokens=budget_tokens, encoding=encoding
+                )
         tail = read_window_tail(
             self.log,
             self._counted_log,
             key,
             state.covered_until,
-            budget_tokens,
-            base,
             counter,
             default_encoding=self.counter.encoding_name,
             pinned=pinned,
@@ -318,8 +312,7 @@ class ContextService:
         conversation with neither log nor state is ``NotFoundError`` (checked in the same
         read on Redis), and nothing is recorded for it, nor with ``preview`` (no compaction either).
         """
-        if budget_tokens <= 0:
-            raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
+        check_budget(budget_tokens)
         for i, message in enumerate(system_messages):
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")

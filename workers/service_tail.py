@@ -18,7 +18,6 @@ from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.state import ConversationKey, MessageLog
 from ctxcore.state.base import format_log_id, parse_log_id
 from ctxcore.state.tail import CountedLog, TailRead
-from ctxcore.tokens import TokenCounter
 from ctxcore.turns import UserDetector
 from ctxcore.window_counter import WindowCounter
 
@@ -42,24 +41,19 @@ def read_window_tail(
     counted_log: CountedLog | None,
     key: ConversationKey,
     cursor: str | None,
-    budget_tokens: int,
-    base: TokenCounter,
     counter: WindowCounter,
     *,
     default_encoding: str | None,
     pinned: Sequence[AnyMessage],
     detector: UserDetector,
-    read: TailRead | None = None,
+    read: TailRead | None,
 ) -> WindowTail:
-    """The tail after ``cursor`` for one window counted by ``counter`` (wrapping ``base``);
-    ``counted_log``: ``log`` when it is a ``CountedLog`` (the caller checks once: the
-    protocol's isinstance walks its members); ``read`` when the caller read it already (the
-    window reader)."""
-    encoding = base.encoding_name
-    if encoding is None or counted_log is None:
+    """The tail after ``cursor`` for one window counted by ``counter``: ``read`` when the log
+    stores counts under ``counter``'s encoding (the window reader's, or ``counted_log``'s
+    ``read_tail``), else the whole tail read here."""
+    encoding = counter.encoding_name
+    if read is None or encoding is None or counted_log is None:
         return WindowTail(log.read_after(key, cursor))
-    if read is None:
-        read = counted_log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
     counted: dict[str, int] = {}
     for message, count in zip(read.messages, read.counts, strict=True):
         if count is None:

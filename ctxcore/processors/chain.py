@@ -30,6 +30,7 @@ from ctxcore.window import DEFAULT_CONTEXT_MAX_TOKENS
 __all__ = [
     "ChainResult",
     "RuleChain",
+    "WindowRules",
     "apply_rules",
     "apply_rules_result",
     "build_rule_chain",
@@ -109,6 +110,48 @@ def build_rule_chain(
 
 
 @dataclass(frozen=True)
+class WindowRules:
+    """The default chain built for one window's budget: the one way the budget enters the
+    chain (its thresholds and ``RuleEnv.context_max`` both come from ``budget_tokens``)."""
+
+    budget_tokens: int
+    rules: list[RuleProcessor[Any]]
+
+    @classmethod
+    def build(cls, budget_tokens: int, *, max_result_ratio: float = DEFAULT_MAX_RESULT_RATIO) -> WindowRules:
+        """The default chain (``default_rule_chain``) for windows of ``budget_tokens``."""
+        return cls(
+            budget_tokens,
+            build_rule_chain(default_rule_chain(budget_tokens, max_result_ratio=max_result_ratio)),
+        )
+
+    def apply(
+        self,
+        messages: Sequence[AnyMessage],
+        tail_budget_tokens: int | None,
+        *,
+        counter: TokenCounter,
+        offloads: OffloadStore | None,
+        key: ConversationKey,
+        detector: UserDetector,
+        handles: HandleMemo | None = None,
+    ) -> list[AnyMessage]:
+        """The tail after the chain, within ``tail_budget_tokens`` where the rules can bring it
+        (an ``assemble.RuleFn`` once the keywords are bound)."""
+        return apply_rules_result(
+            messages,
+            self.rules,
+            counter,
+            offloads,
+            key,
+            context_max=self.budget_tokens,
+            detector=detector,
+            tail_budget_tokens=tail_budget_tokens,
+            handles=handles,
+        ).messages
+
+
+@dataclass(frozen=True)
 class ChainResult:
     """What a chain did: the messages, and every span and handle its rules reported."""
 
@@ -141,7 +184,7 @@ def apply_rules_result(
     """
     rules = build_rule_chain(chain)
     total = counter.sum_messages(messages)
-    if all(r.idle_for(total, tail_budget_tokens, context_max) for r in rules):
+    if all(r.idle_for(total, tail_budget_tokens) for r in rules):
         # The fast path's usual window: the tail fits, nothing to build an environment for.
         return ChainResult(list(messages))
     if originals is None:
@@ -176,7 +219,7 @@ def _run(messages: Sequence[AnyMessage], rules: Sequence[RuleProcessor[Any]], en
     handles: list[str] = []
     changed = False
     for rule in rules:
-        if rule.idle_for(env.tail_tokens(current), env.tail_budget_tokens, env.context_max):
+        if rule.idle_for(env.tail_tokens(current), env.tail_budget_tokens):
             continue  # it cannot act on these messages
         result = rule.rule(current, env)
         if result.changed:

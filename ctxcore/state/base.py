@@ -12,6 +12,7 @@ from ctxcore.errors import (
     CursorNotFoundError,
     InvalidKeyError,
     InvalidMessageError,
+    InvalidRequestError,
     StoreError,
     TruncateRefused,
 )
@@ -26,6 +27,7 @@ from ctxcore.state.window_read import WindowReader
 __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
+    "MAX_BUDGET_TOKENS",
     "BatchOffloadStore",
     "LogOverview",
     "MessageLog",
@@ -369,10 +371,20 @@ def encode_state(state: CompressionState, version: int) -> str:
     return state.model_copy(update={"version": version}).model_dump_json()
 
 
+MAX_BUDGET_TOKENS = 1_000_000_000
+"""The largest budget: it is stored beside the state (a BIGINT column on SQL backends), and
+no model has a billion-token window."""
+
+
 def check_budget(budget_tokens: int) -> None:
-    """A budget must be a positive number of tokens (``ValueError`` otherwise)."""
-    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 1:
-        raise ValueError(f"budget_tokens must be a positive integer, got {budget_tokens!r}")
+    """``InvalidRequestError`` unless ``budget_tokens`` is a whole number of tokens in
+    1..``MAX_BUDGET_TOKENS``: the one check of a window's budget (the service and the stores
+    that record it call it)."""
+    if type(budget_tokens) is not int or not 0 < budget_tokens <= MAX_BUDGET_TOKENS:
+        raise InvalidRequestError(
+            "budget_tokens",
+            f"must be a positive number of tokens up to {MAX_BUDGET_TOKENS:,}, got {budget_tokens!r}",
+        )
 
 
 def check_pinned(key: ConversationKey, state: CompressionState | None, found: Sequence[AnyMessage]) -> None:

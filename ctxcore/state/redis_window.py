@@ -28,7 +28,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from ctxcore.state.base import check_budget, check_pinned, format_log_id
+from ctxcore.state.base import check_pinned, format_log_id
 from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import as_bytes, text, translated
@@ -85,7 +85,6 @@ class RedisWindowReader:
     ) -> WindowRead:
         """The window's reads; the budget recorded when it differs from the stored one.
         ``index_version``: the recall index version the caller holds (None: recall off)."""
-        check_budget(budget_tokens)
         ttl = self.retention.ttl_ms(key)
         args: list[str | int] = [
             budget_tokens,

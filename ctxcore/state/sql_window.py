@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import MessageLog, StateStore, check_budget, check_pinned, format_log_id, read_pinned
+from ctxcore.state.base import MessageLog, StateStore, check_pinned, format_log_id, read_pinned
 from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
@@ -175,7 +175,6 @@ class SqlWindowReader:
         """The window's reads; the budget recorded when it differs from the stored one (or
         the activity stamp is due). ``index_version``: the recall index version the caller
         holds (None: recall off)."""
-        check_budget(budget_tokens)
         params: dict[str, Any] = {"tenant": key.tenant_id, "conversation": key.conversation_id}
         if index_version is not None:
             params["held"] = index_version
