@@ -20,7 +20,6 @@ from ctxcore.contract import check_messages_contract
 from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors.chain import WindowRules
-from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.protocol import append_violation
 from ctxcore.recall.archive import RecallAnswer, recall
@@ -69,10 +68,9 @@ class ContextService:
         self.detector = detector or settings.engine.detector()
         self._clock = clock
         self.failures = failures
-        self._chains: dict[int, WindowRules] = {}
-        # Windows clear the same old results again: their offload handles are hashed once.
-        self._handles = HandleMemo()
         self._counters: dict[str, TokenCounter] = {}
+        # Parsed recall indexes for auto-recall windows and searches (not measured by
+        # bench/fast_path.py, whose conversations have no archive).
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
         self._window_reader = state_store.window_reader(log)
@@ -170,7 +168,9 @@ class ContextService:
         if model is None:
             return self.counter
         # One counter per encoding (not per model name, which the client chooses freely:
-        # a cache keyed by it would grow without bound) keeps its message cache warm.
+        # a cache keyed by it would grow without bound) keeps its message cache warm: with
+        # a new counter per window an agent step naming its model took 2.0x as long
+        # (bench/fast_path.py --caches).
         encoding = encoding_for_model(model)
         counter = self._counters.get(encoding)
         if counter is None:
@@ -180,26 +180,15 @@ class ContextService:
     def _rules(self, key: ConversationKey, budget_tokens: int, counter: TokenCounter) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
-        chain = self._chains.get(budget_tokens)
-        if chain is None:
-            chain = WindowRules.build(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
-            if len(self._chains) > 256:
-                self._chains.clear()
-            self._chains[budget_tokens] = chain
-        return partial(
-            chain.apply,
-            counter=counter,
-            offloads=self.offloads,
-            key=key,
-            detector=self.detector,
-            handles=self._handles,
-        )
+        # Built for each window: keeping chains by budget saved 1-5% of an agent step at a
+        # 51-message tail (bench/fast_path.py --caches, issue 41).
+        chain = WindowRules.build(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
+        return partial(chain.apply, counter=counter, offloads=self.offloads, key=key, detector=self.detector)
 
     def _window_reads(
         self,
         key: ConversationKey,
         budget_tokens: int,
-        base: TokenCounter,
         counter: WindowCounter,
         require_existing: bool,
         recall_index: bool,
@@ -210,7 +199,7 @@ class ContextService:
         one by one (the record read once). With ``recall_index`` the reader also brings a
         recall index newer than the one held."""
         reader = self._window_reader if recording else None  # the readers record the budget
-        encoding = base.encoding_name
+        encoding = counter.encoding_name
         tail_read: TailRead | None = None
         if reader is not None and encoding is not None:
             held = self._indexes.version(key) if recall_index else None
@@ -320,11 +309,10 @@ class ContextService:
         tools = self.window_tools(key, tools) if own_tools else [dict(t) for t in tools]
         # One counter for the rules and the window (the request's model), each message
         # counted once however often the window's steps ask.
-        base = self._counter_for(model)
-        counter = WindowCounter(base)
+        counter = WindowCounter(self._counter_for(model))
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         state, pinned, read, record = self._window_reads(
-            key, budget_tokens, base, counter, require_existing, recall_settings.auto, recording=not preview
+            key, budget_tokens, counter, require_existing, recall_settings.auto, recording=not preview
         )
         # Entries that no longer decode are left out with the results answering them, and
         # named in elided_ranges (ctxcore.state.undecodable): never a failed window.

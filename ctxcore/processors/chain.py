@@ -15,7 +15,6 @@ from typing import Any
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import IdRange
-from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.offload_batch import DeferredOffloads
 from ctxcore.processors.registry import REGISTRY, ProcessorRegistry
 from ctxcore.processors.rule_processor import RuleProcessor
@@ -134,7 +133,6 @@ class WindowRules:
         offloads: OffloadStore | None,
         key: ConversationKey,
         detector: UserDetector,
-        handles: HandleMemo | None = None,
     ) -> list[AnyMessage]:
         """The tail after the chain, within ``tail_budget_tokens`` where the rules can bring it
         (an ``assemble.RuleFn`` once the keywords are bound)."""
@@ -147,7 +145,6 @@ class WindowRules:
             context_max=self.budget_tokens,
             detector=detector,
             tail_budget_tokens=tail_budget_tokens,
-            handles=handles,
         ).messages
 
 
@@ -172,15 +169,13 @@ def apply_rules_result(
     detector: UserDetector = DEFAULT_DETECTOR,
     originals: Mapping[str, AnyMessage] | None = None,
     tail_budget_tokens: int | None = None,
-    handles: HandleMemo | None = None,
 ) -> ChainResult:
     """Apply a chain in passive mode (as on every add), collecting what each rule reported.
 
     ``originals`` maps log ids to the messages as logged; by default the input messages
     are taken as the originals (the fast path passes raw log messages).
     ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
-    the reference behaviour; headroom-aware rules then do nothing). ``handles`` remembers
-    offload handles between calls (see ``HandleMemo``).
+    the reference behaviour; headroom-aware rules then do nothing).
     """
     rules = build_rule_chain(chain)
     total = counter.sum_messages(messages)
@@ -197,7 +192,6 @@ def apply_rules_result(
         originals=originals,
         context_max=context_max,
         tail_budget_tokens=tail_budget_tokens,
-        handles=handles,
     )
     if offloads is None or isinstance(offloads, DeferredOffloads):
         return _run(messages, rules, env)

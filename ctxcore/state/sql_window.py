@@ -40,8 +40,9 @@ from sqlalchemy import (
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import MessageLog, StateStore, check_pinned, format_log_id, read_pinned
-from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
+from ctxcore.state.decoded import DecodedEntries, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
 from ctxcore.state.sql_engine import SqlBackend, translated_errors
 from ctxcore.state.tail import TAIL_PAGE, CountedLog, TailRead
@@ -74,7 +75,6 @@ class SqlWindowReader:
         self._clock = state._clock
         # Consecutive windows read the same page: its entries are decoded once per process.
         self.decoded = decoded if decoded is not None else DecodedEntries()
-        self.states = DecodedStates()
         self._statements = {False: self._statement(False), True: self._statement(True)}
         # How many reads needed the tail read again after the statement (tests read it).
         self.tail_reads = 0
@@ -191,7 +191,7 @@ class SqlWindowReader:
         budget = found.get(_BUDGET, [None])[0]
         if budget is None or budget.n != budget_tokens or _stamp_due(budget.f, self._clock()):
             self._budgets.set_budget(key, budget_tokens)
-        state = self.states.decode(state_row.data.encode()) if state_row is not None else None
+        state = CompressionState.model_validate_json(state_row.data) if state_row is not None else None
         if state is not None and state_row.n is None:
             # Saved before the head row held the cursor: read the way it was written.
             pinned = read_pinned(self._log, key, state)
