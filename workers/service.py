@@ -180,9 +180,9 @@ class ContextService:
     def _rules(self, key: ConversationKey, budget_tokens: int, counter: TokenCounter) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
-        # Built for each window: keeping chains by budget saved 1-5% of an agent step at a
-        # 51-message tail (bench/fast_path.py --caches, issue 41).
-        chain = WindowRules.build(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
+        # One per window: keeping chains by budget saved 1-5% of an agent step at a 51-message
+        # tail (bench/fast_path.py --caches, issue 41).
+        chain = WindowRules(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
         return partial(chain.apply, counter=counter, offloads=self.offloads, key=key, detector=self.detector)
 
     def _window_reads(

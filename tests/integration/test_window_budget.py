@@ -120,18 +120,20 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
         reader: {"read(budget_tokens)"},
         "ctxcore/config/service.py": {"chunk_tokens(budget)"},
         "ctxcore/assemble.py": {"assemble_window(budget_tokens)"},
-        # The chain gets it once (``WindowRules``), its rules as their window.
-        "ctxcore/processors/chain.py": {
-            "build(budget_tokens)",
-            "default_rule_chain(context_window_tokens)",
-            "apply_rules_result(context_max)",
-        },
+        # The chain gets it once (``WindowRules``); it builds its rules only when the tail
+        # is over its room.
+        "ctxcore/processors/chain.py": {"__init__(budget_tokens)"},
     }
     if sql:  # the reader records a changed budget through the store's own write
         expected["ctxcore/state/sql_state.py"] = {"set_budget(budget_tokens)"}
     assert fits == expected
-    # Over the budget the fallback shapes the window: the same modules, and fit_to_budget.
+    # Over the budget the rules run with it as their window and the fallback shapes the
+    # window: the same modules.
     assert set(over) == set(expected)
+    assert over["ctxcore/processors/chain.py"] >= {
+        "default_rule_chain(context_window_tokens)",
+        "apply_rules_result(context_max)",
+    }
     assert "fit_to_budget(budget_tokens)" in over["ctxcore/assemble.py"]
 
 
