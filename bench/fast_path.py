@@ -15,6 +15,11 @@ before each window. Per tail, p50/p95/p99 of:
   (``XREVRANGE ... COUNT 128``), the failure record, the compaction hash and the budget
   (``GET``; a window writes it only when it changed).
 
+``--caches`` then measures the agent step (append + window) at the first tail with each
+cache of the path removed in turn, in the same run: one service per variant, the variants
+interleaved step by step, each step from the nominal tail (the previous step taken back,
+untimed). A cache stays only if removing it costs more than 20% of the step p50 (issue 41).
+
 The queue is scheduler-backed: a window's status comes from the failure record and the
 scheduler as ``CeleryQueue`` reads it; a request queues in the scheduler, and no task is
 sent (no worker runs). Tools: the 14 tau-bench airline definitions. Redis 127.0.0.1:6379
@@ -22,32 +27,39 @@ db 10 (or an embedded server), a unique key prefix deleted afterwards. Asserts n
 
     .venv/bin/python bench/fast_path.py                 # 20 rounds: 200 windows per path at tails <= 500
     .venv/bin/python bench/fast_path.py --rounds 5      # quicker
+    .venv/bin/python bench/fast_path.py --tails 50 --rounds 3 --caches 30   # what each cache earns
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import platform
 import pstats
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 from fast_path_flat import BUDGET, DEFAULT_DATA, conversation, covered_state, tau_tools
 
+import workers.service as service_module
 from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.state import ConversationKey
 from ctxcore.state.tail import CountedLog
 from ctxcore.status import CompactionStatus
+from ctxcore.tokens import TiktokenCounter
+from ctxcore.window_counter import WindowCounter
 from workers.embedded import ensure_redis
 from workers.failures import FailureRecord
 from workers.runtime import Runtime, build_service
+from workers.service import ContextService
 
 LOG_MESSAGES = 10_000
 TAILS = (50, 500, 5_000)
@@ -90,6 +102,7 @@ class Tail:
     hit: list[int] = field(default_factory=list)
     append: list[int] = field(default_factory=list)
     floor: list[int] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)
     fallback: int = 0
 
 
@@ -125,6 +138,132 @@ def floor_call(client: redis.Redis, prefix: str, runtime: Runtime, size: Tail) -
     return call
 
 
+class Forgetful(dict):  # type: ignore[type-arg]
+    """A dict that stores nothing: a cache that always misses."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def setdefault(self, key: object, default: object = None) -> object:
+        return default
+
+
+class NoDecoded:
+    """``DecodedEntries`` that decode every time."""
+
+    def decode(self, rows: object, decode: Callable[[object], object]) -> object:
+        return decode(rows)
+
+    def __len__(self) -> int:
+        return 0
+
+
+class NoMemoCounter(WindowCounter):
+    """``WindowCounter`` without its memo (nor the stored counts it is seeded with)."""
+
+    def count_message(self, message: AnyMessage) -> int:
+        return self.inner.count_message(message)
+
+    def seed(self, message: AnyMessage, count: int) -> None:
+        pass
+
+    def sum_messages(self, messages: object) -> int:
+        return sum(self.inner.count_message(m) for m in messages)  # type: ignore[attr-defined]
+
+    def count_tools(self, tools: object) -> int:
+        return self.inner.count_tools(tools)  # type: ignore[arg-type]
+
+
+def without(
+    name: str, service: ContextService, runtime: Runtime
+) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """The context a variant's step runs in: ``service`` with the cache ``name`` removed."""
+    reader: Any = service._window_reader
+    if name == "tiktoken_lru":
+        service.counter = TiktokenCounter(cache_size=0)
+    elif name == "counters_by_encoding":
+        service._counters = Forgetful()
+    elif name not in ("all", "all_with_model", "decoded_entries", "window_counter_memo"):
+        raise SystemExit(f"unknown cache {name!r}")
+
+    @contextlib.contextmanager
+    def swapped() -> Iterator[None]:
+        if name == "window_counter_memo":
+            service_module.WindowCounter = NoMemoCounter  # type: ignore[misc]
+        elif name == "decoded_entries":  # shared by the log and its reader
+            kept, runtime.log.decoded, reader.decoded = runtime.log.decoded, NoDecoded(), NoDecoded()  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            service_module.WindowCounter = WindowCounter  # type: ignore[misc]
+            if name == "decoded_entries":
+                runtime.log.decoded = reader.decoded = kept  # type: ignore[attr-defined]
+
+    return swapped
+
+
+# Each cache left under append and get_window (issue 41 removed the rule chains by budget,
+# the offload-handle memo, the window counter's memo, the decoded states and the Redis
+# reader's second read shape: each saved under 20% of the step).
+CACHES = (
+    "all",
+    "tiktoken_lru",
+    "window_counter_memo",
+    "decoded_entries",
+    # The request names its model (as the proxy's do): one counter per encoding, or one per window.
+    "all_with_model",
+    "counters_by_encoding",
+)
+MODEL_VARIANTS = ("all_with_model", "counters_by_encoding")
+
+
+def cache_variants(runtime: Runtime, size: Tail, tools: list[Any], rounds: int, first_serial: int) -> None:
+    """The agent step at ``size`` with each cache removed in turn, interleaved (module docstring)."""
+    variants = []
+    for name in CACHES:
+        service = build_service(runtime, SchedulerQueue(runtime))
+        variants.append((name, service, without(name, service, runtime)))
+        service.get_window(size.key, BUDGET, size.system, tools)  # warm-up
+    steps: dict[str, list[int]] = {name: [] for name in CACHES}
+    floors: list[int] = []
+    floor = floor_call(runtime.redis, runtime.settings.redis.key_prefix, runtime, size)
+    windows: dict[str, list[int]] = {name: [] for name in CACHES}
+    serial = first_serial
+    for r in range(rounds):
+        for _ in range(10):
+            for name, service, context in variants[r % len(variants) :] + variants[: r % len(variants)]:
+                serial += 1
+                runtime.log.truncate_after(size.key, size.nominal_last)
+                with context():
+                    started = time.perf_counter_ns()
+                    service.append(size.key, step(serial))
+                    appended = time.perf_counter_ns()
+                    model = "gpt-4o" if name in MODEL_VARIANTS else None
+                    service.get_window(size.key, BUDGET, size.system, tools, model)
+                    done = time.perf_counter_ns()
+                steps[name].append(done - started)
+                windows[name].append(done - appended)
+                if name == "all":
+                    started = time.perf_counter_ns()
+                    floor()
+                    floors.append(time.perf_counter_ns() - started)
+    base = pct(steps["all"])[0]
+    with_model = pct(steps["all_with_model"])[0]
+    print(
+        f"\nagent step p50 with every cache {base:.2f} ms, floor p50 {pct(floors)[0]:.3f} ms: "
+        f"{base / pct(floors)[0]:.1f}x the floor"
+    )
+    print(
+        f"\nAgent step (append + window) at tail {size.tail:,} with each cache removed ({len(steps['all'])} steps each):"
+    )
+    print("| removed | step p50 | window p50 | step / all caches (with a model: all_with_model) |")
+    print("|---|---|---|---|")
+    for name in CACHES:
+        p50 = pct(steps[name])[0]
+        ratio = p50 / (with_model if name in MODEL_VARIANTS else base)
+        print(f"| {name} | {p50:.2f} | {pct(windows[name])[0]:.2f} | {ratio:.2f} |")
+
+
 def pct(samples: list[int]) -> tuple[float, float, float]:
     ordered = sorted(samples)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6  # noqa: E731
@@ -139,6 +278,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--tails", type=int, nargs="*", default=list(TAILS), help="tails (default 50 500 5000)"
+    )
+    parser.add_argument(
+        "--caches", type=int, metavar="ROUNDS", help="then measure each cache removed, ROUNDS x 10 steps"
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/10")
     parser.add_argument(
@@ -219,6 +361,7 @@ def main() -> None:
                     started = time.perf_counter_ns()
                     result = service.get_window(size.key, BUDGET, size.system, tools)
                     size.miss.append(time.perf_counter_ns() - started)
+                    size.step.append(size.append[-1] + size.miss[-1])
                     if profiling:
                         profiler.disable()
                     size.fallback += int(result.fallback_applied)
@@ -228,6 +371,8 @@ def main() -> None:
                     started = time.perf_counter_ns()
                     floor()
                     size.floor.append(time.perf_counter_ns() - started)
+        if args.caches:
+            cache_variants(runtime, measured[0], tools, args.caches, serial)
     finally:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         if keys:
@@ -254,6 +399,10 @@ def main() -> None:
         )
     small, large = measured[0], measured[-1]
     ratio = pct(small.miss)[0] / pct(small.floor)[0]
+    print(
+        f"\nagent step (append + window) p50 at tail {small.tail:,}: {pct(small.step)[0]:.2f} ms, "
+        f"{pct(small.step)[0] / pct(small.floor)[0]:.1f}x the floor"
+    )
     print(
         f"\nmiss p50 / floor p50 at tail {small.tail:,}: {ratio:.1f} (goal <= 2: {'met' if ratio <= 2 else 'NOT met'}); "
         f"miss p50 tail {large.tail:,} / tail {small.tail:,}: {pct(large.miss)[0] / pct(small.miss)[0]:.1f} "

@@ -58,6 +58,7 @@ from tests.chaos.helpers import (  # noqa: E402
     worker_env,
 )
 from workers.app import celery_config, queue_names  # noqa: E402
+from workers.failures import FailureRecord  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
 from workers.prom_worker import snapshot  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
@@ -103,6 +104,9 @@ class _Queue:
 
     def status(self, key: ConversationKey) -> Status:
         return self.rt.scheduler.status(key)
+
+    def status_from(self, record: FailureRecord) -> Status:
+        return "failing" if record.failing else record.scheduler_status
 
 
 def _keys(tenants: int, conversations: int) -> list[ConversationKey]:

@@ -180,6 +180,56 @@ def _with_recall(
     )
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """What every fallback step works to: the budget, the counter and what it must keep."""
+
+    budget_tokens: int
+    counter: TokenCounter
+    anchor_ids: frozenset[str]
+    truncate_head_ratio: float
+
+    def over(self, view: View) -> int:
+        return view.tokens(self.counter) - self.budget_tokens
+
+
+Elided = list[tuple[str, str]]
+# One fallback step: the view a little smaller (or as it was, when the step has nothing to
+# act on) and the log-id ranges it left out.
+FallbackStep = Callable[[View, _Fit], tuple[View, Elided]]
+
+
+def _truncate_blocks(view: View, fit: _Fit) -> tuple[View, Elided]:
+    """Block text cut, head and tail kept (the hard-truncate stage's way, served only)."""
+    if not view.blocks:
+        return view, []
+    config = PipelineConfig(target_tokens=fit.budget_tokens, truncate_head_ratio=fit.truncate_head_ratio)
+    return replace(view, blocks=tuple(truncate_blocks(view, config, fit.counter, fit.budget_tokens))), []
+
+
+def _drop_oldest_blocks(view: View, fit: _Fit) -> tuple[View, Elided]:
+    """Whole blocks left out, oldest first, until the rest fits."""
+    blocks, elided = list(view.blocks), []
+    while blocks and fit.over(replace(view, blocks=tuple(blocks))) > 0:
+        dropped = blocks.pop(0)
+        elided.append((dropped.first_id, dropped.last_id))
+    return replace(view, blocks=tuple(blocks)), elided
+
+
+def _drop_markers(view: View, fit: _Fit) -> tuple[View, Elided]:
+    """Not even the notes standing for left-out steps fit: the window is served without them."""
+    return replace(view, tail=tuple(m for m in view.tail if not _is_marker(m))), []
+
+
+def _anchors_only(view: View, fit: _Fit) -> tuple[View, Elided]:
+    """Last resort: only the anchors are owed a place; the unfinished step goes too."""
+    if not view.tail:
+        return view, []
+    kept = tuple(m for m in view.tail if m.context_message_id in fit.anchor_ids)
+    first, last = view.tail[0].context_message_id or "?", view.tail[-1].context_message_id or "?"
+    return replace(view, tail=kept), [(first, last)]
+
+
 def fit_to_budget(
     view: View,
     budget_tokens: int,
@@ -188,70 +238,55 @@ def fit_to_budget(
     anchor_ids: frozenset[str],
     truncate_head_ratio: float = 0.2,
 ) -> tuple[View, list[tuple[str, str]]]:
-    """The served view within ``budget_tokens``, oldest content first, and the log-id ranges
-    it left out (see the module docstring for the order; each step stops once it fits)."""
-    elided: list[tuple[str, str]] = []
-    current = view
-    if current.tokens(counter) > budget_tokens and current.blocks:
-        config = PipelineConfig(target_tokens=budget_tokens, truncate_head_ratio=truncate_head_ratio)
-        current = replace(current, blocks=tuple(truncate_blocks(current, config, counter, budget_tokens)))
-    if current.tokens(counter) > budget_tokens and current.blocks:
-        blocks = list(current.blocks)
-        while blocks and replace(current, blocks=tuple(blocks)).tokens(counter) > budget_tokens:
-            dropped = blocks.pop(0)
-            elided.append((dropped.first_id, dropped.last_id))
-        current = replace(current, blocks=tuple(blocks))
-    if current.tokens(counter) > budget_tokens:
-        current, ranges = _elide_oldest_steps(current, anchor_ids, budget_tokens, counter)
+    """The served view within ``budget_tokens`` and the log-id ranges it left out: the steps
+    of ``FALLBACK_STEPS`` in order, oldest content first, each only while the view is over."""
+    fit = _Fit(budget_tokens, counter, anchor_ids, truncate_head_ratio)
+    elided: Elided = []
+    for _, step in FALLBACK_STEPS:
+        if fit.over(view) <= 0:
+            break
+        view, ranges = step(view, fit)
         elided.extend(ranges)
-    if current.tokens(counter) > budget_tokens:
-        current, cut = _cut_tail_texts(current, anchor_ids, budget_tokens, counter, truncate_head_ratio)
-        elided.extend((log_id, log_id) for log_id in cut)
-    if current.tokens(counter) > budget_tokens and any(_is_marker(m) for m in current.tail):
-        # Not even the note fits: serve the window without it.
-        current = replace(current, tail=tuple(m for m in current.tail if not _is_marker(m)))
-    if current.tokens(counter) > budget_tokens and current.tail:
-        # Last resort: only the anchors are owed a place; the unfinished step goes too.
-        kept = tuple(m for m in current.tail if m.context_message_id in anchor_ids)
-        elided.append((current.tail[0].context_message_id or "?", current.tail[-1].context_message_id or "?"))
-        current = replace(current, tail=kept)
-    return current, elided
+    return view, elided
 
 
-def _elide_oldest_steps(
-    view: View, anchor_ids: frozenset[str], budget: int, counter: TokenCounter
-) -> tuple[View, list[tuple[str, str]]]:
-    """Leave out the oldest whole tail steps (never an anchor, never the newest step: the
-    model is about to read it; never the in-flight step)."""
+# A removed step's messages were counted as a request of their own: less its reply priming.
+_PRIMING = 3
+# Room left for the marker(s) standing for the removed steps (one is about 35 tokens).
+MARKER_ROOM_TOKENS = 64
+
+
+def _elide_oldest_steps(view: View, fit: _Fit) -> tuple[View, Elided]:
+    """Leave out the oldest whole tail steps behind a marker naming their log-id range (never
+    an anchor, never the newest step: the model is about to read it; never the in-flight step)."""
     tail = list(view.tail)
     newest = newest_step_start(tail)
-    units = [s for s in steps(tail) if s.complete and s.start < newest]
-    if not units:
-        return view, []
     removable: list[list[int]] = []
-    for step in units:
+    for step in steps(tail):
+        if not step.complete or step.start >= newest:
+            continue
         idx = [
             i
             for i in range(step.start, step.end)
-            if tail[i].context_message_id not in anchor_ids
+            if tail[i].context_message_id not in fit.anchor_ids
             and not (isinstance(tail[i], UserMessage) and message_text(tail[i]).startswith(ELIDED_STEPS))
         ]
         if idx:
             removable.append(idx)
-    fixed_tokens = view.tokens(counter)
+    if not removable:
+        return view, []
     removed: set[int] = set()
     # Remove step by step, estimating the saving without re-rendering every time.
-    saving = 0
-    over = fixed_tokens - budget
+    saving, over = 0, fit.over(view)
     for idx in removable:
-        if saving >= over + 64:  # leave room for the marker(s)
+        if saving >= over + MARKER_ROOM_TOKENS:
             break
         removed.update(idx)
-        saving += counter.count_messages([tail[i] for i in idx]) - 3
+        saving += fit.counter.count_messages([tail[i] for i in idx]) - _PRIMING
     while True:
         candidate, ranges = _with_markers(tail, removed)
         trial = replace(view, tail=tuple(candidate))
-        if trial.tokens(counter) <= budget or len(removed) == sum(len(i) for i in removable):
+        if fit.over(trial) <= 0 or len(removed) == sum(len(i) for i in removable):
             return trial, ranges
         for idx in removable:
             if not set(idx) <= removed:
@@ -285,11 +320,16 @@ def _is_marker(message: AnyMessage) -> bool:
 
 
 _CUT = "...[TRUNCATED]..."
+# Characters dropped per token a text is over: above the ~4 a token averages in prose, so
+# one pass usually frees enough in code and JSON too, where tokens are shorter.
+CHARS_PER_TOKEN_CUT = 6
+# Characters more: room for the cut mark and for the head/tail split landing off a boundary.
+CUT_SLACK_CHARS = 200
+# Passes over the texts: the estimate can still fall short of what must be saved.
+CUT_PASSES = 3
 
 
-def _cut_tail_texts(
-    view: View, anchor_ids: frozenset[str], budget: int, counter: TokenCounter, head_ratio: float
-) -> tuple[View, list[str]]:
+def _cut_tail_texts(view: View, fit: _Fit) -> tuple[View, Elided]:
     """Shorten tail texts, oldest first and the newest step last, never an anchor (served
     window only), each only as far as the window is still over; the log ids it cut."""
     tail = list(view.tail)
@@ -297,25 +337,34 @@ def _cut_tail_texts(
     candidates = [
         i
         for i, m in enumerate(tail)
-        if m.context_message_id not in anchor_ids and isinstance(m.content, str) and not _is_marker(m)
+        if m.context_message_id not in fit.anchor_ids and isinstance(m.content, str) and not _is_marker(m)
     ]
     order = [i for i in candidates if i < newest] + [i for i in candidates if i >= newest]
     cut_ids: list[str] = []
-    # The character estimate can fall short of the tokens it must save: a few passes.
-    for _ in range(3):
+    for _ in range(CUT_PASSES):
         for i in order:
-            over = view.tokens(counter) - budget
+            over = fit.over(view)
             if over <= 0:
-                return view, cut_ids
+                return view, [(c, c) for c in cut_ids]
             text = message_text(tail[i])
             if text == _CUT:
                 continue
-            # Characters to drop, with margin: ~4 characters per token.
-            keep = max(len(text) - over * 6 - 200, 0)
-            cut = head_tail(text, keep, head_ratio, _CUT) if keep else _CUT
+            keep = max(len(text) - over * CHARS_PER_TOKEN_CUT - CUT_SLACK_CHARS, 0)
+            cut = head_tail(text, keep, fit.truncate_head_ratio, _CUT) if keep else _CUT
             tail[i] = tail[i].model_copy(update={"content": cut})
             view = replace(view, tail=tuple(tail))
             log_id = tail[i].context_message_id
             if log_id and log_id not in cut_ids:
                 cut_ids.append(log_id)
-    return view, cut_ids
+    return view, [(c, c) for c in cut_ids]
+
+
+# The fallback, in order: what each step leaves out is older or less needed than the next's.
+FALLBACK_STEPS: tuple[tuple[str, FallbackStep], ...] = (
+    ("truncate blocks", _truncate_blocks),
+    ("drop oldest blocks", _drop_oldest_blocks),
+    ("elide oldest tail steps", _elide_oldest_steps),
+    ("cut tail texts", _cut_tail_texts),
+    ("drop elided markers", _drop_markers),
+    ("serve the anchors only", _anchors_only),
+)

@@ -9,6 +9,7 @@ Every message says what was wrong and what to do about it::
     |   |   `-- UnsupportedItemError          a framework item with no chat form
     |   |-- ConfigError         (ValueError)  a setting or a component's config
     |   |-- InvalidKeyError     (ValueError)  a tenant or conversation id
+    |   |-- InvalidRequestError (ValueError)  a request parameter out of its range
     |   |-- BudgetExceeded      the fixed part of the window is over the budget
     |   |-- RecallDisabled      recall asked for while it is off
     |   |-- NotFoundError       no such conversation, context or offload
@@ -278,3 +279,12 @@ class RateLimited(OperationFailed):
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         self.retry_after = retry_after
         super().__init__(message)
+
+
+class InvalidRequestError(UsageError, ValueError):
+    """A request parameter is out of its range (HTTP 422 naming ``field``): fix it and retry."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field} {reason}")

@@ -7,7 +7,7 @@ fixes) live in ``ctxcore.protocol`` and are re-exported here.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -104,10 +104,7 @@ def compute_stats(
     every budget comparison uses. A counter that raises is estimated (``tolerant``).
     """
     counter = tolerant(counter)
-    count_message = getattr(counter, "count_message", None)
-    one: Callable[[AnyMessage], int] = (
-        count_message if callable(count_message) else (lambda m: counter.count_messages([m]))
-    )
+    one = counter.count_message
     # Plain locals, not setattr per message: a window's statistics run on every request.
     messages = {"system": 0, "user": 0, "assistant": 0, "tool": 0}
     tokens = dict.fromkeys(messages, 0)
@@ -117,12 +114,12 @@ def compute_stats(
         tokens[role] += int(one(message))
     tool_tokens = counter.count_tools(tools)
     everything = [*system_messages, *context_messages]
-    # A counter that composes a request from its messages (``WindowCounter``) gives the
-    # total from the sums just made; any other counts the request itself.
-    priming = getattr(counter, "request_priming", None)
+    # A counter that composes a request from its messages gives the total from the sums
+    # just made; any other counts the request itself.
+    priming = counter.reply_priming
     total = (
         sum(tokens.values()) + priming
-        if isinstance(priming, int) and everything
+        if priming is not None and everything
         else counter.count_messages(everything)
     )
     return ContextStats(

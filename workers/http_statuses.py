@@ -24,6 +24,7 @@ from ctxcore.errors import (
     CursorNotFoundError,
     InvalidKeyError,
     InvalidMessageError,
+    InvalidRequestError,
     InvalidWindowError,
     ModelError,
     NotFoundError,
@@ -137,6 +138,7 @@ ERROR_STATUSES: dict[type[CtxcoreError], ErrorStatus] = {
         503, "unavailable", _masked("ctxcore could not complete it now; retry later"), logged=True
     ),
     InvalidMessageError: _INVALID_MESSAGE,
+    InvalidRequestError: ErrorStatus(422, "invalid_request", fields=lambda x: {"field": x.field}),
     UnsupportedItemError: _INVALID_MESSAGE,
     BudgetExceeded: ErrorStatus(
         422,

@@ -66,12 +66,14 @@ def window_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRoute
         except InvalidMessageError as exc:
             raise invalid_message_error(exc, "tools") from None
         started = time.perf_counter()
-        budget = body.budget_tokens or api.settings.budget_for_tenant(key.tenant_id)
+        budget_tokens = body.budget_tokens
+        if budget_tokens is None:
+            budget_tokens = api.settings.budget_for_tenant(key.tenant_id)
         try:
             # The existence check is part of the window's read (one script call on Redis).
-            with window_span(api.runtime.tracer, key, budget, "api") as span:
+            with window_span(api.runtime.tracer, key, budget_tokens, "api") as span:
                 result = api.service.get_window(
-                    key, budget, system, body.tools, body.model, require_existing=True, preview=preview
+                    key, budget_tokens, system, body.tools, body.model, require_existing=True, preview=preview
                 )
                 describe_window(span, result)
         except InvalidMessageError as exc:

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from ctxcore.state import ConversationKey
 from ctxcore.status import CompactionStatus
+from workers.failures import FailureRecord
 
 __all__ = ["CompactionQueue", "InlineQueue"]
 
@@ -22,6 +23,11 @@ class CompactionQueue(Protocol):
 
     def status(self, key: ConversationKey) -> CompactionStatus:
         """``idle``, ``queued``, ``running``, or ``failing`` while the last job failed."""
+        ...
+
+    def status_from(self, record: FailureRecord) -> CompactionStatus:
+        """``status`` as the conversation's failure record (read beside the window) says it,
+        for a queue whose status lives there (the scheduler mirrors it); else ``status``'s."""
         ...
 
 
@@ -41,4 +47,8 @@ class InlineQueue:
 
     def status(self, key: ConversationKey) -> CompactionStatus:
         """Always idle: nothing runs in the background."""
+        return "idle"
+
+    def status_from(self, record: FailureRecord) -> CompactionStatus:
+        """Always idle, as ``status``."""
         return "idle"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
@@ -18,16 +19,15 @@ from ctxcore.config import Settings
 from ctxcore.contract import check_messages_contract
 from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
-from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
-from ctxcore.processors.offload import HandleMemo
+from ctxcore.processors.chain import WindowRules
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.protocol import append_violation
 from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.state.redis import RedisMessageLog
-from ctxcore.state.tail import AppendCounts, CountedLog, TailRead
+from ctxcore.state.base import check_budget, read_pinned
+from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
 from ctxcore.tokens import TiktokenCounter, TokenCounter, encoding_for_model
@@ -36,7 +36,7 @@ from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
 from workers.holds import rearmed
 from workers.queues import CompactionQueue, InlineQueue
-from workers.service_tail import WindowTail, read_window_tail, window_reader
+from workers.service_tail import WindowTail, read_window_tail
 from workers.service_write import AppendOutcome, check_batch, validation_tail
 from workers.spend import summariser_cap
 
@@ -68,15 +68,13 @@ class ContextService:
         self.detector = detector or settings.engine.detector()
         self._clock = clock
         self.failures = failures
-        self._chains: dict[int, list[Any]] = {}
-        # Windows clear the same old results again: their offload handles are hashed once.
-        self._handles = HandleMemo()
         self._counters: dict[str, TokenCounter] = {}
+        # Parsed recall indexes for auto-recall windows and searches (not measured by
+        # bench/fast_path.py, whose conversations have no archive).
         self._indexes = IndexCache()
         self.last_latency_ms = 0.0
-        self._window_reader = window_reader(state_store, log, failures)
-        # Checked once: isinstance on a runtime protocol walks its members on every call.
-        self._counted_log = log if isinstance(log, CountedLog) else None
+        self._window_reader = state_store.window_reader(log)
+        self._counted_log = log.counted()
 
     # --- appends ----------------------------------------------------------------------
 
@@ -157,13 +155,12 @@ class ContextService:
     ) -> AppendCounts | None:
         """What an append stores beside ``messages`` (logged after ``tail``): their counts under
         the default encoding and which are real user messages, so windows can read long tails
-        newest first. None with a custom counter (stored counts are ``TiktokenCounter``'s)."""
-        if not isinstance(self.counter, TiktokenCounter):
+        newest first. None for a counter without an encoding (stored counts are tiktoken's)."""
+        encoding = self.counter.encoding_name
+        if encoding is None:
             return None
         flags = self.detector.real_flags([*tail, *messages])[len(tail) :]
-        return AppendCounts(
-            self.counter.encoding_name, [self.counter.count_message(m) for m in messages], flags
-        )
+        return AppendCounts(encoding, [self.counter.count_message(m) for m in messages], flags)
 
     # --- windows ----------------------------------------------------------------------
 
@@ -171,59 +168,42 @@ class ContextService:
         if model is None:
             return self.counter
         # One counter per encoding (not per model name, which the client chooses freely:
-        # a cache keyed by it would grow without bound) keeps its message cache warm.
+        # a cache keyed by it would grow without bound) keeps its message cache warm: with
+        # a new counter per window an agent step naming its model took 2.0x as long
+        # (bench/fast_path.py --caches).
         encoding = encoding_for_model(model)
         counter = self._counters.get(encoding)
         if counter is None:
             counter = self._counters.setdefault(encoding, TiktokenCounter(model))
         return counter
 
-    def _rules(self, key: ConversationKey, budget: int, counter: TokenCounter) -> RuleFn | None:
+    def _rules(self, key: ConversationKey, budget_tokens: int, counter: TokenCounter) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
-        chain = self._chains.get(budget)
-        if chain is None:
-            chain = build_rule_chain(
-                default_rule_chain(budget, max_result_ratio=self.settings.engine.max_result_ratio)
-            )
-            if len(self._chains) > 256:
-                self._chains.clear()
-            self._chains[budget] = chain
-        built = chain
-
-        def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None) -> list[AnyMessage]:
-            return apply_rules(
-                messages,
-                built,
-                counter,
-                self.offloads,
-                key,
-                context_max=budget,
-                detector=self.detector,
-                tail_budget_tokens=tail_budget_tokens,
-                handles=self._handles,
-            )
-
-        return rules
+        # One per window: keeping chains by budget saved 1-5% of an agent step at a 51-message
+        # tail (bench/fast_path.py --caches, issue 41).
+        chain = WindowRules(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
+        return partial(chain.apply, counter=counter, offloads=self.offloads, key=key, detector=self.detector)
 
     def _window_reads(
         self,
         key: ConversationKey,
         budget_tokens: int,
-        base: TokenCounter,
         counter: WindowCounter,
         require_existing: bool,
         recall_index: bool,
         recording: bool = True,
     ) -> tuple[CompressionState, list[AnyMessage], WindowTail, FailureRecord | None]:
-        """State, pinned anchors, tail and failure record: one round trip on Redis (with a
-        ``TiktokenCounter``), else the stores one by one (the record read once). With
-        ``recall_index`` the Redis read also brings a recall index newer than the one held."""
+        """State, pinned anchors, tail and failure record: one round trip where the stores
+        offer a window reader (with a counter whose counts the log stores), else the stores
+        one by one (the record read once). With ``recall_index`` the reader also brings a
+        recall index newer than the one held."""
         reader = self._window_reader if recording else None  # the readers record the budget
+        encoding = counter.encoding_name
         tail_read: TailRead | None = None
-        if reader is not None and isinstance(base, TiktokenCounter):
+        if reader is not None and encoding is not None:
             held = self._indexes.version(key) if recall_index else None
-            got = reader.read(key, budget_tokens, base.encoding_name, held)
+            got = reader.read(key, budget_tokens, encoding, held)
             if require_existing and got.state is None and got.last_id is None:
                 raise NotFoundError(f"conversation {key} not found")
             if got.index is not None:
@@ -233,8 +213,8 @@ class ContextService:
             state, pinned, tail_read = got.state or CompressionState(), got.pinned, got.tail
             if self.failures is None:
                 record = None
-            elif got.compaction is not None:  # read beside the conversation (Redis)
-                record = parse_record(got.compaction)
+            elif got.compaction is not None and got.compaction_key == self.failures.key(key):
+                record = parse_record(got.compaction)  # read beside the conversation (Redis)
             else:
                 record = self.failures.get(key)
         else:
@@ -244,19 +224,19 @@ class ContextService:
             state = loaded or CompressionState()
             if recording:
                 self.state_store.set_budget(key, budget_tokens)
-                if isinstance(self.log, RedisMessageLog):  # expiry refreshed when due; SQL stamps it
-                    self.log.retention.touch(key)
-            pinned = [m for m in (self.log.get(key, i) for i in state.pinned) if m is not None]
+            pinned = read_pinned(self.log, key, state)
             record = self.failures.get(key) if self.failures is not None else None
+            if encoding is not None and self._counted_log is not None:
+                tail_read = self._counted_log.read_tail(
+                    key, state.covered_until, budget_tokens=budget_tokens, encoding=encoding
+                )
         tail = read_window_tail(
             self.log,
             self._counted_log,
             key,
             state.covered_until,
-            budget_tokens,
-            base,
             counter,
-            default_encoding=getattr(self.counter, "encoding_name", None),
+            default_encoding=self.counter.encoding_name,
             pinned=pinned,
             detector=self.detector,
             read=tail_read,
@@ -321,8 +301,7 @@ class ContextService:
         conversation with neither log nor state is ``NotFoundError`` (checked in the same
         read on Redis), and nothing is recorded for it, nor with ``preview`` (no compaction either).
         """
-        if budget_tokens <= 0:
-            raise InvalidMessageError(-1, "budget_tokens", "must be a positive number of tokens")
+        check_budget(budget_tokens)
         for i, message in enumerate(system_messages):
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
@@ -330,11 +309,10 @@ class ContextService:
         tools = self.window_tools(key, tools) if own_tools else [dict(t) for t in tools]
         # One counter for the rules and the window (the request's model), each message
         # counted once however often the window's steps ask.
-        base = self._counter_for(model)
-        counter = WindowCounter(base)
+        counter = WindowCounter(self._counter_for(model))
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         state, pinned, read, record = self._window_reads(
-            key, budget_tokens, base, counter, require_existing, recall_settings.auto, recording=not preview
+            key, budget_tokens, counter, require_existing, recall_settings.auto, recording=not preview
         )
         # Entries that no longer decode are left out with the results answering them, and
         # named in elided_ranges (ctxcore.state.undecodable): never a failed window.
@@ -384,13 +362,11 @@ class ContextService:
         elif result.raw_tokens > trigger and not held and cap != 0 and not preview:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
-            # The queue's status from the record already read, where the queue reads it
-            # from there (the scheduler's mirror): the record is read once per window.
-            from_record = getattr(self.queue, "status_from", None)
+            # The queue's status from the record already read: read once per window.
             if detail.last_error:
                 result.compaction = "failing"
-            elif record is not None and callable(from_record):
-                result.compaction = from_record(record)
+            elif record is not None:
+                result.compaction = self.queue.status_from(record)
             else:
                 result.compaction = self.queue.status(key)
         if detail.last_error is not None and result.compaction != "paused":

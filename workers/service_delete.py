@@ -33,9 +33,7 @@ def delete_conversation(runtime: Runtime, key: ConversationKey) -> None:
             settings.worker.lock_timeout,
             wait_seconds=DELETE_LOCK_WAIT_SECONDS,
         ):
-            scheduler = getattr(runtime, "scheduler", None)
-            if scheduler is not None:
-                scheduler.forget(key)
+            runtime.scheduler.forget(key)
             runtime.offloads.delete(key)
             runtime.state_store.delete(key)
             runtime.journal.delete(key)

@@ -4,7 +4,7 @@
 counts fill the budget and splices what it left unread behind the fallback's marker
 (``ctxcore.assemble.elided_marker``) naming each left-out log-id range, keeping the real
 user messages among them that can be the window's anchors. Logs without the capability,
-and counters other than ``TiktokenCounter`` (custom counters bypass stored counts), read the
+and counters without an ``encoding_name`` (custom counters bypass stored counts), read the
 whole tail as before.
 """
 
@@ -15,21 +15,13 @@ from dataclasses import dataclass, field
 
 from ctxcore.assemble import elided_marker
 from ctxcore.messages import AnyMessage, ToolMessage
-from ctxcore.state import ConversationKey, MessageLog, StateStore
+from ctxcore.state import ConversationKey, MessageLog
 from ctxcore.state.base import format_log_id, parse_log_id
-from ctxcore.state.redis import RedisMessageLog, RedisStateStore
-from ctxcore.state.redis_window import RedisWindowReader
-from ctxcore.state.sql_log import SqlMessageLog
-from ctxcore.state.sql_state import SqlStateStore
-from ctxcore.state.sql_window import SqlWindowReader
 from ctxcore.state.tail import CountedLog, TailRead
-from ctxcore.state.window_read import WindowReader
-from ctxcore.tokens import TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
 from ctxcore.window_counter import WindowCounter
-from workers.failures import FailureStore
 
-__all__ = ["WindowTail", "read_window_tail", "window_reader"]
+__all__ = ["WindowTail", "read_window_tail"]
 
 
 @dataclass
@@ -44,47 +36,24 @@ class WindowTail:
     raw_tokens_delta: int = 0
 
 
-def window_reader(
-    state_store: StateStore, log: MessageLog, failures: FailureStore | None
-) -> WindowReader | None:
-    """The one-round-trip window read, when state and log share a store: a Redis and prefix
-    (with the failure record beside them), or a SQL database and table prefix."""
-    if isinstance(state_store, SqlStateStore) and isinstance(log, SqlMessageLog):
-        if state_store.engine.url != log.engine.url or state_store.table_prefix != log.table_prefix:
-            return None
-        return SqlWindowReader(state_store, log)
-    if not (isinstance(state_store, RedisStateStore) and isinstance(log, RedisMessageLog)):
-        return None
-    if state_store.client is not log.client or state_store.prefix != log.prefix:
-        return None
-    if failures is not None and failures.key(ConversationKey("t", "c")) != f"{log.prefix}:{{t:c}}:compaction":
-        return None
-    return RedisWindowReader(log.client, log.prefix, log.retention, log.decoded)
-
-
 def read_window_tail(
     log: MessageLog,
     counted_log: CountedLog | None,
     key: ConversationKey,
     cursor: str | None,
-    budget_tokens: int,
-    base: TokenCounter,
     counter: WindowCounter,
     *,
     default_encoding: str | None,
     pinned: Sequence[AnyMessage],
     detector: UserDetector,
-    read: TailRead | None = None,
+    read: TailRead | None,
 ) -> WindowTail:
-    """The tail after ``cursor`` for one window counted by ``counter`` (wrapping ``base``);
-    ``counted_log``: ``log`` when it is a ``CountedLog`` (the caller checks once: the
-    protocol's isinstance walks its members); ``read`` when the caller read it already (the
-    window reader)."""
-    if not (isinstance(base, TiktokenCounter) and counted_log is not None):
+    """The tail after ``cursor`` for one window counted by ``counter``: ``read`` when the log
+    stores counts under ``counter``'s encoding (the window reader's, or ``counted_log``'s
+    ``read_tail``), else the whole tail read here."""
+    encoding = counter.encoding_name
+    if read is None or encoding is None or counted_log is None:
         return WindowTail(log.read_after(key, cursor))
-    encoding = base.encoding_name
-    if read is None:
-        read = counted_log.read_tail(key, cursor, budget_tokens=budget_tokens, encoding=encoding)
     counted: dict[str, int] = {}
     for message, count in zip(read.messages, read.counts, strict=True):
         if count is None:

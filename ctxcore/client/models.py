@@ -124,15 +124,12 @@ class AppendResponse(ResponseBody):
 class WindowRequest(RequestBody):
     """What the model will be called with besides the conversation."""
 
-    # Bounded: the budget is stored beside the state (a BIGINT column on SQL backends) and
-    # no model has a billion-token window.
+    # Its range is checked once, where every window starts (``ContextService.get_window``).
     budget_tokens: int | None = Field(
         default=None,
-        gt=0,
-        le=1_000_000_000,
         description=(
-            "Token budget of the whole request (system + tools + messages); default: the tenant's"
-            " default_budget, else service.default_budget"
+            "Token budget of the whole request (system + tools + messages), 1 to 1,000,000,000;"
+            " default: the tenant's default_budget, else service.default_budget"
         ),
     )
     model: str | None = Field(

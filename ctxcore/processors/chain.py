@@ -15,7 +15,6 @@ from typing import Any
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import IdRange
-from ctxcore.processors.offload import HandleMemo
 from ctxcore.processors.offload_batch import DeferredOffloads
 from ctxcore.processors.registry import ProcessorRegistry, builtin_registry
 from ctxcore.processors.rule_processor import RuleProcessor
@@ -30,6 +29,7 @@ from ctxcore.window import DEFAULT_CONTEXT_MAX_TOKENS
 __all__ = [
     "ChainResult",
     "RuleChain",
+    "WindowRules",
     "apply_rules",
     "apply_rules_result",
     "build_rule_chain",
@@ -108,6 +108,45 @@ def build_rule_chain(
     return built
 
 
+class WindowRules:
+    """The default chain for one window's budget: the one way the budget enters the chain
+    (its thresholds and ``RuleEnv.context_max`` both come from ``budget_tokens``)."""
+
+    def __init__(self, budget_tokens: int, *, max_result_ratio: float = DEFAULT_MAX_RESULT_RATIO) -> None:
+        self.budget_tokens = budget_tokens
+        self.max_result_ratio = max_result_ratio
+
+    def apply(
+        self,
+        messages: Sequence[AnyMessage],
+        tail_budget_tokens: int | None,
+        *,
+        counter: TokenCounter,
+        offloads: OffloadStore | None,
+        key: ConversationKey,
+        detector: UserDetector,
+    ) -> list[AnyMessage]:
+        """The tail after the chain, within ``tail_budget_tokens`` where the rules can bring it
+        (an ``assemble.RuleFn`` once the keywords are bound)."""
+        if tail_budget_tokens is None or counter.sum_messages(messages) <= tail_budget_tokens:
+            # Every rule of the default chain is headroom-aware, idle while the tail fits its
+            # room: the usual window builds no processor (a tenth of its time at tail 51).
+            return list(messages)
+        rules = build_rule_chain(
+            default_rule_chain(self.budget_tokens, max_result_ratio=self.max_result_ratio)
+        )
+        return apply_rules_result(
+            messages,
+            rules,
+            counter,
+            offloads,
+            key,
+            context_max=self.budget_tokens,
+            detector=detector,
+            tail_budget_tokens=tail_budget_tokens,
+        ).messages
+
+
 @dataclass(frozen=True)
 class ChainResult:
     """What a chain did: the messages, and every span and handle its rules reported."""
@@ -129,23 +168,19 @@ def apply_rules_result(
     detector: UserDetector = DEFAULT_DETECTOR,
     originals: Mapping[str, AnyMessage] | None = None,
     tail_budget_tokens: int | None = None,
-    handles: HandleMemo | None = None,
 ) -> ChainResult:
     """Apply a chain in passive mode (as on every add), collecting what each rule reported.
 
     ``originals`` maps log ids to the messages as logged; by default the input messages
     are taken as the originals (the fast path passes raw log messages).
     ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
-    the reference behaviour; headroom-aware rules then do nothing). ``handles`` remembers
-    offload handles between calls (see ``HandleMemo``).
+    the reference behaviour; headroom-aware rules then do nothing).
     """
     rules = build_rule_chain(chain)
-    summed = getattr(counter, "sum_messages", None)  # a WindowCounter's: counts it has already
-    if callable(summed):
-        total = int(summed(messages))
-        if all(r.idle_for(total, tail_budget_tokens, context_max) for r in rules):
-            # The fast path's usual window: the tail fits, nothing to build an environment for.
-            return ChainResult(list(messages))
+    total = counter.sum_messages(messages)
+    if all(r.idle_for(total, tail_budget_tokens) for r in rules):
+        # The fast path's usual window: the tail fits, nothing to build an environment for.
+        return ChainResult(list(messages))
     if originals is None:
         originals = {m.context_message_id: m for m in messages if m.context_message_id}
     env = RuleEnv(
@@ -156,7 +191,6 @@ def apply_rules_result(
         originals=originals,
         context_max=context_max,
         tail_budget_tokens=tail_budget_tokens,
-        handles=handles,
     )
     if offloads is None or isinstance(offloads, DeferredOffloads):
         return _run(messages, rules, env)
@@ -178,7 +212,7 @@ def _run(messages: Sequence[AnyMessage], rules: Sequence[RuleProcessor[Any]], en
     handles: list[str] = []
     changed = False
     for rule in rules:
-        if rule.idle_for(env.tail_tokens(current), env.tail_budget_tokens, env.context_max):
+        if rule.idle_for(env.tail_tokens(current), env.tail_budget_tokens):
             continue  # it cannot act on these messages
         result = rule.rule(current, env)
         if result.changed:

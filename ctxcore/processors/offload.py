@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +20,6 @@ from ctxcore.state.keys import ConversationKey
 
 __all__ = [
     "OFFLOAD_MARKER_RE",
-    "HandleMemo",
     "Offload",
     "find_offload_markers",
     "has_offload_marker",
@@ -56,35 +54,6 @@ def offload_handle(key: ConversationKey, messages: Sequence[AnyMessage]) -> str:
     return digest.hexdigest()[:HANDLE_HEX_CHARS]
 
 
-class HandleMemo:
-    """Handles of messages already offloaded, by the message object (held, so its id is not
-    reused) and conversation: bounded, locked, meant to live as long as a service.
-
-    The fast path's rules clear the same old tool results on every window, and the Redis
-    log hands every window the same decoded objects (``ctxcore.state.decoded``): hashing
-    each original's JSON again was a tenth of a window at a 500-message tail.
-    """
-
-    def __init__(self, max_entries: int = 16_384) -> None:
-        self.max_entries = max_entries
-        self._data: dict[tuple[str, int], tuple[AnyMessage, str]] = {}
-        self._lock = threading.Lock()
-
-    def handle(self, key: ConversationKey, message: AnyMessage) -> str:
-        """``offload_handle(key, [message])``, computed once per message object."""
-        slot = (str(key), id(message))
-        with self._lock:
-            found = self._data.get(slot)
-        if found is not None and found[0] is message:
-            return found[1]
-        value = offload_handle(key, [message])
-        with self._lock:
-            if len(self._data) >= self.max_entries:
-                self._data.clear()  # a plain bound: a miss costs one hash
-            self._data[slot] = (message, value)
-        return value
-
-
 def offload_marker(handle: str, offload_type: str, path: str | None = None) -> str:
     """``[[OFFLOAD: handle=H, type=T]]``, with ``, path=P`` for files."""
     where = f", path={path}" if path is not None else ""
@@ -113,18 +82,17 @@ def store_offload(
     store: OffloadStore | None,
     key: ConversationKey,
     originals: Sequence[AnyMessage],
-    handle: str | None = None,
 ) -> Offload | None:
     """Store ``originals`` under their content handle; None when there is no store or it failed.
 
-    ``handle``: the originals' handle when the caller knows it (``HandleMemo``). A handle
-    that already exists is not written again (``written`` is False) but still
-    usable. A failing store is logged and reported as None so callers keep the message
+    A handle that already exists is not written again (``written`` is False) but still
+    usable. (A memo of handles by message saved 0-2% of an agent step at a 51-message tail
+    and went: bench/fast_path.py ``--caches``, issue 41.) A failing store is logged and reported as None so callers keep the message
     unchanged: nothing may leave the view without a way back.
     """
     if store is None or not originals:
         return None
-    handle = handle or offload_handle(key, originals)
+    handle = offload_handle(key, originals)
     try:
         written = store.put_if_absent(key, handle, originals)
         offload_type, path = _describe_store(store, key, handle)

@@ -44,7 +44,7 @@ class RuleProcessor(ContextProcessor[C]):
         """Views and headroom-aware rules act on each window, never on the stored view."""
         return self.kind == "view" or self.headroom_aware
 
-    def idle_for(self, tokens: int, tail_budget_tokens: int | None, context_max: int) -> bool:
+    def idle_for(self, tokens: int, tail_budget_tokens: int | None) -> bool:
         """True when the rule cannot act on messages of ``tokens`` tokens in all: a
         headroom-aware rule while they fit the room they have (``tail_budget_tokens``; None:
         no room is known, and it never acts). A chain of idle rules is not run at all."""

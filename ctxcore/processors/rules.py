@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ctxcore.messages import AnyMessage, ToolCall, ToolMessage, replace_content
 from ctxcore.processors.events import ContextEvent, IdRange
-from ctxcore.processors.offload import HandleMemo, Offload, store_offload
+from ctxcore.processors.offload import Offload, store_offload
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.keys import ConversationKey
 from ctxcore.tokens import TokenCounter
@@ -44,10 +44,7 @@ _SUMS_KEPT = 64  # lists whose sums an env remembers (a chain sizes a handful)
 
 def message_tokens(counter: TokenCounter, message: AnyMessage) -> int:
     """Tokens of one message (without the per-request priming)."""
-    count_message = getattr(counter, "count_message", None)
-    if callable(count_message):
-        return int(count_message(message))
-    return counter.count_messages([message])
+    return counter.count_message(message)
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,6 @@ class RuleEnv:
             (the budget minus system messages, tools, anchors and blocks). Rules with
             ``act_only_over_budget`` act only while the messages are over it, and not at
             all when it is None (the reference behaviour: no budget is known).
-        handles: a memo of offload handles kept across chain calls (the fast path's).
     """
 
     counter: TokenCounter
@@ -80,7 +76,6 @@ class RuleEnv:
     new_ids: frozenset[str] | None = None
     tail_budget_tokens: int | None = None
     # Handles of originals offloaded by earlier windows (a service's; None: hash each time).
-    handles: HandleMemo | None = None
     # ``tail_tokens`` of the lists seen, keyed by their messages' identities (the list is
     # held so the ids cannot be reused): each headroom rule of a chain sizes its input, and
     # a rule that changes nothing hands the next one the same messages. Messages are
@@ -104,8 +99,7 @@ class RuleEnv:
         found = self._sums.get(key)
         if found is not None:
             return found[1]
-        summed = getattr(self.counter, "sum_messages", None)  # a WindowCounter's fast path
-        total = int(summed(messages)) if callable(summed) else sum(self.tokens(m) for m in messages)
+        total = self.counter.sum_messages(messages)
         if len(self._sums) >= _SUMS_KEPT:
             self._sums.clear()
         self._sums[key] = (tuple(messages), total)
@@ -120,8 +114,7 @@ class RuleEnv:
         original = self.original(message)
         if self.offloads is None:
             return None
-        handle = self.handles.handle(self.key, original) if self.handles is not None else None
-        return store_offload(self.offloads, self.key, [original], handle)
+        return store_offload(self.offloads, self.key, [original])
 
 
 @dataclass(frozen=True)

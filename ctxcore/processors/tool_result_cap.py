@@ -127,12 +127,6 @@ class ToolResultCap(RuleProcessor[ToolResultCapConfig]):
     config_model = ToolResultCapConfig
     kind = "offloader"
 
-    def idle_for(self, tokens: int, tail_budget_tokens: int | None, context_max: int) -> bool:
-        """No result can be over the cap while all the messages together are not; in headroom
-        mode, nothing is cut while they fit their room either."""
-        within_cap = tokens <= max(int(self.config.max_result_ratio * context_max), 1)
-        return within_cap or super().idle_for(tokens, tail_budget_tokens, context_max)
-
     def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
         """See ``triggers``."""
         return triggers(messages, self.config, env)

@@ -7,16 +7,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ctxcore.errors import ConflictError, InvalidKeyError, InvalidMessageError, StoreError, TruncateRefused
+from ctxcore.errors import (
+    ConflictError,
+    CursorNotFoundError,
+    InvalidMessageError,
+    InvalidRequestError,
+    StoreError,
+    TruncateRefused,
+)
 from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.log_ids import LOG_ID_WIDTH, expected_seq, format_log_id, parse_log_id, replayed_ids
 from ctxcore.state.models import CompressionState
+from ctxcore.state.tail import CountedLog
 from ctxcore.state.undecodable import decode_entries
+from ctxcore.state.window_read import WindowReader
 
 __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
+    "MAX_BUDGET_TOKENS",
     "BatchOffloadStore",
     "LogOverview",
     "MessageLog",
@@ -25,12 +36,14 @@ __all__ = [
     "append_conflict",
     "check_budget",
     "check_loggable",
+    "check_pinned",
     "decode_log_messages",
     "encode_log_message",
     "encode_state",
     "expected_seq",
     "format_log_id",
     "parse_log_id",
+    "read_pinned",
     "replayed_ids",
     "rollback_by_save",
     "truncate_moved",
@@ -110,6 +123,11 @@ class StateStore(Protocol):
         """Record the budget a client asked for (a plain write, no version bump)."""
         ...
 
+    def window_reader(self, log: MessageLog) -> WindowReader | None:
+        """The reader of windows over this store and ``log`` in one round trip, when ``log`` is
+        this store's sibling (same database and prefix); None: read the stores one by one."""
+        ...
+
 
 @runtime_checkable
 class MessageLog(Protocol):
@@ -180,6 +198,10 @@ class MessageLog(Protocol):
         """What a listing shows of the log without reading its entries (``LogOverview``)."""
         ...
 
+    def counted(self) -> CountedLog | None:
+        """This log as a ``CountedLog`` when it stores token counts (else None)."""
+        ...
+
 
 @runtime_checkable
 class OffloadStore(Protocol):
@@ -215,68 +237,6 @@ class BatchOffloadStore(OffloadStore, Protocol):
 
 
 # --- helpers shared by the backends ---------------------------------------------------------
-
-LOG_ID_WIDTH = 12
-"""Digits of a log id: a zero-padded per-conversation counter, so string order is append order."""
-
-
-def format_log_id(seq: int) -> str:
-    """The log id of the ``seq``-th message of a conversation (1-based)."""
-    return f"{seq:0{LOG_ID_WIDTH}d}"
-
-
-def parse_log_id(log_id: str) -> int:
-    """The counter value behind ``log_id``; ``InvalidKeyError`` if it is not a log id."""
-    if (
-        not isinstance(log_id, str)
-        or len(log_id) != LOG_ID_WIDTH
-        or not log_id.isascii()
-        or not log_id.isdigit()
-    ):
-        raise InvalidKeyError(f"invalid log id {log_id!r}: expected {LOG_ID_WIDTH} ASCII digits")
-    return int(log_id)
-
-
-def expected_seq(expected_last_id: str | None) -> int | None:
-    """The counter value an ``expected_last_id`` names; None for no expectation.
-
-    An id that is not a log id (or names the empty log) gives -1, which no log ends at, so
-    the append reports a conflict naming the real last id instead of failing differently.
-    """
-    if expected_last_id is None:
-        return None
-    try:
-        seq = parse_log_id(expected_last_id)
-    except InvalidKeyError:
-        return -1
-    return seq if seq >= 1 else -1
-
-
-def replayed_ids(
-    known: Sequence[int | None], expected: int, following: Sequence[int] | None = None
-) -> list[str] | None:
-    """The ids to return when a batch under ``expected_last_id`` replays a call that succeeded.
-
-    ``known[i]`` is the logged position of message i's ``message_id`` (None: no id, or not
-    logged); ``following`` the log's ids above ``expected`` in order (at least
-    ``len(known)`` of them when there are that many; default: ``expected+1, expected+2, ...``,
-    a log without truncations). A replay has every message logged, and the distinct
-    positions above ``expected`` are the log's next ids in batch order, at least one of
-    them (positions at or below it are duplicates of older messages, as in the first call).
-    Without ``message_id`` a replay cannot be told from a stale writer: that is a conflict.
-    """
-    nexts = list(following) if following is not None else [expected + 1 + i for i in range(len(known))]
-    matched = 0
-    for seq in known:
-        if seq is None:
-            return None
-        if matched < len(nexts) and seq == nexts[matched]:
-            matched += 1
-        elif seq > (nexts[matched - 1] if matched else expected):
-            return None
-    if matched == 0:
-        return None
-    return [format_log_id(seq) for seq in known if seq is not None]
 
 
 def truncate_moved(key: ConversationKey, expected_last_id: str, last_seq: int) -> TruncateRefused:
@@ -349,10 +309,40 @@ def encode_state(state: CompressionState, version: int) -> str:
     return state.model_copy(update={"version": version}).model_dump_json()
 
 
+MAX_BUDGET_TOKENS = 1_000_000_000
+"""The largest budget: it is stored beside the state (a BIGINT column on SQL backends), and
+no model has a billion-token window."""
+
+
 def check_budget(budget_tokens: int) -> None:
-    """A budget must be a positive number of tokens (``ValueError`` otherwise)."""
-    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 1:
-        raise ValueError(f"budget_tokens must be a positive integer, got {budget_tokens!r}")
+    """``InvalidRequestError`` unless ``budget_tokens`` is a whole number of tokens in
+    1..``MAX_BUDGET_TOKENS``: the one check of a window's budget (the service and the stores
+    that record it call it)."""
+    if type(budget_tokens) is not int or not 0 < budget_tokens <= MAX_BUDGET_TOKENS:
+        raise InvalidRequestError(
+            "budget_tokens",
+            f"must be a positive number of tokens up to {MAX_BUDGET_TOKENS:,}, got {budget_tokens!r}",
+        )
+
+
+def check_pinned(key: ConversationKey, state: CompressionState | None, found: Sequence[AnyMessage]) -> None:
+    """``CursorNotFoundError`` when a log id ``state`` pins is not among the messages read for
+    it, as the Coordinator raises: never a window without an anchor. An entry that is in the
+    log but no longer decodes was read (as its placeholder): the undecodable rule leaves it out."""
+    ids = {m.context_message_id for m in found}
+    for log_id in state.pinned if state is not None else ():
+        if log_id not in ids:
+            raise CursorNotFoundError(
+                f"{key}: pinned message {log_id!r} is missing from the log; inspect the state "
+                "history and roll back, or delete the conversation"
+            )
+
+
+def read_pinned(log: MessageLog, key: ConversationKey, state: CompressionState) -> list[AnyMessage]:
+    """The messages ``state`` pins, read one by one (``check_pinned``)."""
+    found = [m for m in (log.get(key, i) for i in state.pinned) if m is not None]
+    check_pinned(key, state, found)
+    return found
 
 
 def rollback_by_save(store: StateStore, key: ConversationKey, to_version: int, expected_version: int) -> bool:

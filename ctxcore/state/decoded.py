@@ -8,7 +8,9 @@ models, so a decoded entry can be handed to every later window that reads the sa
 The key is the entry's seq *and* its stored bytes: a seq reused after ``truncate_after``
 or after a conversation is deleted and re-created holds different bytes, and so misses.
 The map is bounded by entries and by the bytes it holds (a tool output can be megabytes).
-``DecodedStates`` does the same for saved states, keyed by their bytes.
+Without it an agent step (append + window) at a 51-message tail took 1.34-1.42x as long
+(bench/fast_path.py ``--caches``, issue 41). Decoded states were cached the same way and
+went: 1.0x (a cache must save more than 20% of the step).
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from typing import Generic, TypeVar
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id
-from ctxcore.state.models import CompressionState
 
-__all__ = ["DecodedEntries", "DecodedStates", "Row", "decoded_rows"]
+__all__ = ["DecodedEntries", "Row", "decoded_rows"]
 
 # (the entry's seq, its stored bytes): the seq as the store returned it, so a read that
 # finds every entry cached formats no log id at all.
@@ -99,24 +100,6 @@ class DecodedEntries:
         fresh = dict(zip(missing, decode(missing), strict=True))
         self._map.store(fresh)
         return [m if m is not None else fresh[row] for m, row in zip(found, rows, strict=True)]
-
-
-class DecodedStates:
-    """The last decoded states by their stored bytes: a state changes only when a stage
-    saves, while every window reads it (10 kB of JSON validated per window at 10,000
-    messages). Windows only read the state, never change it, so the object is shared."""
-
-    def __init__(self, max_entries: int = 1024, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self._map: _BoundedMap[bytes, CompressionState] = _BoundedMap(max_entries, max_bytes, len)
-
-    def decode(self, raw: bytes) -> CompressionState:
-        """The state stored as ``raw`` (validated once per distinct bytes)."""
-        (found,) = self._map.lookup([raw])
-        if found is not None:
-            return found
-        state = CompressionState.model_validate_json(raw)
-        self._map.store({raw: state})
-        return state
 
 
 def decoded_rows(rows: Sequence[Row]) -> list[AnyMessage]:

@@ -17,6 +17,7 @@ from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, enco
 from ctxcore.state.base import (
     HISTORY_LIMIT,
     LogOverview,
+    MessageLog,
     append_conflict,
     check_budget,
     check_loggable,
@@ -30,10 +31,11 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
-from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.memory_offload import MemoryOffloadStore
 from ctxcore.state.models import CompressionState
-from ctxcore.state.tail import AppendCounts, TailRead, check_counts, plan_tail
+from ctxcore.state.tail import AppendCounts, CountedLog, TailRead, check_counts, plan_tail
+from ctxcore.state.window_read import WindowReader
 
 __all__ = ["MemoryMessageLog", "MemoryOffloadStore", "MemoryStateStore"]
 
@@ -122,6 +124,10 @@ class MemoryStateStore:
         with self._lock:
             self._budgets[key] = budget_tokens
 
+    def window_reader(self, log: MessageLog) -> WindowReader | None:
+        """None: in-process reads cost no round trips to save."""
+        return None
+
 
 @dataclass
 class _Log:
@@ -178,6 +184,10 @@ class MemoryMessageLog:
     def __init__(self) -> None:
         self._logs: dict[ConversationKey, _Log] = {}
         self._lock = threading.Lock()
+
+    def counted(self) -> CountedLog:
+        """Itself: it stores counts and reads tails newest first."""
+        return self
 
     def append(
         self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
@@ -353,47 +363,3 @@ class MemoryMessageLog:
         with self._lock:
             ids = [k.conversation_id for k in self._logs if k.tenant_id == tenant_id]
         return sorted(c for c in ids if after is None or c > after)[: max(limit, 0)]
-
-
-class MemoryOffloadStore:
-    """Offloaded originals in a dict, keyed by conversation and handle."""
-
-    def __init__(self) -> None:
-        self._data: dict[ConversationKey, dict[str, tuple[AnyMessage, ...]]] = {}
-        self._lock = threading.Lock()
-
-    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists."""
-        validate_handle(handle)
-        with self._lock:
-            handles = self._data.setdefault(key, {})
-            if handle in handles:
-                return False
-            handles[handle] = tuple(messages)
-            return True
-
-    def put_many_if_absent(
-        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
-    ) -> list[bool]:
-        """``put_if_absent`` of each item, under one lock."""
-        for handle, _ in items:
-            validate_handle(handle)
-        with self._lock:
-            handles = self._data.setdefault(key, {})
-            written: list[bool] = []
-            for handle, messages in items:
-                written.append(handle not in handles)
-                handles.setdefault(handle, tuple(messages))
-            return written
-
-    def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
-        """The stored messages, or None."""
-        validate_handle(handle)
-        with self._lock:
-            found = self._data.get(key, {}).get(handle)
-        return list(found) if found is not None else None
-
-    def delete(self, key: ConversationKey) -> None:
-        """Forget every offload of ``key``."""
-        with self._lock:
-            self._data.pop(key, None)

@@ -21,7 +21,7 @@ from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import as_bytes, translated
 from ctxcore.state.redis_retention import RedisRetention, tenant_activity_key
-from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
+from ctxcore.state.tail import TAIL_PAGE, AppendCounts, CountedLog, TailRead, check_counts
 
 __all__ = ["CountedRedisLog", "decode_rows"]
 
@@ -50,6 +50,10 @@ class CountedRedisLog:
     _append_with: Callable[
         [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
     ]
+
+    def counted(self) -> CountedLog:
+        """Itself: it stores counts and reads tails newest first."""
+        return self
 
     def append_counted(
         self,

@@ -2,19 +2,16 @@
 the conversation's slot, in one call.
 
 ``WINDOW_LUA`` reads the tail itself (newest-first pages until the stored counts fill the
-budget, ``READ_TAIL_FN_LUA``). ``WINDOW_META_LUA`` reads everything but the tail: it runs in
-one pipelined round trip with a native ``XREVRANGE`` of the first page, which Redis answers
-without building Lua tables of every entry (a third of the script's time at a 50-message
-tail, bench/README).
+budget, ``READ_TAIL_FN_LUA``).
 """
 
 from __future__ import annotations
 
 from ctxcore.state.redis_scripts import LOG_HELPERS_LUA, READ_TAIL_FN_LUA
 
-__all__ = ["WINDOW_KEY_SUFFIXES", "WINDOW_LUA", "WINDOW_META_LUA"]
+__all__ = ["WINDOW_KEY_SUFFIXES", "WINDOW_LUA"]
 
-# KEYS of both scripts, in order (all in the conversation's slot).
+# KEYS of the script, in order (all in the conversation's slot).
 WINDOW_KEY_SUFFIXES: tuple[str, ...] = (
     "state:history",
     "state:head",
@@ -124,18 +121,6 @@ WINDOW_LUA = (
     + _READS
     + """
 local tail = read_tail(KEYS[4], KEYS[5], KEYS[6], KEYS[7], after, tonumber(ARGV[2]), tonumber(ARGV[1]), ARGV[3])
-"""
-    + _RETURN
-)
-
-# WINDOW_LUA without the tail read: its third result is the counted run {enc or false, from
-# or false} (the caller reads the page with XREVRANGE in the same round trip and applies the
-# run's counts itself).
-WINDOW_META_LUA = (
-    LOG_HELPERS_LUA
-    + _READS
-    + """
-local tail = redis.call('HMGET', KEYS[5], 'enc', 'from')
 """
     + _RETURN
 )

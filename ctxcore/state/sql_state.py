@@ -8,11 +8,14 @@ from sqlalchemy.exc import IntegrityError
 
 from ctxcore.errors import StoreError
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, check_budget, encode_state, rollback_by_save
+from ctxcore.state.base import HISTORY_LIMIT, MessageLog, check_budget, encode_state, rollback_by_save
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.sql_engine import SqlBackend
+from ctxcore.state.sql_log import SqlMessageLog
 from ctxcore.state.sql_schema import window_head
+from ctxcore.state.sql_window import SqlWindowReader
+from ctxcore.state.window_read import WindowReader
 
 __all__ = ["SqlStateStore"]
 
@@ -181,3 +184,13 @@ class SqlStateStore(SqlBackend):
                     },
                 )
             )
+
+    def window_reader(self, log: MessageLog) -> WindowReader | None:
+        """A ``SqlWindowReader`` when ``log`` is the ``SqlMessageLog`` of this database and prefix."""
+        if not (
+            isinstance(log, SqlMessageLog)
+            and log.engine.url == self.engine.url
+            and log.table_prefix == self.table_prefix
+        ):
+            return None
+        return SqlWindowReader(self, self, log, log)

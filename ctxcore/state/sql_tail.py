@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Connection, Row, Table, func, select
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import LogOverview, decode_log_messages, format_log_id, parse_log_id
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
+from ctxcore.state.tail import TAIL_PAGE, AppendCounts, CountedLog, TailRead, check_counts
 
 __all__ = ["CountedSqlLog"]
 
@@ -35,6 +35,10 @@ class CountedSqlLog:
     _append_with: Callable[
         [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
     ]
+
+    def counted(self) -> CountedLog:
+        """Itself: it stores counts and reads tails newest first."""
+        return self
 
     def append_counted(
         self,

@@ -39,14 +39,13 @@ from sqlalchemy import (
 )
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import check_budget, format_log_id
-from ctxcore.state.decoded import DecodedEntries, DecodedStates, Row, decoded_rows
+from ctxcore.state.base import MessageLog, StateStore, check_pinned, format_log_id, read_pinned
+from ctxcore.state.decoded import DecodedEntries, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
+from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_engine import translated_errors
-from ctxcore.state.sql_log import SqlMessageLog
-from ctxcore.state.sql_state import SqlStateStore
-from ctxcore.state.tail import TAIL_PAGE, TailRead
+from ctxcore.state.sql_engine import SqlBackend, translated_errors
+from ctxcore.state.tail import TAIL_PAGE, CountedLog, TailRead
 from ctxcore.state.window_read import WindowRead
 
 __all__ = ["SqlWindowReader"]
@@ -56,18 +55,26 @@ _STATE, _BUDGET, _COUNTER, _PINNED, _PAGE, _INDEX = range(6)
 
 
 class SqlWindowReader:
-    """Reads windows for a ``SqlStateStore`` and ``SqlMessageLog`` of one database and prefix."""
+    """Reads windows for a ``SqlStateStore`` and ``SqlMessageLog`` of one database and prefix
+    (``SqlStateStore.window_reader``): ``state`` is the store's tables, ``budgets`` the store,
+    ``log`` and ``tails`` the log."""
 
     def __init__(
-        self, state: SqlStateStore, log: SqlMessageLog, decoded: DecodedEntries | None = None
+        self,
+        state: SqlBackend,
+        budgets: StateStore,
+        log: MessageLog,
+        tails: CountedLog,
+        decoded: DecodedEntries | None = None,
     ) -> None:
-        self._state = state
+        self._tables = state._t
+        self._budgets = budgets
         self._log = log
+        self._tails = tails
         self._engine = state.engine
         self._clock = state._clock
         # Consecutive windows read the same page: its entries are decoded once per process.
         self.decoded = decoded if decoded is not None else DecodedEntries()
-        self.states = DecodedStates()
         self._statements = {False: self._statement(False), True: self._statement(True)}
         # How many reads needed the tail read again after the statement (tests read it).
         self.tail_reads = 0
@@ -76,7 +83,7 @@ class SqlWindowReader:
         """Nothing to do: SQL stamps activity in the budget row (see ``read``)."""
 
     def _statement(self, with_index: bool) -> Select[Any]:
-        t = self._state._t
+        t = self._tables
         tenant: Any = bindparam("tenant")
         conversation: Any = bindparam("conversation")
 
@@ -168,7 +175,6 @@ class SqlWindowReader:
         """The window's reads; the budget recorded when it differs from the stored one (or
         the activity stamp is due). ``index_version``: the recall index version the caller
         holds (None: recall off)."""
-        check_budget(budget_tokens)
         params: dict[str, Any] = {"tenant": key.tenant_id, "conversation": key.conversation_id}
         if index_version is not None:
             params["held"] = index_version
@@ -184,12 +190,12 @@ class SqlWindowReader:
             return WindowRead(None, [], TailRead([], []))  # no such conversation: nothing written
         budget = found.get(_BUDGET, [None])[0]
         if budget is None or budget.n != budget_tokens or _stamp_due(budget.f, self._clock()):
-            self._state.set_budget(key, budget_tokens)
-        state = self.states.decode(state_row.data.encode()) if state_row is not None else None
+            self._budgets.set_budget(key, budget_tokens)
+        state = CompressionState.model_validate_json(state_row.data) if state_row is not None else None
         if state is not None and state_row.n is None:
             # Saved before the head row held the cursor: read the way it was written.
-            pinned = [m for m in (self._log.get(key, i) for i in state.pinned) if m is not None]
-            tail = self._log.read_tail(
+            pinned = read_pinned(self._log, key, state)
+            tail = self._tails.read_tail(
                 key, state.covered_until, budget_tokens=budget_tokens, encoding=encoding
             )
             self.tail_reads += 1
@@ -197,10 +203,11 @@ class SqlWindowReader:
             pinned = self._decoded(
                 sorted((r for r in found.get(_PINNED, []) if r.data is not None), key=lambda r: r.seq)
             )
+            check_pinned(key, state, pinned)
             cursor = int(state_row.n) if state_row is not None else 0
             page = _page(found.get(_PAGE, []), cursor, counter, encoding)
             if page is None:
-                tail = self._log.read_tail(
+                tail = self._tails.read_tail(
                     key,
                     format_log_id(cursor) if cursor else None,
                     budget_tokens=budget_tokens,

@@ -30,6 +30,8 @@ class WindowRead:
     # The compaction hash's fields (``workers.failures``: last error, backoff, mirrored
     # status) when the store holds them beside the conversation (Redis); None: not read.
     compaction: dict[str, str] | None = None
+    # The key the compaction hash was read from (the caller checks it is its failure store's).
+    compaction_key: str | None = None
     last_id: str | None = None
     # True when the conversation's expiry is more than an hour below its full retention.
     refresh_due: bool = False

@@ -66,6 +66,7 @@ CLASSES = _every_error_class()
 # Positional arguments of the classes whose constructor takes more than a message.
 ARGS: dict[str, tuple[Any, ...]] = {
     "InvalidMessageError": (0, "role", f"bad role near {SECRET}"),
+    "InvalidRequestError": ("budget_tokens", f"must be positive, near {SECRET}"),
     "UnsupportedItemError": (0, "reasoning", f"no chat form ({SECRET})"),
     "BudgetExceeded": (100, 60, 30, 40),
     "ModelError": ("timeout", f"model at {SECRET} timed out"),

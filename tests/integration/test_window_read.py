@@ -155,7 +155,7 @@ def services(
     return state, log, service, plain
 
 
-def test_a_short_tail_after_a_known_cursor_is_the_meta_script_and_one_page(
+def test_every_window_is_the_one_script_call_whatever_the_cursor_did(
     client: Recording, redis_prefix: str, conv_key: ConversationKey
 ) -> None:
     state, log, service, plain = services(client, redis_prefix)
@@ -164,27 +164,27 @@ def test_a_short_tail_after_a_known_cursor_is_the_meta_script_and_one_page(
     ids = [m.context_message_id or "" for m in log.read_after(conv_key, None)]
     assert state.save(conv_key, CompressionState(covered_until=ids[10], pinned=[ids[0]]), 0)
     client.sent.clear()
-    service.get_window(conv_key, 50_000, SYSTEM)  # no cursor known yet: the script
+    service.get_window(conv_key, 50_000, SYSTEM)
     assert client.sent == ["EVALSHA"]
     for step in agent_run(23)[21:]:
         service.append(conv_key, step)
         client.sent.clear()
         window = service.get_window(conv_key, 50_000, SYSTEM)
-        assert client.sent[-1] == "EVALSHA+XREVRANGE" and "EVALSHA" not in client.sent[:-1]
+        assert client.sent == ["EVALSHA"]
         expected = plain.get_window(conv_key, 50_000, SYSTEM)
         assert window.messages == expected.messages and window.stats == expected.stats
         assert window.raw_tokens == expected.raw_tokens
-    # A compaction moves the cursor forward: the page read after the old one still serves
+    # A compaction moves the cursor forward
     assert state.save(conv_key, CompressionState(covered_until=ids[25], pinned=[ids[0]]), 1)
     client.sent.clear()
     window = service.get_window(conv_key, 50_000, SYSTEM)
-    assert client.sent == ["EVALSHA+XREVRANGE"]
+    assert client.sent == ["EVALSHA"]
     assert window.messages == plain.get_window(conv_key, 50_000, SYSTEM).messages
-    # A rollback moves it back: the page cannot hold the tail, the script reads it
+    # A rollback moves it back
     assert state.rollback(conv_key, 1, 2)
     client.sent.clear()
     window = service.get_window(conv_key, 50_000, SYSTEM)
-    assert client.sent == ["EVALSHA+XREVRANGE", "EVALSHA"]
+    assert client.sent == ["EVALSHA"]
     assert window.messages == plain.get_window(conv_key, 50_000, SYSTEM).messages
 
 
@@ -199,11 +199,11 @@ def test_a_tail_outgrowing_the_page_is_read_by_the_script(
         service.append(conv_key, batch)
     client.sent.clear()
     window = service.get_window(conv_key, 4_000, SYSTEM)
-    assert client.sent == ["EVALSHA+XREVRANGE", "EVALSHA"] and window.fallback_applied
+    assert client.sent == ["EVALSHA"] and window.fallback_applied
     expected = plain.get_window(conv_key, 4_000, SYSTEM)
     assert window.messages[-1] == expected.messages[-1] and window.stats.total_tokens <= 4_000
     client.sent.clear()
-    service.get_window(conv_key, 4_000, SYSTEM)  # the long tail is remembered: the script only
+    service.get_window(conv_key, 4_000, SYSTEM)
     assert client.sent == ["EVALSHA"]
 
 
@@ -220,7 +220,7 @@ def test_counts_stored_under_an_earlier_run_are_not_taken_for_the_current_one(
     for batch in batches[4:]:
         service.append(conv_key, batch)  # cl100k_base: a new run starts here
     expected = plain.get_window(conv_key, 20_000, SYSTEM)
-    for _ in range(2):  # the script, then the page
+    for _ in range(2):
         window = service.get_window(conv_key, 20_000, SYSTEM)
         assert window.messages == expected.messages and window.stats == expected.stats
         assert window.raw_tokens == expected.raw_tokens < 5_000

@@ -45,6 +45,7 @@ from ctxcore.state import (
     SqlStateStore,
 )
 from ctxcore.state.models import CompressionState
+from workers.failures import FailureRecord
 from workers.http import create_app
 from workers.runtime import Runtime
 from workers.scheduler import Status
@@ -93,6 +94,9 @@ class _SchedulerQueue:
 
     def status(self, key: ConversationKey) -> Status:
         return self.rt.scheduler.status(key)
+
+    def status_from(self, record: FailureRecord) -> Status:
+        return "failing" if record.failing else record.scheduler_status
 
 
 @pytest.fixture()

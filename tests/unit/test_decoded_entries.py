@@ -8,11 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from ctxcore.messages import AnyMessage, UserMessage
-from ctxcore.processors.offload import HandleMemo, offload_handle
-from ctxcore.state import ConversationKey
 from ctxcore.state.base import encode_log_message, format_log_id
-from ctxcore.state.decoded import DecodedEntries, DecodedStates, decoded_rows
-from ctxcore.state.models import CompressionState
+from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.undecodable import UNDECODABLE_KEY, is_undecodable
 from ctxcore.tokens import TiktokenCounter, _tools_text
 
@@ -110,29 +107,3 @@ def test_tools_marshal_cannot_write_are_still_counted_exactly() -> None:
     tools = [{"type": "function", "function": {"name": "f", "x": Odd()}}]
     counter = TiktokenCounter()
     assert counter.count_tools(tools) == expected(tools, counter)
-
-
-def test_handle_memo_gives_each_message_its_conversations_handle() -> None:
-    key, other_key = ConversationKey("t", "c"), ConversationKey("t", "d")
-    message = UserMessage(content="a long tool output", context_message_id="000000000007")
-    memo = HandleMemo(max_entries=2)
-    first = memo.handle(key, message)
-    assert first == offload_handle(key, [message])
-    assert memo.handle(key, message) == first
-    # The handle names the conversation too: another conversation's is its own.
-    assert memo.handle(other_key, message) == offload_handle(other_key, [message]) != first
-    # An equal copy is another object: hashed again, to the same handle.
-    assert memo.handle(key, message.model_copy()) == first
-
-
-def test_decoded_states_validate_each_stored_state_once() -> None:
-    states = DecodedStates(max_entries=2)
-    one = CompressionState(version=1, covered_until="000000000004").model_dump_json().encode()
-    two = CompressionState(version=2, covered_until="000000000009").model_dump_json().encode()
-    first = states.decode(one)
-    assert states.decode(one) is first and first.version == 1
-    assert states.decode(two).covered_until == "000000000009"
-    states.decode(CompressionState(version=3).model_dump_json().encode())
-    assert states.decode(one) is not first  # evicted (two entries kept), validated again
-    with pytest.raises(ValueError):
-        states.decode(b"{not json")

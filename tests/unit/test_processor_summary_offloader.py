@@ -19,9 +19,10 @@ from ctxcore.processors.summary_offloader import MIN_BODY_CHARS
 from ctxcore.state.filesystem import FilesystemOffloadStore
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.memory import MemoryOffloadStore
+from ctxcore.tokens import CounterBase
 
 
-class MetaCounter:
+class MetaCounter(CounterBase):
     """Counts ``metadata["test_token_count"]`` when present, else characters / 4."""
 
     def count_text(self, text: str) -> int:

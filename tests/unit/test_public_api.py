@@ -32,6 +32,7 @@ PINNED = [
     "EstimateCounter",
     "InvalidKeyError",
     "InvalidMessageError",
+    "InvalidRequestError",
     "InvalidWindowError",
     "ModelContext",
     "ModelError",

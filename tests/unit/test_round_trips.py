@@ -19,7 +19,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCa
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state import CompressionState, ConversationKey, MemoryMessageLog, MemoryStateStore
 from ctxcore.summarize.extractive import ExtractiveModel
-from ctxcore.tokens import TiktokenCounter
+from ctxcore.tokens import CounterBase, TiktokenCounter
 
 BIG = "x" * 1500
 OFFLOADER = [("MessageOffloader", {"keep_last_round": False, "tokens_threshold": 1, "trim_size": 10})]
@@ -71,7 +71,7 @@ def test_a_format_1_snapshot_still_loads() -> None:
             other.load_state({**state, "format": bad})
 
 
-class RaisingCounter:
+class RaisingCounter(CounterBase):
     """A custom counter with a bug: every count raises."""
 
     def count_text(self, text: str) -> int:

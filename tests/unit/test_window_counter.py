@@ -9,7 +9,7 @@ import pytest
 
 from ctxcore.counting import tolerant
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
-from ctxcore.tokens import EstimateCounter, TiktokenCounter
+from ctxcore.tokens import CounterBase, EstimateCounter, TiktokenCounter
 from ctxcore.window_counter import WindowCounter
 
 MESSAGES: list[AnyMessage] = [
@@ -23,7 +23,7 @@ MESSAGES: list[AnyMessage] = [
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
 
-class Tally:
+class Tally(CounterBase):
     """A counter that counts its own calls (no ``count_message``: requests only)."""
 
     def __init__(self) -> None:

@@ -28,6 +28,9 @@ class PlainLog:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def counted(self) -> None:
+        return None
+
 
 def service(log: object, counter: EstimateCounter | None = None) -> ContextService:
     return ContextService(Settings(), MemoryStateStore(), log, None, InlineQueue(), counter=counter)  # type: ignore[arg-type]

@@ -202,9 +202,11 @@ def upstream_error(
     tokens and credential-shaped strings redacted; the allow-listed headers but its type."""
     error: Any = None
     try:
-        error = json.loads(content).get("error")
-    except (ValueError, AttributeError):  # not JSON (UnicodeDecodeError is a ValueError), or not an object
-        error = None
+        parsed = json.loads(content)
+    except ValueError:  # not JSON (UnicodeDecodeError is a ValueError)
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
     if isinstance(error, Mapping) and isinstance(error.get("message"), str):
         message = error["message"]
         code, kind, param = (error.get(k) for k in ("code", "type", "param"))
