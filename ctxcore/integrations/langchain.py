@@ -40,8 +40,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
 
 from ctxcore.client import AsyncCtxcoreClient, CtxcoreClient
 from ctxcore.client.status import StatusWatch
-from ctxcore.engine import ModelContext
-from ctxcore.engine_async import AsyncModelContext
+from ctxcore.engine import AsyncModelContext, ModelContext
 from ctxcore.errors import ConfigError, UnsupportedItemError
 from ctxcore.messages import AnyMessage, from_openai, to_openai
 from ctxcore.messages import SystemMessage as CtxSystemMessage

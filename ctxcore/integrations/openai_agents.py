@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
 
 from ctxcore.client import AsyncCtxcoreClient
 from ctxcore.client.status import StatusWatch
-from ctxcore.engine_async import AsyncModelContext
+from ctxcore.engine import AsyncModelContext
 from ctxcore.errors import ConfigError, NotFoundError, TruncateRefused, UnsupportedItemError
 from ctxcore.integrations.agents_items import (
     group_items,

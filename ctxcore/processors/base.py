@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
-from ctxcore.engine_config import StrictConfig, validate_config
+from ctxcore.config.base import StrictConfig, validate_config
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.events import ContextEvent
 from ctxcore.processors.rules import RuleEnv

@@ -9,7 +9,7 @@ from typing import Any
 
 from ctxcore import from_openai
 from ctxcore.engine import ContextEngine, ContextEngineConfig
-from ctxcore.engine_config import DEFAULT_DEBUG_DIR
+from ctxcore.engine.config import DEFAULT_DEBUG_DIR
 from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.summarize.extractive import ExtractiveModel
 from tests.datasets import conversations

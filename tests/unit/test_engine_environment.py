@@ -20,7 +20,7 @@ from ctxcore.processors import ContextProcessor, ProcessorConfig, builtin_regist
 
 ROOT = Path(__file__).resolve().parents[2] / "ctxcore"
 # (file under ctxcore/, qualified function) allowed to read the environment.
-READERS = {("config/settings.py", "Settings.from_env"), ("engine.py", "ContextEngine.__init__")}
+READERS = {("config/settings.py", "Settings.from_env"), ("engine/engine.py", "ContextEngine.__init__")}
 
 
 class _Mine(ContextProcessor[ProcessorConfig]):

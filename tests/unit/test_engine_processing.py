@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-import ctxcore.engine_core as engine_core
+import ctxcore.engine.store as engine_store
 from ctxcore.engine import ContextEngine, ModelContext
 from ctxcore.errors import ConfigError, CtxcoreError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage, replace_content
@@ -331,7 +331,7 @@ def test_compress_is_busy_while_a_processor_runs_and_adds_bypass_processors_duri
 def test_hooks_of_one_context_never_overlap_and_a_blocked_add_is_logged(
     registry: ProcessorRegistry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(engine_core, "LOCK_WARN_SECONDS", 0.05)
+    monkeypatch.setattr(engine_store, "LOCK_WARN_SECONDS", 0.05)
     blocker = Blocker()
     ctx = ContextEngine(registry=registry).create_context("c", processors=[blocker])
     first = threading.Thread(target=ctx.add_messages, args=(UserMessage(content="1"),))

@@ -49,21 +49,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ("ctxcore.window", "ctxcore.window_repair", "ctxcore.state", "ctxcore.render"),
     ),
     ("recall and summarisation", ("ctxcore.recall", "ctxcore.summarize")),
-    ("configuration", ("ctxcore.config", "ctxcore.engine_config")),
+    ("configuration", ("ctxcore.config",)),
     ("compaction pipeline", ("ctxcore.pipeline", "ctxcore.assemble")),
     ("processors", ("ctxcore.processors",)),
-    (
-        "engines",
-        (
-            "ctxcore.engine_state",
-            "ctxcore.engine_core",
-            "ctxcore.engine_hooks",
-            "ctxcore.engine_context",
-            "ctxcore.engine_async",
-            "ctxcore.engine",
-            "ctxcore.coordinator",
-        ),
-    ),
+    # The embedded engine is one package (a context has a store and a hook runner).
+    ("engines", ("ctxcore.engine", "ctxcore.coordinator")),
     ("adapters", ("ctxcore.client", "ctxcore.integrations", "ctxcore.eval", "ctxcore.testing")),
     ("package", ("ctxcore",)),
 ]

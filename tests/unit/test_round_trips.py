@@ -13,7 +13,7 @@ import pytest
 from ctxcore.assemble import assemble_window
 from ctxcore.coordinator import Coordinator
 from ctxcore.engine import ContextEngine
-from ctxcore.engine_state import STATE_FORMAT
+from ctxcore.engine.snapshot import STATE_FORMAT
 from ctxcore.errors import CtxcoreError
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE

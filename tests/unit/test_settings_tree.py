@@ -12,7 +12,7 @@ from ctxcore.config import EngineSettings, RecallSettings, Settings
 from ctxcore.config import base as config_base
 from ctxcore.config.compaction import UserMarkers
 from ctxcore.engine import ContextEngine, ContextEngineConfig
-from ctxcore.engine_config import CompressionRecallConfig
+from ctxcore.engine.config import CompressionRecallConfig
 from ctxcore.errors import ConfigError
 
 

@@ -1,18 +1,7 @@
-"""The embedded engine: ``ContextEngine`` -> ``ModelContext`` with a chain of processors.
+"""``ContextEngine``: creates and pools ``ModelContext`` objects with their processor chains.
 
-``ContextEngine`` creates and pools contexts and owns what they share (config, offload
-store, clock, processor registry, token counter). The rest of the embedded engine is one
-module per job, each importing only the ones below it::
-
-    engine            ContextEngine: the pool, the registry, processor construction
-      -> engine_async   AsyncModelContext: ModelContext's methods as coroutines
-      -> engine_context ModelContext: ContextHooks + save_state / load_state
-           -> engine_state   the snapshot format (JSON-ready dicts)
-           -> engine_hooks   ContextHooks: add, window, active compression, recovery
-                -> engine_core    ContextCore: the log, the view, locks, reads, direct writes
-                     -> engine_config  ContextEngineConfig and its validation
-
-Every name importable from ``ctxcore.engine`` before the split still is.
+It owns what its contexts share (config, offload store, clock, processor registry, token
+counter). The package's other modules are listed in ``ctxcore/engine/__init__.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +12,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ctxcore.engine_async import AsyncModelContext
-from ctxcore.engine_config import ContextEngineConfig, validate_config
-from ctxcore.engine_context import ModelContext
-from ctxcore.engine_core import LOCK_WARN_SECONDS, check_messages
-from ctxcore.engine_hooks import CompressResult
+from ctxcore.config.base import validate_config
+from ctxcore.engine.async_context import AsyncModelContext
+from ctxcore.engine.config import ContextEngineConfig
+from ctxcore.engine.context import ModelContext
+from ctxcore.engine.hooks import CompressResult
 from ctxcore.errors import ConfigError, NotFoundError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors import ContextProcessor, ProcessorRegistry, builtin_registry
@@ -38,14 +27,7 @@ from ctxcore.state.memory import MemoryOffloadStore
 from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
 from ctxcore.turns import UserDetector
 
-__all__ = [
-    "LOCK_WARN_SECONDS",
-    "AsyncModelContext",
-    "CompressResult",
-    "ContextEngine",
-    "ContextEngineConfig",
-    "ModelContext",
-]
+__all__ = ["ContextEngine"]
 
 ProcessorSpec = tuple[str, Any] | ContextProcessor[Any]
 
@@ -156,10 +138,8 @@ class ContextEngine:
                 clock=self.clock,
                 detector=self.detector,
                 subscribers=self._subscribers,
+                history_messages=history_messages or (),
             )
-            if history_messages:
-                context.set_messages(context._append_to_log(check_messages(history_messages, "history")))
-                context.usage_fresh_after = None  # the history as given: its usage still holds
             self._contexts[pool_key] = context
             return context
 

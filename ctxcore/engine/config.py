@@ -1,82 +1,21 @@
-"""``ContextEngineConfig`` and the strict config validation every processor shares.
-
-Deviation from spec section 0: configs reject unknown keys (``extra="forbid"``) instead of
-silently ignoring them, so a misspelt threshold fails at ``create_context`` rather than
-leaving a processor at its default. Every problem becomes one ``ConfigError`` naming the
-component, the field and the reason.
-"""
+"""``ContextEngineConfig``: the embedded engine's settings (validated strictly, as every
+config is, by ``config.base.validate_config``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, Field, PositiveInt, ValidationError
+from pydantic import Field, PositiveInt
 
 from ctxcore.config import RecallSettings, Settings
-from ctxcore.config.base import RETIRED, STRICT
+from ctxcore.config.base import validate_config
 from ctxcore.config.compaction import UserMarkers
-from ctxcore.errors import ConfigError
 
-__all__ = [
-    "DEFAULT_DEBUG_DIR",
-    "CompressionRecallConfig",
-    "ContextEngineConfig",
-    "StrictConfig",
-    "validate_config",
-]
+__all__ = ["DEFAULT_DEBUG_DIR", "CompressionRecallConfig", "ContextEngineConfig"]
 
 # The reference's last fallback for the debug records' directory (spec 5.4), under the
 # working directory.
 DEFAULT_DEBUG_DIR = "context/context_debug"
-
-M = TypeVar("M", bound=BaseModel)
-
-
-class StrictConfig(BaseModel):
-    """Base of every ctxcore config model: immutable, unknown keys rejected."""
-
-    model_config = STRICT
-
-
-def _describe(error: Mapping[str, Any]) -> str:
-    loc = ".".join(str(part) for part in error.get("loc", ()))
-    kind = error.get("type", "")
-    reason = error.get("msg", "")
-    if kind == "extra_forbidden":
-        reason = (
-            f"removed; {RETIRED[loc]}" if loc in RETIRED else "unknown field (not accepted by this config)"
-        )
-    if not loc:
-        return str(reason).removeprefix("Value error, ")
-    shown = "" if kind == "extra_forbidden" else f" (got {error.get('input')!r})"
-    return f"field {loc!r}: {reason}{shown}"
-
-
-def validate_config(model: type[M], raw: M | Mapping[str, Any] | None, component: str) -> M:
-    """Build ``model`` from an instance, a plain dict of its fields, or None (defaults).
-
-    Raises:
-        ConfigError: naming ``component``, each offending field and the reason.
-    """
-    if raw is None:
-        raw = {}
-    if isinstance(raw, model):
-        return raw
-    if isinstance(raw, BaseModel):
-        raise ConfigError(
-            f"{component}: expected a {model.__name__} or a dict of its fields, got {type(raw).__name__}"
-        )
-    if not isinstance(raw, Mapping):
-        raise ConfigError(
-            f"{component}: config must be a {model.__name__} or a dict, got {type(raw).__name__}"
-        )
-    try:
-        return model.model_validate(dict(raw))
-    except ValidationError as exc:
-        details = "; ".join(_describe(e) for e in exc.errors())
-        raise ConfigError(f"{component}: invalid config: {details}") from exc
-
 
 CompressionRecallConfig = RecallSettings
 """Chunking of archived originals for recall by LLM compressors (spec 2.2): the ``recall``

@@ -1,122 +1,136 @@
-"""Running processor hooks over a context: add, window, active compression, overflow recovery.
+"""``HookRunner``: runs a context's processors over it: add, window, active compression.
 
-``ContextHooks`` extends ``ContextCore`` with the three operations of spec 3.3-3.5. Every
-operation runs its processors under the context's processor lock, so two hooks of a
-context never overlap; failures are collected per operation (``last_failures``) and
-re-raised only with ``strict_processors``.
+The three operations of spec 3.3-3.5 (``ModelContext`` has a runner and calls it). Every
+operation runs its processors under the context's processor lock (the store's), so two
+hooks of a context never overlap; failures are collected per operation (``failures``) and
+re-raised only with ``strict_processors``. The processors see the context through
+``processors.base.ProcessorContext``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, Literal
 
 from ctxcore.assemble import fit_to_budget
-from ctxcore.engine_core import ContextCore, check_messages
+from ctxcore.counting import tolerant
+from ctxcore.engine.config import ContextEngineConfig
+from ctxcore.engine.store import ContextStore, logger
 from ctxcore.errors import BudgetExceeded, ConfigError, InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, messages_to_json
 from ctxcore.pipeline import View, block_provenance
-from ctxcore.processors.base import ContextProcessor
-from ctxcore.processors.events import ContextEvent, ProcessorFailure
+from ctxcore.processors.base import ContextProcessor, ProcessorContext
+from ctxcore.processors.events import ContextEvent, Phase, ProcessorFailure, StateReporter, Subscriber
 from ctxcore.processors.recall_tool import RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME, reload_tool_definition
 from ctxcore.processors.rules import id_ranges
-from ctxcore.processors.runner import CANCELLATION
+from ctxcore.processors.runner import CANCELLATION, OperationReporter
 from ctxcore.recall.auto import recall_query
-from ctxcore.summarize.errors import is_context_overflow_error
 from ctxcore.turns import anchors
 from ctxcore.window import ContextWindow, apply_window_limits, compute_stats
 from ctxcore.window_repair import served_context
 
-__all__ = ["CompressResult", "ContextHooks"]
-
-# Named after the public module: logging configured for ``ctxcore.engine`` keeps working.
-logger = logging.getLogger("ctxcore.engine")
+__all__ = ["CompressResult", "HookRunner"]
 
 CompressResult = Literal["compressed", "noop", "busy"]
 
 
-class ContextHooks(ContextCore):
-    """``ContextCore`` plus the operations that run processors (see ``ModelContext``)."""
+class HookRunner:
+    """Runs the processors of one context (``ctx``, whose log and view are ``store``).
 
-    def add_messages(self, messages: AnyMessage | Sequence[AnyMessage]) -> list[str]:
-        """Log ``messages``, run the add hooks over them, append the result to the view.
+    Attributes:
+        states: the context's compression-state events and their subscribers.
+        failures: processor failures of the most recent operation.
+    """
 
-        Returns the log ids assigned. System messages are rejected: they are sent with each
-        window request, never stored. While an active compression runs, the messages are
-        logged at once and join the view unprocessed when it finishes (spec 3.3 step 2).
-        """
-        batch = self._append_to_log(check_messages(messages))
-        ids = [str(m.context_message_id) for m in batch]
-        if not batch:
-            return ids
-        with self._data_lock:
-            if self._compressing:
-                self._deferred.extend(batch)
-                return ids
-        with self._locked():
-            self._start_operation()
+    def __init__(
+        self,
+        ctx: ProcessorContext,
+        store: ContextStore,
+        processors: list[tuple[str, ContextProcessor[Any]]],
+        config: ContextEngineConfig,
+        subscribers: list[Subscriber],
+        context_id: str,
+    ) -> None:
+        self._ctx = ctx
+        self._store = store
+        self._processors = processors
+        self._config = config
+        self.states = StateReporter(subscribers)
+        self._ops = OperationReporter(
+            self.states, tolerant(ctx.token_counter), ctx.context_max, context_id, ctx.detector
+        )
+        self.failures: list[ProcessorFailure] = []
+
+    @contextmanager
+    def _operation(self) -> Iterator[None]:
+        """One operation: under the processor lock, its failures collected afresh and, with
+        ``strict_processors``, the first re-raised once the lock is released."""
+        with self._store.locked():
+            self._ops.failures = self.failures = []
+            yield
+        if self._config.strict_processors and self.failures:
+            raise self.failures[0].error
+
+    def _triggered(self, name: str, phase: Phase, trigger: Callable[[], bool]) -> bool:
+        """Whether a processor's trigger fires; a trigger that raises is a failure of the
+        operation (logged), and the processor is skipped."""
+        try:
+            return trigger()
+        except CANCELLATION:
+            raise
+        except Exception as exc:
+            self.failures.append(ProcessorFailure(name, phase, exc))
+            logger.warning("%s trigger of processor %s failed", phase, name, exc_info=True)
+            return False
+
+    def add(self, batch: list[AnyMessage]) -> None:
+        """Run the add hooks over a logged batch and append the result to the view (see
+        ``ModelContext.add_messages``); deferred while an active compression runs."""
+        if self._store.defer(batch):
+            return
+        with self._operation():
             pending = batch
             try:
-                for name, processor in self.processors:
+                for name, processor in self._processors:
                     pending = self._run_add(name, processor, pending)
             finally:
                 # Also on cancellation: the view must not lose messages the log has.
-                with self._data_lock:
-                    self._view.extend(pending)
-                    limit = self.config.max_context_message_num
-                    if limit is not None and len(self._view) > 2 * limit:
-                        self._view = self._limit(self._view)
-        self._raise_if_strict()
-        return ids
+                self._store.extend_view(pending)
 
     def _run_add(
         self, name: str, processor: ContextProcessor[Any], batch: list[AnyMessage]
     ) -> list[AnyMessage]:
         kwargs: dict[str, Any] = {"force": False, "phase": "add_messages"}
-        try:
-            triggered = processor.trigger_add_messages(self, batch, **kwargs)
-        except CANCELLATION:
-            raise
-        except Exception as exc:
-            self._ops.failures.append(ProcessorFailure(name, "add_messages", exc))
-            logger.warning("trigger of processor %s failed", name, exc_info=True)
-            return batch
-        if not triggered:
+        trigger = partial(processor.trigger_add_messages, self._ctx, batch, **kwargs)
+        if not self._triggered(name, "add_messages", trigger):
             return batch
 
         def after(out: list[AnyMessage]) -> list[AnyMessage]:
-            return [*self.get_messages(), *out]
+            return [*self._store.messages(), *out]
 
         outcome = self._ops.run(
             name,
             "add_messages",
             "passive",
-            [*self.get_messages(), *batch],
-            partial(processor.on_add_messages, self, batch, **kwargs),
+            [*self._store.messages(), *batch],
+            partial(processor.on_add_messages, self._ctx, batch, **kwargs),
             after,
             model=processor.model_name(),
         )
         return outcome[1] if outcome is not None else batch
 
-    def get_context_window(
+    def window(
         self,
-        system_messages: Sequence[AnyMessage] | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        window_size: int | None = None,
-        dialogue_round: int | None = None,
-        **kwargs: Any,
+        system_messages: Sequence[AnyMessage] | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+        window_size: int | None,
+        dialogue_round: int | None,
+        kwargs: Mapping[str, Any],
     ) -> ContextWindow:
-        """The window to send: windowing, window hooks, protocol repairs, statistics.
-
-        ``window_size`` (counting system messages) and ``dialogue_round`` override the
-        config defaults; deviation from spec 2.4: neither ever drops an anchor. The repairs
-        touch the served window only: tool and assistant messages before the first user
-        message are dropped and interrupted tool calls answered (``served_context``); a
-        window still breaking the protocol raises ``InvalidWindowError``.
-        """
+        """The window to send (see ``ModelContext.get_context_window``)."""
         for name, value in (("window_size", window_size), ("dialogue_round", dialogue_round)):
             if value is not None and value <= 0:
                 raise ConfigError(f"get_context_window: {name} must be > 0, got {value}")
@@ -124,38 +138,40 @@ class ContextHooks(ContextCore):
         for i, message in enumerate(system):
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "expected SystemMessage objects")
-        size = window_size if window_size is not None else self.config.default_window_message_num
-        rounds = dialogue_round if dialogue_round is not None else self.config.default_window_round_num
-        with self._locked():
-            self._start_operation()
+        size = window_size if window_size is not None else self._config.default_window_message_num
+        rounds = dialogue_round if dialogue_round is not None else self._config.default_window_round_num
+        with self._operation():
             system, context = apply_window_limits(
-                system, self.get_messages(), dialogue_round=rounds, window_size=size, detector=self.detector
+                system,
+                self._store.messages(),
+                dialogue_round=rounds,
+                window_size=size,
+                detector=self._ctx.detector,
             )
             window = ContextWindow(
                 system_messages=system, context_messages=context, tools=[dict(t) for t in tools or []]
             )
             # ctxcore's own tool goes in before the processors, so every budget counts it.
             names = {t.get("function", {}).get("name") for t in window.tools}
-            if self.config.enable_reload and RELOAD_TOOL_NAME not in names:
+            if self._config.enable_reload and RELOAD_TOOL_NAME not in names:
                 window.tools.append(reload_tool_definition())
-            if self.archive is not None and RECALL_TOOL_NAME not in names:
+            if self._ctx.archive is not None and RECALL_TOOL_NAME not in names:
                 window.tools.append(recall_tool_definition())
-            for name, processor in self.processors:
+            for name, processor in self._processors:
                 window = self._run_window(name, processor, window, kwargs)
-            window.context_messages = served_context(window.context_messages, self.key)
-            if any(p.guarantees_budget() for _, p in self.processors):
+            window.context_messages = served_context(window.context_messages, self._ctx.key)
+            if any(p.guarantees_budget() for _, p in self._processors):
                 window.context_messages = self._fit(window)
-            if self.archive is not None and self.config.compression_recall_config.auto:
+            if self._ctx.archive is not None and self._config.compression_recall_config.auto:
                 window.context_messages = self._with_recall(window)
             window.statistic = compute_stats(
                 window.system_messages,
                 window.context_messages,
                 window.tools,
-                self.token_counter,
-                self.detector,
+                self._ctx.token_counter,
+                self._ctx.detector,
             )
-            self.last_window_access = self.clock()
-        self._raise_if_strict()
+            self._store.last_window_access = self._ctx.clock()
         return window
 
     def _fit(self, window: ContextWindow) -> list[AnyMessage]:
@@ -166,8 +182,8 @@ class ContextHooks(ContextCore):
         Every context message counts as tail here, memory blocks included: oldest content
         goes first, so a snapshot block after older raw steps outlives them.
         """
-        counter = self.token_counter
-        budget = self.context_max
+        counter = self._ctx.token_counter
+        budget = self._ctx.context_max
         context = window.context_messages
         tools_tokens = counter.count_tools(window.tools)
         if counter.count_messages([*window.system_messages, *context]) + tools_tokens <= budget:
@@ -189,7 +205,7 @@ class ContextHooks(ContextCore):
             system=tuple(window.system_messages),
             tools=tuple(window.tools),
             tail=tuple(ided),
-            detector=self.detector,
+            detector=self._ctx.detector,
         )
         anchor_ids = view.anchor_id_set()
         anchor_msgs = [m for m in ided if m.context_message_id in anchor_ids]
@@ -227,20 +243,20 @@ class ContextHooks(ContextCore):
         right after the last summary block; nothing when no block is in the window."""
         context = window.context_messages
         at = max((i + 1 for i, m in enumerate(context) if block_provenance(m) is not None), default=0)
-        if self.archive is None or at == 0:
+        if self._ctx.archive is None or at == 0:
             return context
-        counter = self.token_counter
+        counter = self._ctx.token_counter
         used = counter.count_messages([*window.system_messages, *context]) + counter.count_tools(window.tools)
-        found = anchors(context, self.detector)
+        found = anchors(context, self._ctx.detector)
         intent = context[found.intent] if found.intent is not None else None
         held = frozenset(m.context_message_id for m in context if m.context_message_id)
-        recall_config = self.config.compression_recall_config
-        message, _ = self.archive.recalled(
+        recall_config = self._config.compression_recall_config
+        message, _ = self._ctx.archive.recalled(
             recall_query(intent, context[at:], counter),
-            self.context_max - used,
+            self._ctx.context_max - used,
             held,
             recall_config.auto_max_ratio,
-            self.context_max,
+            self._ctx.context_max,
         )
         return context if message is None else [*context[:at], message, *context[at:]]
 
@@ -248,22 +264,15 @@ class ContextHooks(ContextCore):
         self, name: str, processor: ContextProcessor[Any], window: ContextWindow, extra: Mapping[str, Any]
     ) -> ContextWindow:
         kwargs: dict[str, Any] = {**extra, "force": False, "phase": "get_context_window"}
-        try:
-            triggered = processor.trigger_get_context_window(self, window, **kwargs)
-        except CANCELLATION:
-            raise
-        except Exception as exc:
-            self._ops.failures.append(ProcessorFailure(name, "get_context_window", exc))
-            logger.warning("window trigger of processor %s failed", name, exc_info=True)
-            return window
-        if not triggered:
+        trigger = partial(processor.trigger_get_context_window, self._ctx, window, **kwargs)
+        if not self._triggered(name, "get_context_window", trigger):
             return window
         outcome = self._ops.run(
             name,
             "get_context_window",
             "passive",
             window.get_messages(),
-            partial(processor.on_get_context_window, self, window, **kwargs),
+            partial(processor.on_get_context_window, self._ctx, window, **kwargs),
             ContextWindow.get_messages,
             model=processor.model_name(),
         )
@@ -271,32 +280,22 @@ class ContextHooks(ContextCore):
 
     # --- active compression --------------------------------------------------------------
 
-    def compress_context(
-        self,
-        processor_types: Sequence[str] | None = None,
-        compression_trigger: str = "manual",
-        preserve_instruction: str | None = None,
+    def compress(
+        self, processor_types: Sequence[str] | None, trigger: str, preserve_instruction: str | None
     ) -> CompressResult:
-        """Run offloaders, then compressors, over the whole view now (spec 3.4).
-
-        Returns ``"busy"`` if a processor run holds the lock, ``"noop"`` if no selected
-        processor changed anything, else ``"compressed"``. Views never run here.
-        """
-        if not self._processor_lock.acquire(blocking=False):
-            self._ops.emit("skipped", "active_compress", "", compression_trigger, reason="busy")
+        """Run offloaders, then compressors, over the whole view now (see
+        ``ModelContext.compress_context``)."""
+        if not self._store.processor_lock.acquire(blocking=False):
+            self._ops.emit("skipped", "active_compress", "", trigger, reason="busy")
             return "busy"
         try:
-            with self._data_lock:
-                self._compressing = True
-            self._start_operation()
-            result = self._compress(processor_types, compression_trigger, preserve_instruction)
+            with self._store.compressing():
+                self._ops.failures = self.failures = []
+                result = self._compress(processor_types, trigger, preserve_instruction)
         finally:
-            with self._data_lock:
-                self._compressing = False
-                self._view.extend(self._deferred)
-                self._deferred = []
-            self._processor_lock.release()
-        self._raise_if_strict()
+            self._store.processor_lock.release()
+        if self._config.strict_processors and self.failures:
+            raise self.failures[0].error
         return result
 
     def _compress(
@@ -306,7 +305,7 @@ class ContextHooks(ContextCore):
         selected = [
             (name, p)
             for kind in ("offloader", "compressor")
-            for name, p in self.processors
+            for name, p in self._processors
             if p.kind == kind and (allowed is None or name in allowed or p.processor_type() in allowed)
         ]
         if not selected:
@@ -320,30 +319,17 @@ class ContextHooks(ContextCore):
         }
         changed = False
         for name, processor in selected:
-            view = self.get_messages()
+            view = self._store.messages()
             outcome = self._ops.run(
                 name,
                 "active_compress",
                 trigger,
                 view,
-                partial(processor.on_compress, self, view, **kwargs),
+                partial(processor.on_compress, self._ctx, view, **kwargs),
                 list,
                 model=processor.model_name(),
             )
             if outcome is not None and outcome[0] is not None:
-                self.set_messages(outcome[1])
+                self._ctx.set_messages(outcome[1])
                 changed = True
         return "compressed" if changed else "noop"
-
-    def recover_from_model_exception(self, exc: BaseException, *, stream_started: bool = False) -> bool:
-        """After a model call failed: compress if it was a context overflow (spec 3.5).
-
-        Returns True only if the compression changed the view, so a retry can help. False
-        when output was already streamed (a retry would repeat it) or the error is not an
-        overflow.
-        """
-        if stream_started or not is_context_overflow_error(exc):
-            return False
-        return self.compress_context(compression_trigger="model_context_overflow") == "compressed"
-
-    # --- persistence ---------------------------------------------------------------------
