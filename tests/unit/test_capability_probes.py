@@ -31,7 +31,7 @@ PENDING = {
     "ctxcore/client/calls.py": 1,
     "ctxcore/config/settings.py": 2,
     "ctxcore/coordinator.py": 1,
-    "ctxcore/engine.py": 1,
+    "ctxcore/engine/engine.py": 1,
     "ctxcore/eval/runner.py": 1,
     "ctxcore/integrations/agents_items.py": 1,
     "ctxcore/integrations/langchain.py": 2,
