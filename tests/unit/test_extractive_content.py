@@ -116,3 +116,32 @@ def test_a_bare_line_is_kept_only_inside_the_line_it_belongs_to(model: Extractiv
     assert "these lines of base.py; 1261; 1722; `get_foreign_related_value`" in text, text
     assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
     assert with_bare_joined("1261\n1722") == ""
+
+
+def test_a_label_or_a_decorator_joins_the_line_after_it_and_a_fence_goes() -> None:
+    text = "the code to change:\n`axis.py`:\n```python\n@classmethod\ndef convert(cls, x):\n```\nthen run it."
+    assert (
+        with_bare_joined(text)
+        == "the code to change:\n`axis.py`: @classmethod def convert(cls, x):\nthen run it."
+    )
+    assert with_bare_joined("```bash\ngrep -n offset base.py\n```") == "grep -n offset base.py"
+
+
+def test_a_harness_reminder_keeps_no_fence_or_bare_line(model: ExtractiveModel) -> None:
+    reminder = (
+        "Please format your action in triple backticks as shown in <response_example>.\n\n"
+        "<response_example>\nHere are some thoughts about why you want to perform the action.\n\n"
+        "```bash\n<action>\n```\n</response_example>"
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Fix the offsets."),
+        bash("c1", "grep -n offset django/db/models/base.py", "THOUGHT: look for the offsets."),
+        out("c1", "1261: offset = 0"),
+        UserMessage(content=reminder),
+        bash("c2", "sed -n '1255,1265p' django/db/models/base.py", "THOUGHT: read around it."),
+        out("c2", "offset = 0"),
+        UserMessage(content=reminder),
+    ]
+    text = summary(model, source, 400)
+    assert "Here are some thoughts" in text, text
+    assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text

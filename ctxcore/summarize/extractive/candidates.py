@@ -131,6 +131,9 @@ class Extractor:
 
     def anchor(self, index: int, text: str, priority: float, category: str, share: float) -> None:
         """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
+        if self.rules.bare_joined:
+            # A harness's reminder prints a code fence or a name on a line of its own.
+            text = with_bare_joined(text)
         if not meaningful(text):
             return
         words = self.features(text[:20_000], "user")
@@ -152,6 +155,9 @@ class Extractor:
         """A real user message between the anchors: verbatim, competing on content."""
         category = "constraint" if CONSTRAINT.search(text) else "request"
         stripped = text.strip()
+        if self.rules.bare_joined:
+            # A harness's reminder prints a code fence or a name on a line of its own.
+            stripped = with_bare_joined(stripped)
         if len(stripped) <= 2 * MAX_LINE_CHARS:
             if meaningful(stripped):
                 words = self.features(stripped, "user")
@@ -291,8 +297,9 @@ class Extractor:
                 independent=True,
                 section=section,
                 # Chosen once already: a bare line there came whole from its source (a
-                # call's line, a session's date) or was joined then.
-                call=True,
+                # call's line, a session's date) or was joined then. A harness's note (no
+                # block) was never chosen: its bare lines are joined like any message's.
+                call=not default_tag,
             )
 
     def assistant(self, index: int, message: AssistantMessage) -> None:

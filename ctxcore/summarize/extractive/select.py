@@ -11,6 +11,7 @@ import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 
+from ctxcore.summarize.bare import bare_line
 from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words, meaningful, tail_words
 from ctxcore.summarize.extractive.items import Item
 from ctxcore.tokens import TokenCounter
@@ -204,8 +205,9 @@ class Selection:
         if fill and skipped is not None and remaining >= MIN_FILL_TOKENS + _LINE_OVERHEAD:
             # The best line that did not fit fills the rest of the budget, shortened.
             text = self.budgeter.fit(skipped.text, remaining - self._overhead(skipped), head_tail=False)
-            # A speaker's label alone says nothing.
-            if text and text != skipped.speaker.rstrip():
+            # A speaker's label alone says nothing, nor does a line cut to its names
+            # ("FAILED", "THOUGHT:").
+            if text and text != skipped.speaker.rstrip() and not bare_line(text):
                 trimmed = dataclasses.replace(skipped, text=text, words=frozenset(), tokens=-1, trimmed=True)
                 if self.tokens(trimmed) <= remaining:
                     chosen.append(trimmed)
