@@ -20,11 +20,12 @@ __all__ = ["bare_line", "fence_line"]
 # parenthesis) cost half A one next-step reference at 8k and at 16k through the check before
 # commit and changed nothing else (bench/README, issue 33).
 _PLAIN_WORD: Final = re.compile(r"(?<![\w./@-])[a-z]{3,}(?![\w/-]|\.\w)")
-# A name in single or double quotes (a string of code, a dictionary key): no word of prose.
-_QUOTED_NAME: Final = re.compile(r"(['\"])[\w.-]*\1")
-# A line that is one backticked span and nothing else (`` `printf "114a\n..."` ``): a name or
-# a snippet with no sentence saying what it is.
-_BACKTICKED_ALONE: Final = re.compile(r"^\s*`[^`]+`[.:;,]?\s*$")
+# A name or a value in single or double quotes, no space in it (a string of code, a
+# dictionary key, ``'(foo{1,3})'``): no word of prose.
+_QUOTED_NAME: Final = re.compile(r"(['\"])[^\s'\"]*\1")
+# A line of backticked spans and nothing else but a one-word label (`` `printf "114a\n..."` ``,
+# ``Needs: `Piecewise`, `exp` ``): names or a snippet with no sentence saying what they are.
+_BACKTICKED_ALONE: Final = re.compile(r"^\s*(?:[A-Z]\w*:\s*)?`[^`]+`(?:,\s*`[^`]+`)*[.:;,]?\s*$")
 # A code fence alone (```bash): its language is no word of the text. Counted bare, with the
 # bare_joined rule: A 16k 0.941 -> 0.946, bare-token lines 65 -> 60; the rest equal within
 # one reference (bench/README, issue 33).

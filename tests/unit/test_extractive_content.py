@@ -145,3 +145,34 @@ def test_a_harness_reminder_keeps_no_fence_or_bare_line(model: ExtractiveModel) 
     text = summary(model, source, 400)
     assert "Here are some thoughts" in text, text
     assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
+
+
+def test_a_dialogues_bare_list_items_stay_with_what_they_list(model: ExtractiveModel) -> None:
+    reply = (
+        "Certainly!\nI found your reservation for the flight from ATL to JFK on May 17.\n"
+        "- **Flight Number:** HAT285\n- **Cabin:** Basic Economy\n- **Price:** $54"
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="I want to cancel my flight."),
+        AssistantMessage(content=reply),
+        UserMessage(content="Yes, please cancel it."),
+    ]
+    text = summary(model, source, 400)
+    assert "HAT285" in text and "$54" in text, text
+    assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
+
+
+def test_a_label_and_backticked_names_alone_are_bare() -> None:
+    assert bare_line("Needs: `Piecewise`, `exp`") and bare_line("`printf 'x'`")
+    assert not bare_line("I ran `ls` in the tests folder")
+
+
+def test_a_tools_error_line_is_kept_as_the_tool_printed_it(model: ExtractiveModel) -> None:
+    failing = "FAIL: test_rename_index_unnamed_index (migrations.test_operations.OperationTests)"
+    source: list[AnyMessage] = [
+        UserMessage(content="Fix the rename."),
+        bash("c1", "./tests/runtests.py migrations", "THOUGHT: run the migration tests."),
+        out("c1", f"ValueError: bad fixture in the setup of the suite\n{failing}\nFAILED (failures=1)"),
+    ]
+    # The call's line shows the first error; the second is the output's own line.
+    assert failing in summary(model, source, 400)

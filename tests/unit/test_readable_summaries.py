@@ -41,7 +41,8 @@ def lines_of(text: str) -> list[str]:
 
 
 def vocabulary(source: Sequence[AnyMessage]) -> set[str]:
-    words: set[str] = set()
+    # The summariser's own markers for a call without output: no cut.
+    words: set[str] = {"no", "result", "empty", "cancelled"}
     for message in source:
         words.update(WORD.findall(message.text))
         if isinstance(message, AssistantMessage):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from ctxcore.summarize.bare import bare_line, fence_line
+from ctxcore.summarize.extractive.features import words_of
 
-__all__ = ["with_bare_joined", "with_lists_joined"]
+__all__ = ["bare_glued", "with_bare_joined", "with_lists_joined"]
 
 # A bare line that opens what follows it: a label ("`axis.py`:") or a decorator
 # ("@classmethod"): it belongs with the next line, not the one before.
@@ -61,3 +63,28 @@ def with_bare_joined(text: str) -> str:
     if held and out:
         out[-1] = "; ".join([out[-1], *held])
     return "\n".join(out)
+
+
+def bare_glued(parts: list[str], joinable: Callable[[str], bool], glue: str) -> list[str]:
+    """``parts`` with each bare one that has content words (a list item such as ``- **Cabin:**
+    Basic Economy``, ``Gift Card 1: $198``, an opening "Certainly!") glued to the part
+    before it, or to the part after it when it comes first: alone it is a bare-token line.
+    Only parts ``joinable`` accepts glue or are glued to (never a speaker's line); a part
+    without content words ("Thanks, Mel!") stays as it is (no candidate anyway)."""
+    out: list[str] = []
+    held: list[str] = []
+    for part in parts:
+        if joinable(part) and bare_line(part) and words_of(part):
+            if out and joinable(out[-1]):
+                out[-1] = f"{out[-1]}{glue}{part}"
+            else:
+                held.append(part)
+            continue
+        if held and joinable(part):
+            part = glue.join([*held, part])
+        else:
+            out.extend(held)
+        held = []
+        out.append(part)
+    out.extend(held)
+    return out

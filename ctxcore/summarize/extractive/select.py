@@ -197,8 +197,8 @@ class Selection:
     def run(self, items: Sequence[Item], budget: int, *, fill: bool = True) -> list[Item]:
         """The chosen items (some shortened) in original order; ``fill``: the best line
         that did not fit fills what is left of the budget, shortened."""
-        chosen, used, demoted = self._musts(items, budget)
-        rest = [it for it in items if not it.must] + demoted
+        chosen, used = self._musts(items, budget)
+        rest = [it for it in items if not it.must]
         taken, used, skipped = self._greedy(rest, budget, used)
         chosen.extend(taken)
         remaining = budget - used
@@ -213,11 +213,9 @@ class Selection:
                     chosen.append(trimmed)
         return sorted(chosen, key=lambda it: it.order)
 
-    def _musts(self, items: Sequence[Item], budget: int) -> tuple[list[Item], int, list[Item]]:
-        """The items that are always kept, shortened to their share when they must be; and
-        the ``whole`` ones over their share, which compete as ordinary lines instead."""
+    def _musts(self, items: Sequence[Item], budget: int) -> tuple[list[Item], int]:
+        """The items that are always kept, shortened to their share when they must be."""
         chosen: list[Item] = []
-        demoted: list[Item] = []
         used = 0
         for item in sorted((it for it in items if it.must), key=lambda it: (-it.static, it.order)):
             remaining = budget - used
@@ -225,9 +223,6 @@ class Selection:
             share = max(int(budget * item.share), MIN_FILL_TOKENS) + self._overhead(item) - _LINE_OVERHEAD
             room = min(remaining, share)
             if self.tokens(item) > room:
-                if item.whole:
-                    demoted.append(dataclasses.replace(item, must=False))
-                    continue
                 # The user's own words are kept even when they must be shortened.
                 text = self.budgeter.fit(item.text, room - self._overhead(item), head_tail=not item.keep_head)
                 if item.keep_head:
@@ -239,7 +234,7 @@ class Selection:
             used += self.tokens(item)
             chosen.append(item)
             self.covered.update(item.words)
-        return chosen, used, demoted
+        return chosen, used
 
     def _greedy(self, items: Sequence[Item], budget: int, used: int) -> tuple[list[Item], int, Item | None]:
         """Lazy greedy by value per cost up to ``budget``; (taken, used, best item that missed)."""
