@@ -37,13 +37,13 @@ _OPENER = re.compile(
 )
 # Code: an assignment, comparison or arrow between operands (``method=request.method.upper(),``,
 # ``a != b``, ``cmd -> returncode=0``), a mapping entry (``'ENGINE': 'django...',``), a call
-# or a subscript with arguments (``print(f"{e}")``, ``obj: Union["Dataset", "DataArray"],``),
+# (``print(f"{e}")``, ``reproduce()``) or a subscript (``obj: Union["Dataset", "DataArray"],``),
 # a power in a formula (``x^{k-1}``), a command-line option (``sed -i '114a x' f.py``). A
 # code line or a command is the source line of the names in it.
 _CODE = re.compile(
     r"[\w\])'\"}`]\s*(?:[=!<>]=?|->|[-+*/]=|\^)\s*[\w'\"\[({$\\`-]"
     r"|['\"]:\s*[\w'\"\[({]"
-    r"|[A-Za-z_]\w*[(\[](?![)\]])"
+    r"|[A-Za-z_]\w*\(|[A-Za-z_]\w*\[(?!\])"
     r"|(?:^|[\s`])--?[a-z][\w-]*(?=\s|$)"
 )
 # A label that opens a list ("files written: ").

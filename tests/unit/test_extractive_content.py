@@ -176,3 +176,19 @@ def test_a_tools_error_line_is_kept_as_the_tool_printed_it(model: ExtractiveMode
     ]
     # The call's line shows the first error; the second is the output's own line.
     assert failing in summary(model, source, 400)
+
+
+def test_a_script_the_agent_writes_keeps_its_code_lines(model: ExtractiveModel) -> None:
+    script = (
+        "cat <<'EOF' > check_timeout.py\nimport signal\n"
+        "signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError('Operation timed out')))\n"
+        "signal.alarm(10)\nEOF\npython check_timeout.py"
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Find why the cdf hangs."),
+        bash("c1", script, "THOUGHT: run it under an alarm."),
+        out("c1", "Traceback (most recent call last):\nTimeoutError: Operation timed out"),
+    ]
+    text = summary(model, source, 400)
+    assert "- assistant: signal.signal(signal.SIGALRM" in text, text
+    assert "<<'EOF'" in text  # the call's own line still shows the command without its body

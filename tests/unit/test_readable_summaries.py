@@ -48,6 +48,13 @@ def vocabulary(source: Sequence[AnyMessage]) -> set[str]:
         if isinstance(message, AssistantMessage):
             for c in message.tool_calls:
                 words.update(WORD.findall(f"{c.name} {c.arguments}"))
+                # Decoded too: a script's lines follow a newline the JSON text escapes.
+                try:
+                    decoded = json.loads(c.arguments)
+                except ValueError:
+                    continue
+                if isinstance(decoded, dict):
+                    words.update(WORD.findall(" ".join(str(v) for v in decoded.values())))
     return words
 
 

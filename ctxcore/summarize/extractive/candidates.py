@@ -41,6 +41,7 @@ from ctxcore.summarize.extractive.tools import (
     args_short,
     call_path,
     command_text,
+    heredoc_lines,
     parse_args,
     result_line,
     shell_removed,
@@ -164,12 +165,8 @@ class Extractor:
         self.lines(index, text, lambda _line: category, "user")
 
     def dialogue(self, index: int, text: str, tag: str) -> None:
-        """A turn of a tool-free dialogue: every sentence is a fact of its own.
-
-        Without tools, neither side is narrating agent work: what both say is the content
-        (a chat between people, questions and answers), so both compete on content alone
-        and a long turn can give its one informative sentence without its small talk.
-        """
+        """A turn of a tool-free dialogue: every sentence is a fact of its own (neither side
+        narrates agent work: a long turn can give its one informative sentence alone)."""
         sub = taken = 0
         lines = [raw.strip() for raw in text.splitlines() if raw.strip()]
         if self.rules.bare_joined:
@@ -384,6 +381,10 @@ class Extractor:
         if isinstance(command, str) and not failed:
             for gone in shell_removed(command):
                 self.removed[gone] = order
+        if self.rules.script_lines:
+            # A script the agent writes is code it reuses in the next script (issue 33c).
+            for sub, code in enumerate(heredoc_lines(parsed)[: _CALL_ORDER - 1], start=1):
+                self.add((index, (2 + pos) * _CALL_ORDER + sub), "work", code, tag="assistant")
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:

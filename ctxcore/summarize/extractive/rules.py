@@ -26,7 +26,9 @@ class Rules:
     line of bare names or numbers is no candidate alone: joined to the line it belongs to in
     its message, dropped when it has none; a call's line and an earlier summary's lines are
     taken as they are), ``output_errors`` (a tool output's error lines beyond its first
-    line; kept for the eval's last-exception check, bench/README issue 33c). Weight:
+    line; kept for the eval's last-exception check, bench/README issue 33c),
+    ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
+    writes, competes as a line of the agent's own). Weight:
     ``category_priors`` (a prior per kind of line, else one flat prior). Rules measured and
     removed for not paying on both halves (bench/README, issue 33): the first and newest
     failure lines, the files written and the files looked at, the line features, the
@@ -40,6 +42,7 @@ class Rules:
     lists_joined: bool = True
     bare_joined: bool = True
     output_errors: bool = True
+    script_lines: bool = True
     category_priors: bool = True
 
 
