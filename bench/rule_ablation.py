@@ -12,8 +12,8 @@ the two-sided sign test; the summary's bare-token lines are in ``retention.py``.
 nothing.
 
     .venv/bin/python bench/rule_ablation.py --budgets 16000 8000 --jobs 2 --jsonl ablation.jsonl
-    .venv/bin/python bench/rule_ablation.py --rules newest_call files_looked_at --budgets 16000
-    .venv/bin/python bench/rule_ablation.py --rules recency known_discount --together
+    .venv/bin/python bench/rule_ablation.py --rules category_priors bare_joined --budgets 16000
+    .venv/bin/python bench/rule_ablation.py --rules category_priors lists_joined --together
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """

@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ctxcore.markers import INTERNAL_USER_PREFIXES
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage
 from ctxcore.summarize.bare import bare_line
+from ctxcore.summarize.extractive.features import split_tag
 from ctxcore.summarize.working_set import mentions, source_lines, working_set
 from ctxcore.tokens import TokenCounter
 
@@ -59,6 +61,15 @@ def _tagged_lines(source: Sequence[AnyMessage]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for message in source:
         tag = _tag(message)
+        if isinstance(message, UserMessage) and message.text.lstrip().startswith(INTERNAL_USER_PREFIXES):
+            # An earlier block or a harness note: only its summary lines are content, each
+            # with the tag it was written with (its header and headings are none).
+            for line in source_lines([message]):
+                if line.startswith("- "):
+                    inner, rest = split_tag(line[2:])
+                    if not bare_line(rest):
+                        out.append((inner, rest))
+            continue
         out.extend((tag, line) for line in source_lines([message]) if not bare_line(line))
     return out
 

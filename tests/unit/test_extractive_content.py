@@ -116,3 +116,79 @@ def test_a_bare_line_is_kept_only_inside_the_line_it_belongs_to(model: Extractiv
     assert "these lines of base.py; 1261; 1722; `get_foreign_related_value`" in text, text
     assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
     assert with_bare_joined("1261\n1722") == ""
+
+
+def test_a_label_or_a_decorator_joins_the_line_after_it_and_a_fence_goes() -> None:
+    text = "the code to change:\n`axis.py`:\n```python\n@classmethod\ndef convert(cls, x):\n```\nthen run it."
+    assert (
+        with_bare_joined(text)
+        == "the code to change:\n`axis.py`: @classmethod def convert(cls, x):\nthen run it."
+    )
+    assert with_bare_joined("```bash\ngrep -n offset base.py\n```") == "grep -n offset base.py"
+
+
+def test_a_harness_reminder_keeps_no_fence_or_bare_line(model: ExtractiveModel) -> None:
+    reminder = (
+        "Please format your action in triple backticks as shown in <response_example>.\n\n"
+        "<response_example>\nHere are some thoughts about why you want to perform the action.\n\n"
+        "```bash\n<action>\n```\n</response_example>"
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Fix the offsets."),
+        bash("c1", "grep -n offset django/db/models/base.py", "THOUGHT: look for the offsets."),
+        out("c1", "1261: offset = 0"),
+        UserMessage(content=reminder),
+        bash("c2", "sed -n '1255,1265p' django/db/models/base.py", "THOUGHT: read around it."),
+        out("c2", "offset = 0"),
+        UserMessage(content=reminder),
+    ]
+    text = summary(model, source, 400)
+    assert "Here are some thoughts" in text, text
+    assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
+
+
+def test_a_dialogues_bare_list_items_stay_with_what_they_list(model: ExtractiveModel) -> None:
+    reply = (
+        "Certainly!\nI found your reservation for the flight from ATL to JFK on May 17.\n"
+        "- **Flight Number:** HAT285\n- **Cabin:** Basic Economy\n- **Price:** $54"
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="I want to cancel my flight."),
+        AssistantMessage(content=reply),
+        UserMessage(content="Yes, please cancel it."),
+    ]
+    text = summary(model, source, 400)
+    assert "HAT285" in text and "$54" in text, text
+    assert not any(bare_line(line.split(": ", 1)[-1]) for line in lines_of(text)), text
+
+
+def test_a_label_and_backticked_names_alone_are_bare() -> None:
+    assert bare_line("Needs: `Piecewise`, `exp`") and bare_line("`printf 'x'`")
+    assert not bare_line("I ran `ls` in the tests folder")
+
+
+def test_a_tools_error_line_is_kept_as_the_tool_printed_it(model: ExtractiveModel) -> None:
+    failing = "FAIL: test_rename_index_unnamed_index (migrations.test_operations.OperationTests)"
+    source: list[AnyMessage] = [
+        UserMessage(content="Fix the rename."),
+        bash("c1", "./tests/runtests.py migrations", "THOUGHT: run the migration tests."),
+        out("c1", f"ValueError: bad fixture in the setup of the suite\n{failing}\nFAILED (failures=1)"),
+    ]
+    # The call's line shows the first error; the second is the output's own line.
+    assert failing in summary(model, source, 400)
+
+
+def test_a_script_the_agent_writes_keeps_its_code_lines(model: ExtractiveModel) -> None:
+    script = (
+        "cat <<'EOF' > check_timeout.py\nimport signal\n"
+        "signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError('Operation timed out')))\n"
+        "signal.alarm(10)\nEOF\npython check_timeout.py"
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Find why the cdf hangs."),
+        bash("c1", script, "THOUGHT: run it under an alarm."),
+        out("c1", "Traceback (most recent call last):\nTimeoutError: Operation timed out"),
+    ]
+    text = summary(model, source, 400)
+    assert "- assistant: signal.signal(signal.SIGALRM" in text, text
+    assert "<<'EOF'" in text  # the call's own line still shows the command without its body

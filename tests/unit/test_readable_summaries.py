@@ -41,12 +41,20 @@ def lines_of(text: str) -> list[str]:
 
 
 def vocabulary(source: Sequence[AnyMessage]) -> set[str]:
-    words: set[str] = set()
+    # The summariser's own markers for a call without output: no cut.
+    words: set[str] = {"no", "result", "empty", "cancelled"}
     for message in source:
         words.update(WORD.findall(message.text))
         if isinstance(message, AssistantMessage):
             for c in message.tool_calls:
                 words.update(WORD.findall(f"{c.name} {c.arguments}"))
+                # Decoded too: a script's lines follow a newline the JSON text escapes.
+                try:
+                    decoded = json.loads(c.arguments)
+                except ValueError:
+                    continue
+                if isinstance(decoded, dict):
+                    words.update(WORD.findall(" ".join(str(v) for v in decoded.values())))
     return words
 
 

@@ -115,7 +115,45 @@ def test_one_definition_of_a_bare_line_for_the_list_joining_and_the_check() -> N
     from ctxcore.summarize.extractive import lists
 
     assert verify.bare_line is bare.bare_line and lists.bare_line is bare.bare_line
-    for line in ("src/a.py", "  526", "1. Arcsin", "os.path.join", "foo_bar, BazQux", "```bash", "```"):
+    bare_ones = (
+        "src/a.py",
+        "  526",
+        "1. Arcsin",
+        "os.path.join",
+        "foo_bar, BazQux",
+        "```bash",
+        "```",
+        "`axis.py`:",
+        "@classmethod",
+        "'django.contrib.contenttypes',",
+        "918 'widget', 'label', 'help_text',",
+        '`printf "114a\\n..."`',
+        "THOUGHT:",
+    )
+    for line in bare_ones:
         assert bare.bare_line(line), line
-    for line in ("fix the lookup in src/a.py", "    return compute(x)", "2. check the `save` path"):
+    for line in (
+        "fix the lookup in src/a.py",
+        "    return compute(x)",
+        "2. check the `save` path",
+        "method=request.method.upper(),",
+        'THOUGHT: "found 6 actions".',
+    ):
         assert not bare.bare_line(line), line
+
+
+def test_an_earlier_blocks_lines_are_restored_with_their_own_tag_and_never_its_header() -> None:
+    counter = TiktokenCounter()
+    block = UserMessage(
+        content="[ROUND_LEVEL_MEMORY_BLOCK]\ntype: historical_memory_block\n## Files and changes\n"
+        '- tool bash: 526 norecursepatterns = self.config.getini("norecursedirs")\n'
+    )
+    recent: list[AnyMessage] = [
+        bash(
+            "c3", "grep -n historical_memory_block src/pytest/main.py", "THOUGHT: `self.config.getini` again."
+        )
+    ]
+    verdict = verify_block(SUMMARY, [block], recent, 500, counter)
+    assert verdict.text is not None and verdict.restored == 1, verdict
+    assert '- tool bash: 526 norecursepatterns = self.config.getini("norecursedirs")' in verdict.text
+    assert "- user: - tool" not in verdict.text and "historical_memory_block" not in verdict.text

@@ -33,7 +33,7 @@ from ctxcore.summarize.extractive.features import (
     tool_tag,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, Item, user_key
-from ctxcore.summarize.extractive.lists import with_bare_joined, with_lists_joined
+from ctxcore.summarize.extractive.lists import bare_glued, with_bare_joined, with_lists_joined
 from ctxcore.summarize.extractive.rules import Rules
 from ctxcore.summarize.extractive.tools import (
     COMMAND_CHARS,
@@ -41,6 +41,7 @@ from ctxcore.summarize.extractive.tools import (
     args_short,
     call_path,
     command_text,
+    heredoc_lines,
     parse_args,
     result_line,
     shell_removed,
@@ -56,6 +57,8 @@ _CALL_ORDER: Final = 10_000
 # What a dialogue question is worth against a statement: it asks for a fact, and the
 # answer that follows is what holds it (its words still say what was talked about).
 _QUESTION_WEIGHT: Final = 0.5
+# Each further sentence of one dialogue turn is worth this much less than the one before.
+_TURN_DECAY: Final = 0.6
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
 # Every kind of line's prior without the ``category_priors`` rule: their mean.
@@ -76,8 +79,6 @@ class Extractor:
         self._scans: dict[int, list[tuple[str, bool]]] = {}
         # Files deleted later in the source: their last write is no longer current state.
         self.removed: dict[str, tuple[int, int]] = {}
-        # Where the line of the newest call that has its result sits.
-        self.last_call: tuple[int, int] | None = None
 
     # scoring
 
@@ -107,7 +108,6 @@ class Extractor:
         tag: str,
         key: str | None = None,
         bonus: float = 0.0,
-        independent: bool = False,
         section: str = "",
         limit: int = MAX_LINE_CHARS,
         call: bool = False,
@@ -123,14 +123,13 @@ class Extractor:
         norm = key or collapse(text).casefold()
         words = self.features(text, tag)
         static = self.prior(category) + bonus
-        self.items.append(
-            Item(
-                order, category, text, static, norm, words, independent=independent, tag=tag, section=section
-            )
-        )
+        self.items.append(Item(order, category, text, static, norm, words, tag=tag, section=section))
 
     def anchor(self, index: int, text: str, priority: float, category: str, share: float) -> None:
         """A user message always kept: verbatim within ``share`` of the budget, else shortened."""
+        if self.rules.bare_joined:
+            # A harness's reminder prints a code fence or a name on a line of its own.
+            text = with_bare_joined(text)
         if not meaningful(text):
             return
         words = self.features(text[:20_000], "user")
@@ -152,6 +151,9 @@ class Extractor:
         """A real user message between the anchors: verbatim, competing on content."""
         category = "constraint" if CONSTRAINT.search(text) else "request"
         stripped = text.strip()
+        if self.rules.bare_joined:
+            # A harness's reminder prints a code fence or a name on a line of its own.
+            stripped = with_bare_joined(stripped)
         if len(stripped) <= 2 * MAX_LINE_CHARS:
             if meaningful(stripped):
                 words = self.features(stripped, "user")
@@ -163,22 +165,28 @@ class Extractor:
         self.lines(index, text, lambda _line: category, "user")
 
     def dialogue(self, index: int, text: str, tag: str) -> None:
-        """A turn of a tool-free dialogue: every sentence is a fact of its own.
-
-        Without tools, neither side is narrating agent work: what both say is the content
-        (a chat between people, questions and answers), so both compete on content alone
-        and a long turn can give its one informative sentence without its small talk.
-        """
-        sub = 0
-        for raw in text.splitlines():
-            line = raw.strip()
-            if not line:
-                continue
+        """A turn of a tool-free dialogue: every sentence is a fact of its own (neither side
+        narrates agent work: a long turn can give its one informative sentence alone)."""
+        sub = taken = 0
+        lines = [raw.strip() for raw in text.splitlines() if raw.strip()]
+        if self.rules.bare_joined:
+            # A speaker's line is no list item: it glues nothing and nothing is glued to it.
+            lines = bare_glued(lines, lambda line: SPEAKER.match(line) is None, ", ")
+        for line in lines:
             label = SPEAKER.match(line)
             prefix = label.group(0) if label else ""
-            for piece in SENTENCE_SPLIT.split(line[len(prefix) :]):
+            pieces = SENTENCE_SPLIT.split(line[len(prefix) :])
+            if self.rules.bare_joined and not prefix:
+                pieces = bare_glued(pieces, lambda _piece: True, " ")
+            for piece in pieces:
                 sub += 1
-                self.chat((index, sub), prefix, piece, tag, independent=True)
+                before = len(self.items)
+                self.chat((index, sub), prefix, piece, tag)
+                if len(self.items) > before:
+                    # A turn's further sentences weigh less (its small talk after the fact): the
+                    # agent runs' lines lost this weight, the dialogues keep it (issue 33c).
+                    self.items[-1].decay *= _TURN_DECAY**taken
+                    taken += 1
 
     def chat(
         self,
@@ -187,7 +195,6 @@ class Extractor:
         piece: str,
         tag: str,
         *,
-        independent: bool = False,
         section: str = "",
     ) -> None:
         """One dialogue sentence; its speaker label is printed but scores nothing, a
@@ -211,7 +218,6 @@ class Extractor:
                 static,
                 norm,
                 words,
-                independent=independent,
                 tag=tag,
                 section=section,
                 speaker=prefix if text.startswith(prefix) else "",
@@ -275,7 +281,7 @@ class Extractor:
                 for run in spoken_runs(line[label.end() :]):
                     for piece in run:
                         sub += 1
-                        self.chat((index, sub), label.group(0), piece, tag, independent=True, section=section)
+                        self.chat((index, sub), label.group(0), piece, tag, section=section)
                     sub += 1
                 continue
             # Lines of an earlier summary were already chosen once; requests carried over
@@ -288,11 +294,11 @@ class Extractor:
                 tag=tag,
                 key=key,
                 bonus=bonus,
-                independent=True,
                 section=section,
                 # Chosen once already: a bare line there came whole from its source (a
-                # call's line, a session's date) or was joined then.
-                call=True,
+                # call's line, a session's date) or was joined then. A harness's note (no
+                # block) was never chosen: its bare lines are joined like any message's.
+                call=not default_tag,
             )
 
     def assistant(self, index: int, message: AssistantMessage) -> None:
@@ -352,8 +358,6 @@ class Extractor:
         whole = self.rules.commands_whole and command_text(parsed) is not None
         limit = COMMAND_CHARS + MAX_LINE_CHARS if whole else MAX_LINE_CHARS
         order = (index, _CALL_ORDER + pos)
-        if result is not None:
-            self.last_call = order
         if failed or is_error(line):
             self.add(order, "error", item_text, tag=tag, limit=limit, call=True)
         elif writes_file(name, written, path):
@@ -377,6 +381,10 @@ class Extractor:
         if isinstance(command, str) and not failed:
             for gone in shell_removed(command):
                 self.removed[gone] = order
+        if self.rules.script_lines:
+            # A script the agent writes is code it reuses in the next script (issue 33c).
+            for sub, code in enumerate(heredoc_lines(parsed)[: _CALL_ORDER - 1], start=1):
+                self.add((index, (2 + pos) * _CALL_ORDER + sub), "work", code, tag="assistant")
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
@@ -388,4 +396,5 @@ class Extractor:
                 continue
             sub += 1
             if error and self.rules.output_errors:
-                self.add((index, sub), "error", line, tag=tag)
+                # The tool's own line (``FAIL: test_x (a.b.Case)``): never joined or dropped.
+                self.add((index, sub), "error", line, tag=tag, call=True)

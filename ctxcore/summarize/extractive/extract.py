@@ -2,16 +2,16 @@
 
 It walks the source message by message with one ``Extractor``: the task anchor and the
 intent anchor are always kept, other real user messages compete on content, memory
-blocks give their lines back, assistant text and tool calls become lines, and the line of
-the newest call is kept. The first and newest failures are no longer kept whatever
-competes, nor lines listing the files written or looked at: those rules did not raise the
-next-step references on both development halves (bench/README, issue 33, "Every rule
-pays").
+blocks give their lines back, assistant text and tool calls become lines, and a tool
+output's error lines compete beside its first line. The first and newest failures, the
+newest call and lines listing the files written or looked at are no longer kept whatever
+competes, and no weight favours a message's first line or the later lines: those rules did
+not raise the next-step references on both development halves (bench/README, issue 33,
+"Every rule pays").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,9 +38,6 @@ _MUST_LAST = 1e8
 # pinned verbatim outside summaries anyway, so here they get a bounded share.
 _FIRST_SHARE = 0.35
 _LAST_SHARE = 0.2
-# Each further line from one message is worth this much less than the one before.
-_DECAY = 0.6
-_RECENCY = 2.0
 
 
 @dataclass(frozen=True)
@@ -168,14 +165,6 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
             ex.tool_output(index, message, used_lines.get(index, ""), tag)
 
 
-def _keep_last_call(ex: Extractor) -> None:
-    """The line of the source's newest call is kept: it is what the agent did just before
-    the verbatim tail resumes, which no later line says."""
-    lines = [it for it in ex.items if it.order == ex.last_call and not it.must]
-    if lines and ex.rules.newest_call:
-        ex.items.append(dataclasses.replace(lines[-1], must=True, share=0.1, whole=True))
-
-
 def _latest(ex: Extractor) -> list[Item]:
     """One item per key, the latest: the most recent state of a file, a task list or a
     repeated error is the one that matters; a file deleted later is no state at all."""
@@ -201,22 +190,6 @@ def _idf(items: Sequence[Item]) -> dict[str, float]:
     return {w: math.log(n / (c + 0.5)) for w, c in df.items() if c + 0.5 < n}
 
 
-def _diminish(items: list[Item]) -> None:
-    """Each further line from the same message is worth less than the one before.
-
-    Without this a single test run's forty ``ERROR test_x`` lines outrank every other
-    step of the conversation; with it the budget spreads across messages.
-    """
-    by_message: dict[int, list[Item]] = {}
-    for item in items:
-        if not item.must and not item.independent:
-            by_message.setdefault(item.order[0], []).append(item)
-    for group in by_message.values():
-        group.sort(key=lambda it: (-it.static, it.order))
-        for rank, item in enumerate(group):
-            item.decay *= _DECAY**rank
-
-
 def extract(
     source: Sequence[AnyMessage],
     *,
@@ -229,19 +202,11 @@ def extract(
     ex = Extractor(with_paths, rules)
     shape = _Shape.of(source)
     _walk(ex, source, shape)
-    _keep_last_call(ex)
     if with_paths:
         for rank, (path, weight) in enumerate(ex.paths.items()):
             static = BASE_SCORE["paths"] * weight
             tag = ex.path_tags.get(path, "")
             ex.items.append(Item((len(source), rank), "paths", path, static, f"path:{path}", tag=tag))
     kept = _latest(ex)
-    if rules.diminishing:
-        _diminish(kept)
-    # Later lines describe the current state; a mild bonus keeps the resume point.
-    span = max(len(source), 1)
-    for item in kept:
-        if not item.must and rules.recency:
-            item.static += _RECENCY * item.order[0] / span
     kept.sort(key=lambda it: it.order)
     return Candidates(kept, _idf(kept), context_words)

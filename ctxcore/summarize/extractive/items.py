@@ -34,8 +34,8 @@ class Item:
     """A candidate line: where it came from, what it is and what it is worth.
 
     ``static`` is its prior plus its features; ``words`` the content words it would add
-    to the summary (each worth its rarity in the source, once); ``decay`` discounts the
-    second, third... line taken from one message, and a dialogue question.
+    to the summary (each worth its rarity in the source, once); ``decay`` discounts a
+    dialogue question.
     """
 
     order: tuple[int, int]
@@ -49,9 +49,6 @@ class Item:
     share: float = 1.0
     decay: float = 1.0
     tokens: int = field(default=-1, compare=False)
-    # A line of an earlier summary: chosen on its own once already, so the lines of one
-    # memory block do not share a message's diminishing returns.
-    independent: bool = False
     # Who wrote what the line says: ``user``, ``assistant`` or ``tool <name>`` ("" unknown).
     tag: str = ""
     # For a line of an earlier summary: the section heading it sat under.
@@ -59,8 +56,6 @@ class Item:
     # Shortened from its end only, never head and tail: an error line's start names the
     # error, and a list (newest first) loses its oldest entries.
     keep_head: bool = False
-    # A must kept only whole: over its share it competes as an ordinary line instead.
-    whole: bool = False
     # For a dialogue sentence: the "Name: " label it opens with (``text`` starts with it).
     # Sentences of one speaker that print one after another share a line and its label.
     speaker: str = ""

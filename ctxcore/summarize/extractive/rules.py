@@ -21,28 +21,29 @@ __all__ = ["ALL_RULES", "Rules", "names", "without"]
 class Rules:
     """Which rules apply (every one by default).
 
-    ``newest_call`` keeps the line of the newest call whatever else competes. Content
-    rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at 320),
-    ``lists_joined`` (bare list items joined to their sentence), ``bare_joined`` (a line
-    of bare names or numbers is no candidate alone: joined to the line before it in its
-    message, dropped when it has none; a call's line and an earlier summary's lines are
-    taken as they are), ``output_errors`` (a tool
-    output's error lines). Weights: ``category_priors`` (a prior per kind of line, else
-    one), ``diminishing`` (each further line of one message worth less), ``recency``
-    (later lines worth more). Rules measured and removed for not paying on both halves
-    (bench/README, issue 33): the first and newest failure lines, the files written and
-    the files looked at, the line features, the discount of lines the context holds, the
-    files' reserved share, a tool output's path or date lines, fenced code left out.
+    Content rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at
+    320), ``lists_joined`` (bare list items joined to their sentence), ``bare_joined`` (a
+    line of bare names or numbers is no candidate alone: joined to the line it belongs to in
+    its message, dropped when it has none; a call's line and an earlier summary's lines are
+    taken as they are), ``output_errors`` (a tool output's error lines beyond its first
+    line; kept for the eval's last-exception check, bench/README issue 33c),
+    ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
+    writes, competes as a line of the agent's own). Weight:
+    ``category_priors`` (a prior per kind of line, else one flat prior). Rules measured and
+    removed for not paying on both halves (bench/README, issue 33): the first and newest
+    failure lines, the files written and the files looked at, the line features, the
+    discount of lines the context holds, the files' reserved share, a tool output's path or
+    date lines, fenced code left out, and (issue 33c) the newest call kept whatever
+    competes, each further line of one message worth less (0.6 per line) and later lines
+    worth more (2.0 over the span).
     """
 
-    newest_call: bool = True
     commands_whole: bool = True
     lists_joined: bool = True
     bare_joined: bool = True
     output_errors: bool = True
+    script_lines: bool = True
     category_priors: bool = True
-    diminishing: bool = True
-    recency: bool = True
 
 
 ALL_RULES: Final = Rules()

@@ -11,6 +11,7 @@ import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 
+from ctxcore.summarize.bare import bare_line
 from ctxcore.summarize.extractive.features import ELLIPSIS, collapse, head_words, meaningful, tail_words
 from ctxcore.summarize.extractive.items import Item
 from ctxcore.tokens import TokenCounter
@@ -196,26 +197,25 @@ class Selection:
     def run(self, items: Sequence[Item], budget: int, *, fill: bool = True) -> list[Item]:
         """The chosen items (some shortened) in original order; ``fill``: the best line
         that did not fit fills what is left of the budget, shortened."""
-        chosen, used, demoted = self._musts(items, budget)
-        rest = [it for it in items if not it.must] + demoted
+        chosen, used = self._musts(items, budget)
+        rest = [it for it in items if not it.must]
         taken, used, skipped = self._greedy(rest, budget, used)
         chosen.extend(taken)
         remaining = budget - used
         if fill and skipped is not None and remaining >= MIN_FILL_TOKENS + _LINE_OVERHEAD:
             # The best line that did not fit fills the rest of the budget, shortened.
             text = self.budgeter.fit(skipped.text, remaining - self._overhead(skipped), head_tail=False)
-            # A speaker's label alone says nothing.
-            if text and text != skipped.speaker.rstrip():
+            # A speaker's label alone says nothing, nor does a line cut to its names
+            # ("FAILED", "THOUGHT:").
+            if text and text != skipped.speaker.rstrip() and not bare_line(text):
                 trimmed = dataclasses.replace(skipped, text=text, words=frozenset(), tokens=-1, trimmed=True)
                 if self.tokens(trimmed) <= remaining:
                     chosen.append(trimmed)
         return sorted(chosen, key=lambda it: it.order)
 
-    def _musts(self, items: Sequence[Item], budget: int) -> tuple[list[Item], int, list[Item]]:
-        """The items that are always kept, shortened to their share when they must be; and
-        the ``whole`` ones over their share, which compete as ordinary lines instead."""
+    def _musts(self, items: Sequence[Item], budget: int) -> tuple[list[Item], int]:
+        """The items that are always kept, shortened to their share when they must be."""
         chosen: list[Item] = []
-        demoted: list[Item] = []
         used = 0
         for item in sorted((it for it in items if it.must), key=lambda it: (-it.static, it.order)):
             remaining = budget - used
@@ -223,9 +223,6 @@ class Selection:
             share = max(int(budget * item.share), MIN_FILL_TOKENS) + self._overhead(item) - _LINE_OVERHEAD
             room = min(remaining, share)
             if self.tokens(item) > room:
-                if item.whole:
-                    demoted.append(dataclasses.replace(item, must=False))
-                    continue
                 # The user's own words are kept even when they must be shortened.
                 text = self.budgeter.fit(item.text, room - self._overhead(item), head_tail=not item.keep_head)
                 if item.keep_head:
@@ -237,7 +234,7 @@ class Selection:
             used += self.tokens(item)
             chosen.append(item)
             self.covered.update(item.words)
-        return chosen, used, demoted
+        return chosen, used
 
     def _greedy(self, items: Sequence[Item], budget: int, used: int) -> tuple[list[Item], int, Item | None]:
         """Lazy greedy by value per cost up to ``budget``; (taken, used, best item that missed)."""

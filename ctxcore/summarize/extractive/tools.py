@@ -19,6 +19,7 @@ __all__ = [
     "args_short",
     "call_path",
     "command_text",
+    "heredoc_lines",
     "parse_args",
     "result_line",
     "shell_removed",
@@ -102,6 +103,30 @@ def command_text(parsed: Any) -> str | None:
             delimiter = opened.group(2)
     text = "\n".join(kept)
     return text if len(text) <= COMMAND_CHARS else clip(collapse(text), COMMAND_CHARS, mark=True)
+
+
+def heredoc_lines(parsed: Any) -> list[str]:
+    """The lines a call's shell command writes through heredocs (a script's code), in order;
+    ``[]`` when it has none."""
+    if not isinstance(parsed, dict):
+        return []
+    command = next((parsed[k] for k in _COMMAND_KEYS if isinstance(parsed.get(k), str)), None)
+    if command is None:
+        return []
+    body: list[str] = []
+    delimiter = ""
+    for raw in command.splitlines():
+        line = raw.strip()
+        if delimiter:
+            if line == delimiter:
+                delimiter = ""
+            elif line:
+                body.append(line)
+            continue
+        opened = _HEREDOC.search(line)
+        if opened:
+            delimiter = opened.group(2)
+    return body
 
 
 def args_short(arguments: str, parsed: Any) -> str:
