@@ -28,7 +28,7 @@ __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
     "MAX_BUDGET_TOKENS",
-    "BatchOffloadStore",
+    "ArchiveKeeper",
     "LogOverview",
     "MessageLog",
     "OffloadStore",
@@ -203,12 +203,31 @@ class MessageLog(Protocol):
         ...
 
 
-@runtime_checkable
+class ArchiveKeeper(Protocol):
+    """A store that also keeps a context's recall index (``FilesystemOffloadStore`` does)."""
+
+    def put_archive(self, key: ConversationKey, data: bytes) -> None:
+        """Replace the stored index."""
+        ...
+
+    def get_archive(self, key: ConversationKey) -> bytes | None:
+        """The stored index, or None."""
+        ...
+
+
 class OffloadStore(Protocol):
     """Original messages removed from a view, kept behind a handle so they can be reloaded."""
 
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
         """Store ``messages`` under ``handle``; False (and no write) if the handle exists."""
+        ...
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each (handle, messages) in order, in one call (the fast path
+        offloads every cleared result of a window at once); a handle repeated in ``items`` is
+        written once (its first messages)."""
         ...
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
@@ -219,20 +238,12 @@ class OffloadStore(Protocol):
         """Remove every offload of the conversation."""
         ...
 
+    def location(self, key: ConversationKey, handle: str) -> str | None:
+        """The file an offload marker names for ``handle`` (None: addressed by handle only)."""
+        ...
 
-@runtime_checkable
-class BatchOffloadStore(OffloadStore, Protocol):
-    """An ``OffloadStore`` that writes many offloads of one conversation in one call.
-
-    Optional (``ctxcore.processors.offload_batch.put_many`` falls back to one
-    ``put_if_absent`` each): the fast path offloads every cleared result of a window at once.
-    """
-
-    def put_many_if_absent(
-        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
-    ) -> list[bool]:
-        """``put_if_absent`` of each (handle, messages) in order; a handle repeated in
-        ``items`` is written once (its first messages)."""
+    def archive_keeper(self) -> ArchiveKeeper | None:
+        """This store as the keeper of a context's recall index (None: it keeps none)."""
         ...
 
 

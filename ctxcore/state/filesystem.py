@@ -13,10 +13,14 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctxcore.errors import InvalidKeyError, StoreUnavailable
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.keys import ConversationKey
+
+if TYPE_CHECKING:
+    from ctxcore.state.base import ArchiveKeeper
 
 __all__ = ["FilesystemOffloadStore", "validate_handle"]
 
@@ -127,6 +131,14 @@ class FilesystemOffloadStore:
             return None
         except OSError as exc:
             raise StoreUnavailable(f"cannot read archive file {path}: {exc}") from exc
+
+    def location(self, key: ConversationKey, handle: str) -> str | None:
+        """The file of ``handle``, which offload markers name."""
+        return str(self.path_for(key, handle))
+
+    def archive_keeper(self) -> ArchiveKeeper | None:
+        """This store: it keeps each context's recall index beside its offloads."""
+        return self
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the conversation's folder."""
