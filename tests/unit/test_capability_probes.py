@@ -25,21 +25,25 @@ BACKEND_MODULES = (
 )
 # Classes of a seam's implementations (and the drivers' own), by name.
 BACKEND_PREFIXES = ("Memory", "Redis", "Sql", "Filesystem", "Tiktoken", "Estimate", "Fallback", "OpenAI")
-# Findings left in modules outside the window path (issue 41 item 2 covers the window path
-# first). This list may only shrink: a new finding anywhere fails the test.
+# Findings left, each with its reason. This list may only shrink: a new finding anywhere fails
+# the test.
 PENDING = {
+    # Other helpers' files at the time of this pass (issue 41): their probes go with their work.
     "ctxcore/coordinator.py": 1,
-    "ctxcore/engine/engine.py": 1,
     "ctxcore/eval/runner.py": 1,
-    "ctxcore/integrations/langchain.py": 2,
     "ctxcore/processors/llm_support.py": 7,
-    "ctxcore/processors/rule_processor.py": 1,
     "ctxcore/summarize/dump.py": 1,
     "ctxcore/summarize/errors.py": 6,
+    # ``model_client`` is a field of two processors' configs (round_level, snapshot_compressor):
+    # it goes when they declare ``api_key_env()`` on ``ContextProcessor``.
+    "ctxcore/engine/engine.py": 1,
+    # Third-party objects whose shape we do not control: LangGraph's runtime (``execution_info``
+    # is None outside a run and newer than some releases langchain 1.5 accepts), Celery's worker
+    # pool, kombu's channel errors (only AMQP's carry a ``code``).
+    "ctxcore/integrations/langchain.py": 2,
     "workers/broker.py": 1,
     "workers/broker_queues.py": 1,
     "workers/demo.py": 2,
-    "workers/embedded.py": 1,
 }
 
 
