@@ -38,11 +38,9 @@ PENDING = {
     # it goes when they declare ``api_key_env()`` on ``ContextProcessor``.
     "ctxcore/engine/engine.py": 1,
     # Third-party objects whose shape we do not control: LangGraph's runtime (``execution_info``
-    # is None outside a run and newer than some releases langchain 1.5 accepts), Celery's worker
-    # pool, kombu's channel errors (only AMQP's carry a ``code``).
+    # is None outside a run and newer than some releases langchain 1.5 accepts) and Celery's
+    # worker pool (None until it starts; the executor of its thread pool is not in its stubs).
     "ctxcore/integrations/langchain.py": 2,
-    "workers/broker.py": 1,
-    "workers/broker_queues.py": 1,
     "workers/demo.py": 2,
 }
 
