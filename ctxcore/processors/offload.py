@@ -72,8 +72,8 @@ def find_offload_markers(text: str) -> list[str]:
 
 def _describe_store(store: OffloadStore, key: ConversationKey, handle: str) -> tuple[str, str | None]:
     # Stores that keep files say where; every other backend is addressed by handle only.
-    path = store.location(key, handle)
-    return ("filesystem", path) if path is not None else ("in_memory", None)
+    files = store.files()
+    return ("filesystem", str(files.path_for(key, handle))) if files is not None else ("in_memory", None)
 
 
 def store_offload(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import ArchiveKeeper, OffloadStore
+from ctxcore.state.base import FileKeeper, OffloadStore
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 
@@ -46,13 +46,9 @@ class DeferredOffloads:
         """Queue each (handle, messages) as ``put_if_absent`` does."""
         return [self.put_if_absent(key, handle, messages) for handle, messages in items]
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
+    def files(self) -> FileKeeper | None:
         """The store's: markers name where the offload will be."""
-        return self.store.location(key, handle)
-
-    def archive_keeper(self) -> ArchiveKeeper | None:
-        """The store's."""
-        return self.store.archive_keeper()
+        return self.store.files()
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         """A queued offload, else the store's."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ctxcore.errors import (
     ConflictError,
@@ -24,11 +24,15 @@ from ctxcore.state.tail import CountedLog
 from ctxcore.state.undecodable import decode_entries
 from ctxcore.state.window_read import WindowReader
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
     "MAX_BUDGET_TOKENS",
     "ArchiveKeeper",
+    "FileKeeper",
     "LogOverview",
     "MessageLog",
     "OffloadStore",
@@ -215,6 +219,15 @@ class ArchiveKeeper(Protocol):
         ...
 
 
+class FileKeeper(ArchiveKeeper, Protocol):
+    """An offload store that keeps files (``FilesystemOffloadStore``): offload markers name
+    each file, and a context's recall index is kept beside them."""
+
+    def path_for(self, key: ConversationKey, handle: str) -> Path:
+        """Where ``handle``'s file lives (whether or not it exists)."""
+        ...
+
+
 class OffloadStore(Protocol):
     """Original messages removed from a view, kept behind a handle so they can be reloaded."""
 
@@ -238,12 +251,8 @@ class OffloadStore(Protocol):
         """Remove every offload of the conversation."""
         ...
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
-        """The file an offload marker names for ``handle`` (None: addressed by handle only)."""
-        ...
-
-    def archive_keeper(self) -> ArchiveKeeper | None:
-        """This store as the keeper of a context's recall index (None: it keeps none)."""
+    def files(self) -> FileKeeper | None:
+        """This store as one that keeps files (None: offloads are addressed by handle only)."""
         ...
 
 

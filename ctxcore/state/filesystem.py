@@ -20,7 +20,7 @@ from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.keys import ConversationKey
 
 if TYPE_CHECKING:
-    from ctxcore.state.base import ArchiveKeeper
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["FilesystemOffloadStore", "validate_handle"]
 
@@ -132,12 +132,8 @@ class FilesystemOffloadStore:
         except OSError as exc:
             raise StoreUnavailable(f"cannot read archive file {path}: {exc}") from exc
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
-        """The file of ``handle``, which offload markers name."""
-        return str(self.path_for(key, handle))
-
-    def archive_keeper(self) -> ArchiveKeeper | None:
-        """This store: it keeps each context's recall index beside its offloads."""
+    def files(self) -> FileKeeper | None:
+        """This store: markers name its files, and it keeps each context's recall index."""
         return self
 
     def delete(self, key: ConversationKey) -> None:

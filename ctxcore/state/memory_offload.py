@@ -11,7 +11,7 @@ from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 
 if TYPE_CHECKING:
-    from ctxcore.state.base import ArchiveKeeper
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["MemoryOffloadStore"]
 
@@ -54,12 +54,8 @@ class MemoryOffloadStore:
             found = self._data.get(key, {}).get(handle)
         return list(found) if found is not None else None
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
+    def files(self) -> FileKeeper | None:
         """None: offloads here are addressed by handle only."""
-        return None
-
-    def archive_keeper(self) -> ArchiveKeeper | None:
-        """None: recall indexes are not kept here."""
         return None
 
     def delete(self, key: ConversationKey) -> None:

@@ -16,7 +16,7 @@ from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
 
 if TYPE_CHECKING:
-    from ctxcore.state.base import ArchiveKeeper
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["OFFLOAD_TTL_LUA", "PUT_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
 
@@ -145,12 +145,8 @@ class RedisOffloadStore(RedisBackend):
             data = self._client.hget(self._key(key, "offload"), handle)
         return messages_from_json(data) if data is not None else None
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
+    def files(self) -> FileKeeper | None:
         """None: offloads here are addressed by handle only."""
-        return None
-
-    def archive_keeper(self) -> ArchiveKeeper | None:
-        """None: recall indexes are not kept here."""
         return None
 
     def delete(self, key: ConversationKey) -> None:

@@ -16,7 +16,7 @@ from ctxcore.state.keys import ConversationKey
 from ctxcore.state.sql_engine import SqlBackend
 
 if TYPE_CHECKING:
-    from ctxcore.state.base import ArchiveKeeper
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["SqlOffloadStore"]
 
@@ -126,12 +126,8 @@ class SqlOffloadStore(SqlBackend):
             data = conn.execute(query).scalar_one_or_none()
         return messages_from_json(data) if data is not None else None
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
+    def files(self) -> FileKeeper | None:
         """None: offloads here are addressed by handle only."""
-        return None
-
-    def archive_keeper(self) -> ArchiveKeeper | None:
-        """None: recall indexes are not kept here."""
         return None
 
     def delete(self, key: ConversationKey) -> None:

@@ -75,10 +75,7 @@ class OneAtATime:
     ) -> list[bool]:
         return [self.put_if_absent(key, handle, messages) for handle, messages in items]
 
-    def location(self, key: ConversationKey, handle: str) -> str | None:
-        return None
-
-    def archive_keeper(self) -> None:
+    def files(self) -> None:
         return None
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
