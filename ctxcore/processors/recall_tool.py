@@ -48,15 +48,6 @@ def recall_tool_definition() -> dict[str, Any]:
     return copy.deepcopy(_DEFINITION)
 
 
-class _Answer(Protocol):
-    query: str
-    note: str
-    query_truncated: bool
-
-    @property
-    def hits(self) -> Any: ...
-
-
 class Recaller(Protocol):
     """Whatever can search a conversation's archive (a ``ModelContext``, a service binding)."""
 
