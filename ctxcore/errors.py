@@ -195,6 +195,7 @@ class ModelError(OperationFailed):
 
     def __init__(self, kind: ErrorKind | str, message: str) -> None:
         self.kind = kind
+        self.message = message
         super().__init__(f"{kind}: {message}")
 
 

@@ -392,9 +392,3 @@ def protect_tool_call_boundary(messages: Sequence[AnyMessage], start: int, end: 
     if protected == end and _has_calls(messages[end]):
         return end - 1
     return protected
-
-
-def iter_real_user_indices(messages: Iterable[AnyMessage], detector: UserDetector | None = None) -> list[int]:
-    """Indices of all real user messages."""
-    det = detector or DEFAULT_DETECTOR
-    return [i for i, flag in enumerate(det.real_flags(list(messages))) if flag]

@@ -22,6 +22,7 @@ import math
 from typing import Literal, NamedTuple
 from urllib.parse import urlsplit
 
+from amqp.exceptions import AccessRefused, NotAllowed
 from kombu import Connection, Exchange, Queue
 
 from ctxcore.config import Settings
@@ -164,12 +165,10 @@ def check_broker(settings: Settings) -> None:
         declare_queues(conn, settings)
     except conn.connection_errors as exc:
         log.warning("broker %s not reachable at start-up (%s); Celery keeps retrying", public_host(url), exc)
-    except conn.channel_errors as exc:
-        if getattr(exc, "code", None) in (403, 530):
-            raise ConfigError(
-                f"broker {public_host(url)} refused the login of worker.broker_url "
-                "(CTXCORE_BROKER_URL): check its user, password and virtual host"
-            ) from None
-        raise
+    except (AccessRefused, NotAllowed):  # AMQP 403 and 530: py-amqp's, the transport of amqp:// URLs
+        raise ConfigError(
+            f"broker {public_host(url)} refused the login of worker.broker_url "
+            "(CTXCORE_BROKER_URL): check its user, password and virtual host"
+        ) from None
     finally:
         conn.release()

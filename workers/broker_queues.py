@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from amqp.exceptions import NotFound
 from kombu.exceptions import OperationalError
 
 from ctxcore.config import Settings
@@ -49,13 +50,11 @@ def queue_ready(name: str, amqp: bool) -> int:
     On RabbitMQ the declare is passive: an active one without the quorum arguments would be
     refused as inequivalent. kombu's Redis channel counts every priority level.
     """
-    with broker_channel() as (conn, channel):
+    with broker_channel() as (_, channel):
         try:
             return int(channel.queue_declare(queue=name, passive=amqp).message_count)
-        except conn.channel_errors as exc:
-            if getattr(exc, "code", None) == 404:
-                return 0
-            raise
+        except NotFound:  # AMQP 404 to a passive declare: py-amqp's, the transport of amqp:// URLs
+            return 0
 
 
 def dead_letter_depth(settings: Settings) -> int | None:

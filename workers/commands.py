@@ -112,8 +112,8 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
 
     settings = settings_for(args)
     check_startup(settings)
-    # argparse's ``choices`` keeps ``--node`` to a ``NodeKind`` (absent: the default, "all").
-    node = cast("NodeKind", getattr(args, "node", "all"))
+    # argparse's ``choices`` (default "all") keeps ``--node`` to a ``NodeKind``.
+    node = cast("NodeKind", args.node)
     if node == "all" and uses_amqp(settings):
         from workers.logs import apply_log_format
         from workers.nodes import run_nodes

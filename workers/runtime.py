@@ -88,7 +88,8 @@ class Runtime:
         return retention_of(self.settings)
 
     @cached_property
-    def _sql_engine(self) -> Engine:
+    def sql_engine(self) -> Engine:
+        """The SQL stores' engine (``database.url``)."""
         from sqlalchemy import create_engine
 
         url = self.settings.database.url
@@ -102,7 +103,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql import SqlStateStore
 
-            store = SqlStateStore(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            store = SqlStateStore(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
             store.setup()
             return store
         from ctxcore.state.redis import RedisStateStore
@@ -115,7 +116,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql_log import SqlMessageLog
 
-            log = SqlMessageLog(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            log = SqlMessageLog(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
             log.setup()
             return log
         from ctxcore.state.redis import RedisMessageLog
@@ -128,7 +129,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql import SqlOffloadStore
 
-            store = SqlOffloadStore(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            store = SqlOffloadStore(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
             store.setup()
             return store
         from ctxcore.state.redis import RedisOffloadStore
@@ -147,7 +148,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql_journal import SqlStageJournal
 
-            store = SqlStageJournal(engine=self._sql_engine, table_prefix=self.settings.database.table_prefix)
+            store = SqlStageJournal(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
             store.setup()
             return store
         from ctxcore.state.redis_journal import RedisStageJournal

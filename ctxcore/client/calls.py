@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from ctxcore.client.models import (
     AppendResponse,
@@ -74,7 +75,7 @@ def _message_dict(index: int, message: MessageLike) -> dict[str, Any]:
         out = to_openai([message], include_extra=True)[0]
     elif isinstance(message, Mapping):
         out = dict(message)
-    elif callable(getattr(message, "model_dump", None)):
+    elif isinstance(message, BaseModel):
         out = dict(message.model_dump(exclude_none=True))
     else:
         raise InvalidMessageError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -10,7 +9,6 @@ from typing import Any, TypeVar
 import httpx
 
 from ctxcore.client.calls import Call, MessageLike, calls
-from ctxcore.client.errors import error_for, parse_retry_after
 from ctxcore.client.models import (
     AppendResponse,
     CompactResponse,
@@ -25,20 +23,11 @@ from ctxcore.client.models import (
     WindowResponse,
 )
 from ctxcore.client.retry import RetryPolicy
-from ctxcore.errors import StoreUnavailable
 from ctxcore.messages import AnyMessage, from_openai
 
 __all__ = ["CtxcoreClient", "send_sync"]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def _body(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return {"detail": response.text[:500]}
 
 
 def send_sync(http: httpx.Client, policy: RetryPolicy, call: Call[T]) -> T:
@@ -49,25 +38,12 @@ def send_sync(http: httpx.Client, policy: RetryPolicy, call: Call[T]) -> T:
                 call.method, call.path, json=call.json, params=call.params, headers=call.headers
             )
         except httpx.TransportError as exc:
-            wait = policy.wait(attempt, None)
-            if wait is None:
-                raise StoreUnavailable(
-                    f"ctxcore at {http.base_url} did not answer {call.method} {call.path} "
-                    f"after {attempt + 1} attempt(s): {exc!r}"
-                ) from exc
-            log.warning("%s %s: %r; retrying in %.2f s", call.method, call.path, exc, wait)
-            time.sleep(wait)
+            time.sleep(policy.after_failure(http, call, attempt, exc))
             continue
-        if response.is_success:
-            return call.parse(response)
-        if attempt > 0 and call.accept is not None and (landed := call.accept(response)) is not None:
-            return landed[0]
-        error = error_for(response.status_code, _body(response), response.headers)
-        wait = policy.wait(attempt, parse_retry_after(response.headers.get("retry-after")))
-        if not policy.retryable(error) or wait is None:
-            raise error
-        log.warning("%s %s: HTTP %d; retrying in %.2f s", call.method, call.path, response.status_code, wait)
-        time.sleep(wait)
+        outcome = policy.settle(call, response, attempt)
+        if isinstance(outcome, tuple):
+            return outcome[0]
+        time.sleep(outcome)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
@@ -177,8 +177,8 @@ def environment_variables() -> list[tuple[str, str]]:
 def _leaves(model: type[BaseModel], name: str, out: list[tuple[str, str]]) -> None:
     for field_name, info in model.model_fields.items():
         path = f"{name}{'_' if name == ENV_PREFIX.rstrip('_') else '__'}{field_name.upper()}"
-        args: tuple[Any, ...] = getattr(info.annotation, "__args__", ())
-        if getattr(info.annotation, "__origin__", None) is dict and len(args) == 2 and section_of(args[1]):
+        args = get_args(info.annotation)
+        if get_origin(info.annotation) is dict and len(args) == 2 and section_of(args[1]):
             _leaves(section_of(args[1]) or model, f"{path}__<ID>", out)
         elif section := section_of(info.annotation):
             _leaves(section, path, out)

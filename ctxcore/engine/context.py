@@ -97,7 +97,7 @@ class ModelContext:
                     recall_config.chunk_overlap_tokens,
                     recall_config.auto_passage_tokens,
                 ),
-                offload_store,
+                offload_store.files(),
             )
             if recall_config.enabled
             else None

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agents.models.chatcmpl_converter import Converter
+from pydantic import BaseModel
 
 from ctxcore.errors import UnsupportedItemError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage, from_openai
@@ -37,7 +38,7 @@ def item_dict(index: int, item: Any) -> dict[str, Any]:
     """An input item as a plain dict (items arrive as dicts or SDK pydantic objects)."""
     if isinstance(item, Mapping):
         return dict(item)
-    if callable(getattr(item, "model_dump", None)):
+    if isinstance(item, BaseModel):
         return dict(item.model_dump(exclude_unset=True, mode="json"))
     raise UnsupportedItemError(index, type(item).__name__, "not a Responses input item")
 

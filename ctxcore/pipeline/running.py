@@ -55,7 +55,7 @@ def run_stage(
 
     calls = input_tokens = output_tokens = restored = kept_raw = 0
     summaries: dict[str, list[AnyMessage]] = {}
-    model_name = getattr(model_client, "name", "") if model_client is not None else ""
+    model_name = model_client.name if model_client is not None else ""
     if stage.kind == "l0_to_l1" and summarizer is not None:
         for target in targets:
             limit = max(int(target.source_tokens * SUMMARIZER_CONTEXT_RATIO), SUMMARIZER_CONTEXT_FLOOR)

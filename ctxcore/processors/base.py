@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ctxcore.tokens import TokenCounter
     from ctxcore.turns import UserDetector
 
-__all__ = ["ContextProcessor", "Kind", "ProcessorConfig", "ProcessorContext"]
+__all__ = ["ContextProcessor", "HeadroomConfig", "Kind", "ProcessorConfig", "ProcessorContext"]
 
 Kind = Literal["offloader", "compressor", "view"]
 
@@ -125,6 +125,17 @@ class ProcessorContext(Protocol):
 
 class ProcessorConfig(StrictConfig):
     """Base of processor configs: immutable, unknown keys rejected with ``ConfigError``."""
+
+
+class HeadroomConfig(ProcessorConfig):
+    """Base of the configs of rules that can be headroom-aware (``RuleProcessor.headroom_aware``).
+
+    Attributes:
+        act_only_over_budget: act only while the messages are over the room of a window
+            (the default chain's mode; see ``ctxcore.processors.rule_processor``).
+    """
+
+    act_only_over_budget: bool = False
 
 
 C = TypeVar("C", bound=ProcessorConfig)

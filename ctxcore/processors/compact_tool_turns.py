@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import NonNegativeInt
 
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
-from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 from ctxcore.turns import Turn, turns
@@ -25,7 +25,7 @@ from ctxcore.turns import Turn, turns
 __all__ = ["CompactCompletedToolTurns", "CompactCompletedToolTurnsConfig", "apply", "triggers"]
 
 
-class CompactCompletedToolTurnsConfig(ProcessorConfig):
+class CompactCompletedToolTurnsConfig(HeadroomConfig):
     """Settings of ``CompactCompletedToolTurns``.
 
     Attributes:
@@ -34,7 +34,6 @@ class CompactCompletedToolTurnsConfig(ProcessorConfig):
     """
 
     keep_recent_turns: NonNegativeInt = 2
-    act_only_over_budget: bool = False
 
 
 def _uses_tools(messages: list[AnyMessage], turn: Turn) -> bool:

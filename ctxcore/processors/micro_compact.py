@@ -21,7 +21,7 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from ctxcore.markers import CLEARED_TOOL_RESULT
 from ctxcore.messages import AnyMessage, ToolMessage, message_text, replace_content
-from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.offload import find_offload_markers
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
@@ -37,7 +37,7 @@ from ctxcore.turns import newest_step_start, steps
 __all__ = ["MicroCompactConfig", "MicroCompactProcessor", "apply", "triggers"]
 
 
-class MicroCompactConfig(ProcessorConfig):
+class MicroCompactConfig(HeadroomConfig):
     """Settings of ``MicroCompactProcessor``.
 
     Attributes:
@@ -53,7 +53,6 @@ class MicroCompactConfig(ProcessorConfig):
     compactable_tool_names: tuple[str, ...] = ("grep", "glob", "read_file", "web_search", "web_fetch")
     keep_recent_per_tool: NonNegativeInt = 15
     cleared_marker: str = CLEARED_TOOL_RESULT
-    act_only_over_budget: bool = False
 
 
 def _by_tool(messages: list[AnyMessage], config: MicroCompactConfig) -> dict[str, list[int]]:

@@ -72,10 +72,8 @@ def find_offload_markers(text: str) -> list[str]:
 
 def _describe_store(store: OffloadStore, key: ConversationKey, handle: str) -> tuple[str, str | None]:
     # Stores that keep files say where; every other backend is addressed by handle only.
-    path_for = getattr(store, "path_for", None)
-    if callable(path_for):
-        return "filesystem", str(path_for(key, handle))
-    return str(getattr(store, "offload_type", "in_memory")), None
+    files = store.files()
+    return ("filesystem", str(files.path_for(key, handle))) if files is not None else ("in_memory", None)
 
 
 def store_offload(

@@ -13,8 +13,6 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ctxcore.messages import ToolCall, ToolMessage
-
 __all__ = [
     "DEFAULT_RECALL_TOKENS",
     "RECALL_TOOL_NAME",
@@ -22,7 +20,6 @@ __all__ = [
     "execute_recall_tool",
     "recall_answer_text",
     "recall_tool_definition",
-    "recall_tool_message",
 ]
 
 RECALL_TOOL_NAME = "recall_compressed_context"
@@ -49,15 +46,6 @@ _DEFINITION: dict[str, Any] = {
 def recall_tool_definition() -> dict[str, Any]:
     """The OpenAI tool definition (a fresh copy each call)."""
     return copy.deepcopy(_DEFINITION)
-
-
-class _Answer(Protocol):
-    query: str
-    note: str
-    query_truncated: bool
-
-    @property
-    def hits(self) -> Any: ...
 
 
 class Recaller(Protocol):
@@ -103,10 +91,3 @@ def execute_recall_tool(recaller: Recaller, arguments: str | Mapping[str, Any]) 
         return parsed
     query, limit = parsed
     return recall_answer_text(recaller.recall(query, limit))
-
-
-def recall_tool_message(recaller: Recaller, call: ToolCall) -> ToolMessage:
-    """The tool result message answering ``call``."""
-    return ToolMessage(
-        content=execute_recall_tool(recaller, call.arguments), tool_call_id=call.id, name=RECALL_TOOL_NAME
-    )

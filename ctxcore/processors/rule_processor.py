@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ctxcore.messages import AnyMessage
-from ctxcore.processors.base import C, ContextProcessor
+from ctxcore.processors.base import C, ContextProcessor, HeadroomConfig
 from ctxcore.processors.events import ContextEvent
 from ctxcore.processors.rules import RuleEnv, RuleResult
 from ctxcore.window import ContextWindow
@@ -37,7 +37,7 @@ class RuleProcessor(ContextProcessor[C]):
     @property
     def headroom_aware(self) -> bool:
         """True for a rule configured with ``act_only_over_budget``."""
-        return bool(getattr(self.config, "act_only_over_budget", False))
+        return isinstance(self.config, HeadroomConfig) and self.config.act_only_over_budget
 
     @property
     def acts_on_windows(self) -> bool:

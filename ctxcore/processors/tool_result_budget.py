@@ -23,7 +23,7 @@ from pydantic import PositiveInt, model_validator
 
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, ToolMessage
-from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.offload import has_offload_marker
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import (
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-class ToolResultBudgetConfig(ProcessorConfig):
+class ToolResultBudgetConfig(HeadroomConfig):
     """Budget of ``ToolResultBudgetProcessor``.
 
     Attributes:
@@ -61,7 +61,6 @@ class ToolResultBudgetConfig(ProcessorConfig):
     large_message_threshold: PositiveInt = 10000
     trim_size: PositiveInt = 3000
     tool_name_allowlist: tuple[str, ...] | None = None
-    act_only_over_budget: bool = False
 
     @model_validator(mode="after")
     def _trim_below_large(self) -> ToolResultBudgetConfig:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ctxcore.messages import AnyMessage, message_text
-from ctxcore.processors.base import ProcessorConfig
+from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 
@@ -36,7 +36,7 @@ _NOTE_TOKENS = 48
 _FIT_ATTEMPTS = 8
 
 
-class ToolResultCapConfig(ProcessorConfig):
+class ToolResultCapConfig(HeadroomConfig):
     """Settings of ``ToolResultCap``.
 
     Attributes:
@@ -47,7 +47,6 @@ class ToolResultCapConfig(ProcessorConfig):
 
     max_result_ratio: float = Field(default=0.25, gt=0, le=1)
     head_ratio: float = Field(default=0.5, ge=0, le=1)
-    act_only_over_budget: bool = False
 
 
 def _cap(config: ToolResultCapConfig, env: RuleEnv) -> int:

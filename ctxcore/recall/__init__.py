@@ -7,8 +7,9 @@ first use, so the settings can check FTS5 without loading the pipeline.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ctxcore.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ctxcore.recall.archive import (
@@ -63,10 +64,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -12,41 +12,33 @@ from __future__ import annotations
 import base64
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.recall.archive import ChunkingConfig, RecallAnswer, archive_messages, fully_archived, recall
 from ctxcore.recall.auto import AutoRecall, RecallStats, recalled_message
 from ctxcore.recall.index import RecallIndex
+from ctxcore.state.base import ArchiveKeeper
 from ctxcore.state.keys import ConversationKey
 from ctxcore.tokens import TokenCounter
 
 __all__ = ["ArchiveKeeper", "ContextArchive"]
 
 
-@runtime_checkable
-class ArchiveKeeper(Protocol):
-    """A store that also keeps a context's recall index (``FilesystemOffloadStore`` does)."""
-
-    def put_archive(self, key: ConversationKey, data: bytes) -> None:
-        """Replace the stored index."""
-        ...
-
-    def get_archive(self, key: ConversationKey) -> bytes | None:
-        """The stored index, or None."""
-        ...
-
-
 class ContextArchive:
     """What the context's compressors folded, archived and searchable (see module docstring)."""
 
     def __init__(
-        self, key: ConversationKey, counter: TokenCounter, chunking: ChunkingConfig, keeper: object = None
+        self,
+        key: ConversationKey,
+        counter: TokenCounter,
+        chunking: ChunkingConfig,
+        keeper: ArchiveKeeper | None = None,
     ) -> None:
         self.key = key
         self.counter = counter
         self.chunking = chunking
-        self._keeper = keeper if isinstance(keeper, ArchiveKeeper) else None
+        self._keeper = keeper
         self._lock = threading.Lock()
         stored = self._keeper.get_archive(key) if self._keeper is not None else None
         self._index: RecallIndex | None = RecallIndex.from_bytes(stored) if stored is not None else None

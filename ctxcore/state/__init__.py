@@ -6,9 +6,9 @@ the memory backends) does not pay for loading redis-py and SQLAlchemy.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ctxcore.lazy import lazy_getattr
 from ctxcore.state.base import HISTORY_LIMIT, MessageLog, OffloadStore, StateStore
 from ctxcore.state.filesystem import FilesystemOffloadStore
 from ctxcore.state.keys import ConversationKey, validate_id
@@ -51,10 +51,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ctxcore.errors import (
     ConflictError,
@@ -24,11 +24,15 @@ from ctxcore.state.tail import CountedLog
 from ctxcore.state.undecodable import decode_entries
 from ctxcore.state.window_read import WindowReader
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 __all__ = [
     "HISTORY_LIMIT",
     "LOG_ID_WIDTH",
     "MAX_BUDGET_TOKENS",
-    "BatchOffloadStore",
+    "ArchiveKeeper",
+    "FileKeeper",
     "LogOverview",
     "MessageLog",
     "OffloadStore",
@@ -203,12 +207,40 @@ class MessageLog(Protocol):
         ...
 
 
-@runtime_checkable
+class ArchiveKeeper(Protocol):
+    """A store that also keeps a context's recall index (``FilesystemOffloadStore`` does)."""
+
+    def put_archive(self, key: ConversationKey, data: bytes) -> None:
+        """Replace the stored index."""
+        ...
+
+    def get_archive(self, key: ConversationKey) -> bytes | None:
+        """The stored index, or None."""
+        ...
+
+
+class FileKeeper(ArchiveKeeper, Protocol):
+    """An offload store that keeps files (``FilesystemOffloadStore``): offload markers name
+    each file, and a context's recall index is kept beside them."""
+
+    def path_for(self, key: ConversationKey, handle: str) -> Path:
+        """Where ``handle``'s file lives (whether or not it exists)."""
+        ...
+
+
 class OffloadStore(Protocol):
     """Original messages removed from a view, kept behind a handle so they can be reloaded."""
 
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
         """Store ``messages`` under ``handle``; False (and no write) if the handle exists."""
+        ...
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        """``put_if_absent`` of each (handle, messages) in order, in one call (the fast path
+        offloads every cleared result of a window at once); a handle repeated in ``items`` is
+        written once (its first messages)."""
         ...
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
@@ -219,20 +251,8 @@ class OffloadStore(Protocol):
         """Remove every offload of the conversation."""
         ...
 
-
-@runtime_checkable
-class BatchOffloadStore(OffloadStore, Protocol):
-    """An ``OffloadStore`` that writes many offloads of one conversation in one call.
-
-    Optional (``ctxcore.processors.offload_batch.put_many`` falls back to one
-    ``put_if_absent`` each): the fast path offloads every cleared result of a window at once.
-    """
-
-    def put_many_if_absent(
-        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
-    ) -> list[bool]:
-        """``put_if_absent`` of each (handle, messages) in order; a handle repeated in
-        ``items`` is written once (its first messages)."""
+    def files(self) -> FileKeeper | None:
+        """This store as one that keeps files (None: offloads are addressed by handle only)."""
         ...
 
 

@@ -13,10 +13,14 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctxcore.errors import InvalidKeyError, StoreUnavailable
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.keys import ConversationKey
+
+if TYPE_CHECKING:
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["FilesystemOffloadStore", "validate_handle"]
 
@@ -127,6 +131,10 @@ class FilesystemOffloadStore:
             return None
         except OSError as exc:
             raise StoreUnavailable(f"cannot read archive file {path}: {exc}") from exc
+
+    def files(self) -> FileKeeper | None:
+        """This store: markers name its files, and it keeps each context's recall index."""
+        return self
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the conversation's folder."""

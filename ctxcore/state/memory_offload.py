@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
+
+if TYPE_CHECKING:
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["MemoryOffloadStore"]
 
@@ -49,6 +53,10 @@ class MemoryOffloadStore:
         with self._lock:
             found = self._data.get(key, {}).get(handle)
         return list(found) if found is not None else None
+
+    def files(self) -> FileKeeper | None:
+        """None: offloads here are addressed by handle only."""
+        return None
 
     def delete(self, key: ConversationKey) -> None:
         """Forget every offload of ``key``."""

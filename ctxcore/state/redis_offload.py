@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -14,6 +14,9 @@ from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis_common import RedisBackend, translated
 from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
+
+if TYPE_CHECKING:
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["OFFLOAD_TTL_LUA", "PUT_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
 
@@ -141,6 +144,10 @@ class RedisOffloadStore(RedisBackend):
         with translated(f"read offload of {key}"):
             data = self._client.hget(self._key(key, "offload"), handle)
         return messages_from_json(data) if data is not None else None
+
+    def files(self) -> FileKeeper | None:
+        """None: offloads here are addressed by handle only."""
+        return None
 
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import ColumnElement, Engine, delete, or_, select
 from sqlalchemy.engine import URL
@@ -13,6 +14,9 @@ from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.sql_engine import SqlBackend
+
+if TYPE_CHECKING:
+    from ctxcore.state.base import FileKeeper
 
 __all__ = ["SqlOffloadStore"]
 
@@ -121,6 +125,10 @@ class SqlOffloadStore(SqlBackend):
         with self._read(f"read offload of {key}") as conn:
             data = conn.execute(query).scalar_one_or_none()
         return messages_from_json(data) if data is not None else None
+
+    def files(self) -> FileKeeper | None:
+        """None: offloads here are addressed by handle only."""
+        return None
 
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""

@@ -13,7 +13,6 @@ from redis.retry import Retry
 
 from ctxcore.errors import InvalidKeyError, StoreUnavailable
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
-from ctxcore.processors.offload_batch import put_many
 from ctxcore.state import ConversationKey, OffloadStore, RedisOffloadStore, SqlOffloadStore
 from tests.conftest import BACKENDS, Backend
 
@@ -90,16 +89,16 @@ def test_put_many_matches_put_if_absent_one_at_a_time(store: OffloadStore, conv_
     items = [(HANDLE, originals("lost")), (OTHER_HANDLE, originals("b")), (OTHER_HANDLE, originals("c"))]
     items.append((third, originals("d")))
     # The batch path of every backend
-    assert put_many(store, conv_key, items) == [False, True, False, True]
+    assert store.put_many_if_absent(conv_key, items) == [False, True, False, True]
     assert store.get(conv_key, HANDLE) == originals("kept")
     assert store.get(conv_key, OTHER_HANDLE) == originals("b")
     assert store.get(conv_key, third) == originals("d")
-    assert put_many(store, conv_key, []) == []
+    assert store.put_many_if_absent(conv_key, []) == []
 
 
 def test_put_many_rejects_an_invalid_handle(store: OffloadStore, conv_key: ConversationKey) -> None:
     with pytest.raises(InvalidKeyError):
-        put_many(store, conv_key, [(HANDLE, originals()), ("../../x", originals())])
+        store.put_many_if_absent(conv_key, [(HANDLE, originals()), ("../../x", originals())])
 
 
 def test_invalid_handles_are_rejected(store: OffloadStore, conv_key: ConversationKey) -> None:
@@ -125,13 +124,13 @@ def test_ttl_expires_offloads(backend: Backend, conv_key: ConversationKey) -> No
 @pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "memory"], indirect=True)
 def test_ttl_of_a_batch(backend: Backend, conv_key: ConversationKey) -> None:
     store = backend.offloads(ttl_seconds=0.3)
-    assert put_many(store, conv_key, [(HANDLE, originals("a")), (OTHER_HANDLE, originals("b"))]) == [
+    assert store.put_many_if_absent(conv_key, [(HANDLE, originals("a")), (OTHER_HANDLE, originals("b"))]) == [
         True,
         True,
     ]
     time.sleep(0.6)
     assert store.get(conv_key, HANDLE) is None and store.get(conv_key, OTHER_HANDLE) is None
-    assert put_many(store, conv_key, [(HANDLE, originals("new"))]) == [True]
+    assert store.put_many_if_absent(conv_key, [(HANDLE, originals("new"))]) == [True]
 
 
 def test_redis_unreachable_raises_store_unavailable() -> None:
@@ -164,7 +163,7 @@ def test_a_sql_batch_is_one_insert(backend: Backend, conv_key: ConversationKey) 
     event.listen(engine, "before_cursor_execute", seen)
     try:
         handles = [f"{n:016x}" for n in range(20)]
-        assert put_many(store, conv_key, [(h, originals(h)) for h in handles]) == [True] * 20
+        assert store.put_many_if_absent(conv_key, [(h, originals(h)) for h in handles]) == [True] * 20
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     assert statements.count("INSERT") == 1, statements

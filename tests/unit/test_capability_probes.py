@@ -25,32 +25,23 @@ BACKEND_MODULES = (
 )
 # Classes of a seam's implementations (and the drivers' own), by name.
 BACKEND_PREFIXES = ("Memory", "Redis", "Sql", "Filesystem", "Tiktoken", "Estimate", "Fallback", "OpenAI")
-# Findings left in modules outside the window path (issue 41 item 2 covers the window path
-# first). This list may only shrink: a new finding anywhere fails the test.
+# Findings left, each with its reason. This list may only shrink: a new finding anywhere fails
+# the test.
 PENDING = {
-    "ctxcore/client/calls.py": 1,
-    "ctxcore/config/settings.py": 2,
+    # Other helpers' files at the time of this pass (issue 41): their probes go with their work.
     "ctxcore/coordinator.py": 1,
-    "ctxcore/engine/engine.py": 1,
     "ctxcore/eval/runner.py": 1,
-    "ctxcore/integrations/agents_items.py": 1,
-    "ctxcore/integrations/langchain.py": 2,
-    "ctxcore/pipeline/running.py": 1,
     "ctxcore/processors/llm_support.py": 7,
-    "ctxcore/processors/offload.py": 2,
-    "ctxcore/processors/offload_batch.py": 1,
-    "ctxcore/processors/rule_processor.py": 1,
-    "ctxcore/recall/embedded.py": 1,
     "ctxcore/summarize/dump.py": 1,
     "ctxcore/summarize/errors.py": 6,
-    "workers/broker.py": 1,
-    "workers/broker_queues.py": 1,
-    "workers/commands.py": 1,
+    # ``model_client`` is a field of two processors' configs (round_level, snapshot_compressor):
+    # it goes when they declare ``api_key_env()`` on ``ContextProcessor``.
+    "ctxcore/engine/engine.py": 1,
+    # Third-party objects whose shape we do not control: LangGraph's runtime (``execution_info``
+    # is None outside a run and newer than some releases langchain 1.5 accepts) and Celery's
+    # worker pool (None until it starts; the executor of its thread pool is not in its stubs).
+    "ctxcore/integrations/langchain.py": 2,
     "workers/demo.py": 2,
-    "workers/embedded.py": 1,
-    "workers/failures.py": 1,
-    "workers/proxy/stream.py": 1,
-    "workers/retention.py": 1,
 }
 
 

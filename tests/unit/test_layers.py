@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundation",
         (
             "ctxcore.errors",
+            "ctxcore.lazy",
             "ctxcore.markers",
             "ctxcore.messages",
             "ctxcore.contract",

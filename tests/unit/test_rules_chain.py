@@ -59,7 +59,7 @@ class CountingStore(MemoryOffloadStore):
 
 
 class OneAtATime:
-    """A store without ``put_many_if_absent``, whose puts fail while ``failing`` is set."""
+    """A store whose batch is one put at a time, whose puts fail while ``failing`` is set."""
 
     def __init__(self) -> None:
         self.inner = MemoryOffloadStore()
@@ -69,6 +69,14 @@ class OneAtATime:
         if self.failing:
             raise StoreUnavailable("offload store down (test)")
         return self.inner.put_if_absent(key, handle, messages)
+
+    def put_many_if_absent(
+        self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
+    ) -> list[bool]:
+        return [self.put_if_absent(key, handle, messages) for handle, messages in items]
+
+    def files(self) -> None:
+        return None
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:
         return self.inner.get(key, handle)

@@ -76,29 +76,36 @@ class ReplyAssembler:
             self.errored = True
             return
         try:
-            self._choices(event)
-        except (AttributeError, TypeError, ValueError):
-            # Not OpenAI's chunk shape: relayed as it came, never logged as a reply.
-            self.errored = True
+            shaped = self._choices(event)
+        except (TypeError, ValueError):
+            shaped = False
+        # Not OpenAI's chunk shape: relayed as it came, never logged as a reply.
+        self.errored = self.errored or not shaped
 
-    def _choices(self, event: dict[str, Any]) -> None:
+    def _choices(self, event: dict[str, Any]) -> bool:
+        # The chunk is untrusted JSON: False at the first object that is not one.
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                return False
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
                 self.chars += len(delta["content"])
             for raw in delta.get("tool_calls") or []:
+                function = raw.get("function") or {} if isinstance(raw, dict) else None
+                if not isinstance(function, dict):
+                    return False
                 call = self.calls.setdefault(int(raw.get("index", 0)), _Call())
                 call.id = raw.get("id") or call.id
                 call.type = raw.get("type") or call.type
-                function = raw.get("function") or {}
                 call.name = function.get("name") or call.name
                 call.arguments += function.get("arguments") or ""
                 self.chars += len(function.get("arguments") or "")
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
+        return True
 
     def message(self) -> dict[str, Any]:
         """The assembled reply as an OpenAI assistant message."""
