@@ -143,9 +143,7 @@ class FullPolicy(Policy):
                 if setup.settings.engine.rule_chain == "default"
                 else None
             ),
-            call_limits_for=lambda _key: CallLimits(
-                setup.settings.model.context_window_tokens, setup.settings.model.max_tokens
-            ),
+            call_limits_for=lambda _key: CallLimits.of(setup.settings.model),
         )
         # The window at which the pending compaction was asked for (``setup.lag`` > 0).
         self.windows = 0

@@ -106,7 +106,7 @@ def test_a_stage_too_large_for_one_call_is_split() -> None:
 
 def test_a_call_that_cannot_fit_fails_with_the_sizes() -> None:
     view = raw_view(_long_run())
-    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 4, context_window_tokens=600)
+    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 4, context_window_tokens=350)
     stage = plan_next_stage(view, cfg, COUNTER)
     assert isinstance(stage, Stage)
     model = RecordingModel()
@@ -114,8 +114,8 @@ def test_a_call_that_cannot_fit_fails_with_the_sizes() -> None:
         run_stage(stage, view, model, COUNTER, config=cfg)
     error = caught.value
     assert isinstance(error, ModelError) and error.kind == ErrorKind.CONTEXT_OVERFLOW
-    assert error.window == 600 and error.needed + error.output > 600
-    assert "600" in str(error) and str(error.output) in str(error) and str(error.needed) in str(error)
+    assert error.window == 350 and error.needed + error.output > 350
+    assert "350" in str(error) and str(error.output) in str(error) and str(error.needed) in str(error)
     assert not model.calls, "nothing may be sent that the server would refuse"
     # In the loop each model stage is a visible failure with its kind; nothing was sent.
     run = compress_until_target(view, cfg, model, COUNTER)
