@@ -34,11 +34,13 @@ __all__ = [
     "CallTooLarge",
     "call_input_budget",
     "check_context_window",
+    "check_output_cap",
     "fit_messages",
     "fit_to_limits",
     "group_to_fit",
     "least_input",
     "minimum_context_window",
+    "minimum_output",
     "output_tokens_for",
     "reserved_output",
     "target_within_output",
@@ -242,7 +244,23 @@ def minimum_context_window(counter: TokenCounter) -> int:
         "[000000000002] role=tool | tool_call_id=c1 | content=ok\n" + ROUND_LEVEL_OUTPUT_CONTRACT
     )
     prompt = counter.count_messages([SystemMessage(content=system), UserMessage(content=step)])
-    return prompt + output_tokens_for([counter.count_text(skeleton(BLOCK_SECTIONS))])
+    return prompt + minimum_output(counter)
+
+
+def minimum_output(counter: TokenCounter) -> int:
+    """The smallest output a summariser call needs: one block of its section headings."""
+    return output_tokens_for([counter.count_text(skeleton(BLOCK_SECTIONS))])
+
+
+def check_output_cap(max_tokens: int, counter: TokenCounter, where: str) -> None:
+    """Refuse (``ConfigError`` with the sizes) an output cap below the smallest summary's
+    output: every reply would be cut at ``max_tokens`` and none could be saved."""
+    least = minimum_output(counter)
+    if max_tokens < least:
+        raise ConfigError(
+            f"{where}: {max_tokens} tokens is below the smallest summary's output, {least} tokens "
+            "(one block's JSON and section headings); raise it"
+        )
 
 
 def check_context_window(window: int | None, counter: TokenCounter, where: str) -> None:

@@ -236,7 +236,9 @@ def test_embedded_compressor_calls_fit_the_context(name: str, extra: dict[str, A
 @pytest.mark.parametrize("name", ["CurrentRoundCompressor", "DialogueCompressor", "RoundLevelCompressor"])
 def test_embedded_compressor_call_that_cannot_fit_fails_visibly(name: str) -> None:
     rest = _chat() if name == "DialogueCompressor" else _swe()
-    extra = {"trigger_total_tokens": 3000, "target_total_tokens": 3000} if name == "RoundLevelCompressor" else {}
+    extra = (
+        {"trigger_total_tokens": 3000, "target_total_tokens": 3000} if name == "RoundLevelCompressor" else {}
+    )
     model = WindowedModel(100)
     ctx, before, outcome = _compress(
         name, {"model_client": model, "model_context_window_tokens": 100, **extra}, rest

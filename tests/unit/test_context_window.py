@@ -18,6 +18,7 @@ from ctxcore.pipeline.fitting import (
     check_context_window,
     group_to_fit,
     minimum_context_window,
+    minimum_output,
 )
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import Completion, OutputContract, Usage
@@ -141,6 +142,19 @@ def test_start_up_refuses_a_tenant_context_too_small() -> None:
     check_model_contexts(ok, COUNTER)
     bad = Settings.load({"tenants": {"acme": {"model": {"context_window_tokens": 100}}}})
     with pytest.raises(ConfigError, match=r"tenants.acme.model.context_window_tokens: 100 tokens"):
+        check_model_contexts(bad, COUNTER)
+
+
+def test_start_up_refuses_an_output_cap_below_the_smallest_summary() -> None:
+    from workers.runtime import check_model_contexts
+
+    least = minimum_output(COUNTER)
+    endpoint = {"base_url": "http://127.0.0.1:9/v1"}
+    check_model_contexts(Settings.load({"model": {**endpoint, "max_tokens": least}}), COUNTER)
+    # The offline model has no output cap: its max_tokens caps nothing.
+    check_model_contexts(Settings.load({"model": {"max_tokens": least - 1}}), COUNTER)
+    bad = Settings.load({"model": {**endpoint, "max_tokens": least - 1}})
+    with pytest.raises(ConfigError, match=rf"model.max_tokens: {least - 1} tokens .* {least} tokens"):
         check_model_contexts(bad, COUNTER)
 
 
