@@ -43,7 +43,7 @@ from ctxcore.processors.llm_support import ExecutorClient
 from ctxcore.summarize import ExtractiveModel, ModelCallError
 from ctxcore.summarize.blocks import parse_blocks
 from ctxcore.summarize.executor import CompressionExecutor
-from ctxcore.summarize.model import Completion, ModelClient, OutputContract
+from ctxcore.summarize.model import Completion, ModelClient, OutputContract, Usage
 from ctxcore.summarize.openai_chat import OpenAIChatModel
 from ctxcore.tokens import TiktokenCounter
 
@@ -227,6 +227,36 @@ def replay(path: Path, ids: list[str], budget: int, settings: Settings, model: M
     }
 
 
+class PromptRepeater:
+    """A stand-in for what the 270M model wrote: the task prompt back, cut at ``max_tokens``
+    (~4 characters a token). Offline and instant, so whole runs can be replayed to see what
+    the windows hold when every summary is unusable."""
+
+    name = "prompt-repeater"
+
+    def complete(
+        self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: OutputContract | None = None
+    ) -> Completion:
+        text = str(messages[-1].content)[: max_tokens * 4]
+        return Completion(text, Usage(0, max_tokens, max_tokens, model=self.name), "length")
+
+
+def endpoint_settings(url: str, args: argparse.Namespace) -> Settings:
+    """The summariser settings of the local model's replay (at ``url``)."""
+    return Settings.load(
+        {
+            "model": {
+                "base_url": url,
+                "name": MODEL_ALIAS,
+                "context_window_tokens": args.context,
+                "max_tokens": args.max_tokens,
+                "timeout": args.timeout,
+                "timeout_per_output_token": args.per_token,
+            }
+        }
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -236,7 +266,12 @@ def _free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="development runs of half A, from the start")
-    parser.add_argument("--slice", type=int, default=8000, help="tokens of each run replayed")
+    parser.add_argument("--slice", type=int, default=8000, help="tokens of each run replayed (0: whole)")
+    parser.add_argument(
+        "--offline-only",
+        action="store_true",
+        help="the extractive model and the prompt-repeating stand-in only",
+    )
     parser.add_argument("--budget", type=int, default=6000)
     parser.add_argument(
         "--context", type=int, default=2048, help="model.context_window_tokens (the server gets twice it)"
@@ -261,27 +296,27 @@ def main() -> None:
         "max_tokens": args.max_tokens,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        data = sliced(swe, ids, args.slice, Path(tmp) / "slices.jsonl")
+        data = sliced(swe, ids, args.slice or 10**12, Path(tmp) / "slices.jsonl")
         extractive = Recording(ExtractiveModel(counter))
         calls = Counted(ExecutorClient(CompressionExecutor(extractive, counter, transient_retries=1)))
         # The offline summariser as ctxcore eval runs it: no context limit, no output cap.
         results["extractive"] = replay(data, ids, args.budget, Settings.load({}), calls)
         results["extractive"].update(call_figures(extractive.attempts, calls.calls))
         print(json.dumps({"extractive": results["extractive"]}), flush=True)
+        # Not contacted: the stand-in answers; the URL only makes the settings an endpoint's.
+        offline_endpoint = endpoint_settings("http://127.0.0.1:9/v1", args)
+        repeater = Recording(PromptRepeater(), args.max_tokens)
+        calls = Counted(ExecutorClient(CompressionExecutor(repeater, counter, transient_retries=1)))
+        results["prompt-repeater"] = replay(data, ids, args.budget, offline_endpoint, calls)
+        results["prompt-repeater"].update(call_figures(repeater.attempts, calls.calls))
+        print(json.dumps({"prompt-repeater": results["prompt-repeater"]}), flush=True)
+        if args.offline_only:
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
+            return
 
         with serving(_free_port(), 2 * args.context, Path(tmp) / "server.log", threads=args.threads) as url:
-            settings = Settings.load(
-                {
-                    "model": {
-                        "base_url": url,
-                        "name": MODEL_ALIAS,
-                        "context_window_tokens": args.context,
-                        "max_tokens": args.max_tokens,
-                        "timeout": args.timeout,
-                        "timeout_per_output_token": args.per_token,
-                    }
-                }
-            )
+            settings = endpoint_settings(url, args)
             cfg = settings.model
             client = OpenAIChatModel(
                 url,
