@@ -23,6 +23,7 @@ from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelErr
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
 from ctxcore.pipeline.checks import rejected_view_error, view_violations
+from ctxcore.pipeline.fitted_client import FittedClient
 from ctxcore.pipeline.fitting import CallLimits
 from ctxcore.pipeline.sizing import ViewSizes, held_tokens, message_tokens, served_tokens
 from ctxcore.pipeline.targets import build_targets, eligible_raw
@@ -232,7 +233,8 @@ class Coordinator:
         Runs only when there are pending steps and the trigger says so (default: the view is
         over ``trigger_ratio`` of the budget). The summarizer (default: ``model`` on
         ``model_for(key)``) sees earlier blocks as context and makes one block per run of
-        steps between anchors; anchors stay pinned.
+        steps between anchors (of half the summariser's context at most, with one); anchors
+        stay pinned. The default summarizer's calls fit that context (``FittedClient``).
         """
         state = self.load(key)
         view = self.view(key, state)
@@ -259,12 +261,17 @@ class Coordinator:
             return CoordinatorResult(
                 view, state, "skipped", detail="trigger not met", tokens_before=window, tokens_after=window
             )
-        # One block per run of steps between anchors: no size chunking here.
+        limits = self.call_limits_for(key) if self.call_limits_for is not None else CallLimits()
+        window_limit = limits.context_window_tokens
+        # Half the context: the rest holds the instruction, earlier summaries and the output;
+        # a long run is split across calls rather than trimmed to its head and tail.
         config = PipelineConfig(
             target_tokens=max(int(budget * self.target_ratio), 1),
             keep_recent_messages=self.keep_recent_messages,
-            l1_source_tokens=10**12,
+            l1_source_tokens=10**12 if window_limit is None else max(window_limit // 2, 1),
             summarise_all_pending=True,
+            context_window_tokens=window_limit,
+            max_output_tokens=limits.max_output_tokens,
         )
         targets = build_targets("l0_to_l1", view, config, self.counter)
         raw_ids = [m.context_message_id for t in targets for m in t.raw if m.context_message_id]
@@ -284,7 +291,9 @@ class Coordinator:
             first_id=min(raw_ids),
             last_id=max(raw_ids),
         )
-        summarizer = self.summarizer or model_strategy(self.model_for(key))
+        summarizer = self.summarizer or model_strategy(
+            FittedClient(self.model_for(key), limits, self.counter, "l0_to_l1")
+        )
         try:
             result = run_stage(stage, view, None, self.counter, summarizer, config=config)
         except ModelError as exc:

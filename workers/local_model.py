@@ -21,6 +21,7 @@ from typing import TextIO
 
 from ctxcore.errors import OperationFailed, UsageError
 from workers.cli_parser import port, positive_int
+from workers.local_model_server import GEMMA3_FORMAT
 
 __all__ = [
     "DEFAULT_CONTEXT",
@@ -69,11 +70,12 @@ def bundled_model_path() -> Path:
 
 
 def server_argv(path: Path, host: str, port_number: int, context: int, threads: int) -> list[str]:
-    """The command line of llama-cpp-python's OpenAI-compatible server for ``path``."""
+    """The command line of llama-cpp-python's OpenAI-compatible server for ``path``
+    (``workers.local_model_server``: the server with Gemma 3's chat format registered)."""
     return [
         sys.executable,
         "-m",
-        "llama_cpp.server",
+        "workers.local_model_server",
         "--model",
         str(path),
         "--model_alias",
@@ -86,9 +88,10 @@ def server_argv(path: Path, host: str, port_number: int, context: int, threads: 
         str(context),
         "--n_threads",
         str(threads),
-        # The GGUF carries no chat template: without this the server falls back to llama-2's.
+        # The GGUF carries no chat template (the server would fall back to llama-2's), and
+        # llama-cpp-python's "gemma" format drops the system prompt: Gemma 3's own layout.
         "--chat_format",
-        "gemma",
+        GEMMA3_FORMAT,
     ]
 
 

@@ -17,7 +17,7 @@ import redis
 from ctxcore.config import ModelSettings, Settings
 from ctxcore.coordinator import Coordinator
 from ctxcore.errors import ConfigError, StoreUnavailable
-from ctxcore.pipeline.fitting import CallLimits, check_context_window
+from ctxcore.pipeline.fitting import CallLimits, check_context_window, check_output_cap
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.journal import StageJournal
@@ -247,7 +247,7 @@ class Runtime:
     def call_limits_for(self, key: ConversationKey) -> CallLimits:
         """The context and output cap ``key``'s summariser calls are fitted to."""
         model = self.settings.model_for_tenant(key.tenant_id)
-        return CallLimits(model.context_window_tokens, model.max_tokens)
+        return CallLimits.of(model)
 
     def chunking_for(self, key: ConversationKey) -> ChunkingConfig | None:
         """How ``key``'s compactions archive for recall (None: recall off for its tenant)."""
@@ -314,13 +314,15 @@ def check_startup(settings: Settings) -> None:
 
 def check_model_contexts(settings: Settings, counter: TokenCounter) -> None:
     """Refuse (``ConfigError`` with the sizes) a ``model.context_window_tokens``, global or a
-    tenant's, too small for the smallest summariser call: better at start-up than as every
-    stage failing later."""
+    tenant's, too small for the smallest summariser call, and an endpoint's ``max_tokens``
+    too small for the smallest summary: better at start-up than as every stage failing later."""
     scoped = [("model", settings.model)] + [
         (f"tenants.{tenant}.model", t.model) for tenant, t in settings.tenants.items() if t.model is not None
     ]
     for where, model in scoped:
         check_context_window(model.context_window_tokens, counter, f"{where}.context_window_tokens")
+        if not model.offline:
+            check_output_cap(model.max_tokens, counter, f"{where}.max_tokens")
 
 
 def build_model(cfg: ModelSettings, counter: TokenCounter) -> ModelClient:

@@ -143,9 +143,7 @@ class FullPolicy(Policy):
                 if setup.settings.engine.rule_chain == "default"
                 else None
             ),
-            call_limits_for=lambda _key: CallLimits(
-                setup.settings.model.context_window_tokens, setup.settings.model.max_tokens
-            ),
+            call_limits_for=lambda _key: CallLimits.of(setup.settings.model),
         )
         # The window at which the pending compaction was asked for (``setup.lag`` > 0).
         self.windows = 0
@@ -292,8 +290,12 @@ class EnginePolicy(Policy):
         )
 
     def processor_config(self) -> dict[str, Any]:
-        """The processor's config: the shared trigger and the counting model."""
-        return {"trigger_context_ratio": EMBEDDED_TRIGGER_RATIO, "model_client": self.setup.model}
+        """The processor's config: the shared trigger, the summariser and its context."""
+        return {
+            "trigger_context_ratio": EMBEDDED_TRIGGER_RATIO,
+            "model_client": self.setup.model,
+            "model_context_window_tokens": self.setup.settings.model.context_window_tokens,
+        }
 
     def append(self, messages: Sequence[AnyMessage]) -> None:
         """``ModelContext.add_messages``."""

@@ -1,16 +1,22 @@
 """Fitting a summariser call into the model's context: the input budget left after the
-output's room, grouping a stage's targets into calls that fit, and the smallest context a
-pipeline can work in (refused at start-up below it)."""
+output's room, grouping a stage's targets into calls that fit, trimming a call's messages to
+what is left, and the smallest context a pipeline can work in (refused at start-up below it).
+
+Every model call in ctxcore goes through here: the pipeline's stages (``model_call``), the
+incremental ``Coordinator.compress`` and the embedded compressors (``FittedClient`` and
+``fit_to_limits``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ctxcore.errors import ConfigError, ErrorKind, ModelError
-from ctxcore.messages import SystemMessage, UserMessage
+from ctxcore.markers import TRUNCATED
+from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
 from ctxcore.pipeline.models import PipelineConfig
+from ctxcore.render import head_tail
 from ctxcore.summarize.prompts import (
     BLOCK_SECTIONS,
     ROUND_LEVEL_AGGRESSIVE_SYSTEM_PROMPT,
@@ -20,15 +26,24 @@ from ctxcore.summarize.prompts import (
 from ctxcore.summarize.sections import skeleton
 from ctxcore.tokens import TokenCounter
 
+if TYPE_CHECKING:
+    from ctxcore.config import ModelSettings
+
 __all__ = [
     "CallLimits",
     "CallTooLarge",
     "call_input_budget",
     "check_context_window",
+    "check_output_cap",
+    "fit_messages",
+    "fit_to_limits",
     "group_to_fit",
+    "least_input",
     "minimum_context_window",
+    "minimum_output",
     "output_tokens_for",
     "reserved_output",
+    "target_within_output",
 ]
 
 T = TypeVar("T")
@@ -47,6 +62,31 @@ class CallLimits:
 
     context_window_tokens: int | None = None
     max_output_tokens: int | None = None
+
+    @classmethod
+    def of(cls, model: ModelSettings) -> CallLimits:
+        """The limits ``model``'s settings put on a call. ``max_tokens`` caps only an endpoint's
+        client (``OpenAIChatModel``): the offline model writes what a call asks for."""
+        return cls(model.context_window_tokens, None if model.offline else model.max_tokens)
+
+    def output_ceiling(self) -> int | None:
+        """The most output one call may ask for: the client's cap, and half the model's
+        context (a summary is shorter than its source, which must fit beside it)."""
+        caps = [c for c in (self.max_output_tokens, self.half_window()) if c is not None]
+        return min(caps) if caps else None
+
+    def half_window(self) -> int | None:
+        """Half the model's context (None: no limit)."""
+        return None if self.context_window_tokens is None else max(self.context_window_tokens // 2, 1)
+
+    def target_tokens(self, wanted: int) -> int:
+        """``wanted`` summary tokens within what one call's output may hold."""
+        ceiling = self.output_ceiling()
+        return wanted if ceiling is None else min(wanted, target_within_output(ceiling))
+
+    def reserved(self, output_tokens: int) -> int:
+        """The output room a call asking for ``output_tokens`` keeps (see ``reserved_output``)."""
+        return output_tokens if self.max_output_tokens is None else min(output_tokens, self.max_output_tokens)
 
 
 class CallTooLarge(ModelError):
@@ -71,12 +111,16 @@ def output_tokens_for(target_tokens: Sequence[int]) -> int:
     return int(sum(target_tokens) * _OUTPUT_SLACK) + _OUTPUT_PER_BLOCK * len(target_tokens) + _OUTPUT_BASE
 
 
+def target_within_output(max_output_tokens: int) -> int:
+    """The largest block target one call's output of ``max_output_tokens`` holds: a summary
+    asked for beyond it would be cut at ``max_tokens`` mid-JSON and be lost whole."""
+    return max(int((max_output_tokens - _OUTPUT_PER_BLOCK - _OUTPUT_BASE) / _OUTPUT_SLACK), 1)
+
+
 def reserved_output(cfg: PipelineConfig, output_tokens: int) -> int:
     """The output room a call asking for ``output_tokens`` keeps: no more than the client
     sends for (``max_output_tokens``), so a small context is not spent on room never used."""
-    if cfg.max_output_tokens is None:
-        return output_tokens
-    return min(output_tokens, cfg.max_output_tokens)
+    return CallLimits(cfg.context_window_tokens, cfg.max_output_tokens).reserved(output_tokens)
 
 
 def call_input_budget(cfg: PipelineConfig, output_tokens: int) -> int:
@@ -111,6 +155,84 @@ def group_to_fit(items: Sequence[T], fits: Callable[[Sequence[T]], bool]) -> lis
     return groups
 
 
+def _with_text(message: AnyMessage, text: str) -> AnyMessage:
+    return message.model_copy(update={"content": text})
+
+
+def least_input(
+    messages: Sequence[AnyMessage], trimmable: Sequence[int], counter: TokenCounter, marker: str = TRUNCATED
+) -> int:
+    """The input tokens of ``messages`` with every ``trimmable`` one cut to the marker: the
+    smallest this call can be made."""
+    cut = {
+        i: _with_text(messages[i], head_tail(message_text(messages[i]), 0, 0.5, marker)) for i in trimmable
+    }
+    return counter.count_messages([cut.get(i, m) for i, m in enumerate(messages)])
+
+
+def fit_messages(
+    messages: Sequence[AnyMessage],
+    trimmable: Sequence[int],
+    budget: int,
+    counter: TokenCounter,
+    *,
+    head_ratio: float = 0.2,
+    marker: str = TRUNCATED,
+) -> list[AnyMessage] | None:
+    """``messages`` within ``budget`` input tokens: the ``trimmable`` ones (by index) cut to
+    their head and tail around ``marker``, the longest first and only as far as needed (None:
+    not even all of them cut to the marker fit). The others (system prompt, instructions, tool
+    calls) are kept whole, and so are the messages' roles: the chat stays well-formed."""
+    out = list(messages)
+    if counter.count_messages(out) <= budget:
+        return out
+    for i in sorted(trimmable, key=lambda j: len(message_text(out[j])), reverse=True):
+        text = message_text(out[i])
+
+        def cut(keep: int, i: int = i, text: str = text) -> AnyMessage:
+            return _with_text(out[i], head_tail(text, keep, head_ratio, marker))
+
+        def cost(keep: int, i: int = i) -> int:
+            return counter.count_messages([*out[:i], cut(keep), *out[i + 1 :]])
+
+        if cost(0) > budget:
+            out[i] = cut(0)
+            continue
+        lo, hi, best = 0, len(text), 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if cost(mid) <= budget:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        out[i] = cut(best)
+        return out
+    return None
+
+
+def fit_to_limits(
+    messages: Sequence[AnyMessage],
+    trimmable: Sequence[int],
+    *,
+    max_tokens: int,
+    limits: CallLimits,
+    counter: TokenCounter,
+    where: str,
+    head_ratio: float = 0.2,
+    marker: str = TRUNCATED,
+) -> list[AnyMessage]:
+    """``messages`` fitted to ``limits.context_window_tokens`` with room for ``max_tokens`` of
+    output (``fit_messages``); ``CallTooLarge`` with the sizes when they cannot be."""
+    window = limits.context_window_tokens
+    if window is None:
+        return list(messages)
+    output = limits.reserved(max_tokens)
+    fitted = fit_messages(messages, trimmable, window - output, counter, head_ratio=head_ratio, marker=marker)
+    if fitted is None:
+        raise CallTooLarge(where, least_input(messages, trimmable, counter, marker), output, window)
+    return fitted
+
+
 def minimum_context_window(counter: TokenCounter) -> int:
     """The smallest context a summariser call can work in: the longer system prompt, the
     task's fixed lines and output contract with one step's worth of lines, and the output of
@@ -122,7 +244,23 @@ def minimum_context_window(counter: TokenCounter) -> int:
         "[000000000002] role=tool | tool_call_id=c1 | content=ok\n" + ROUND_LEVEL_OUTPUT_CONTRACT
     )
     prompt = counter.count_messages([SystemMessage(content=system), UserMessage(content=step)])
-    return prompt + output_tokens_for([counter.count_text(skeleton(BLOCK_SECTIONS))])
+    return prompt + minimum_output(counter)
+
+
+def minimum_output(counter: TokenCounter) -> int:
+    """The smallest output a summariser call needs: one block of its section headings."""
+    return output_tokens_for([counter.count_text(skeleton(BLOCK_SECTIONS))])
+
+
+def check_output_cap(max_tokens: int, counter: TokenCounter, where: str) -> None:
+    """Refuse (``ConfigError`` with the sizes) an output cap below the smallest summary's
+    output: every reply would be cut at ``max_tokens`` and none could be saved."""
+    least = minimum_output(counter)
+    if max_tokens < least:
+        raise ConfigError(
+            f"{where}: {max_tokens} tokens is below the smallest summary's output, {least} tokens "
+            "(one block's JSON and section headings); raise it"
+        )
 
 
 def check_context_window(window: int | None, counter: TokenCounter, where: str) -> None:

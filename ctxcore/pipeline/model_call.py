@@ -4,13 +4,16 @@ redacted, sent with its output contract; the reply parsed into one text per bloc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
 from ctxcore.pipeline.fitting import (
+    CallLimits,
     CallTooLarge,
     call_input_budget,
+    fit_messages,
     group_to_fit,
+    least_input,
     output_tokens_for,
     reserved_output,
 )
@@ -98,32 +101,6 @@ def _preview(message: AnyMessage, chars: int, cfg: PipelineConfig) -> AnyMessage
     return message.model_copy(update={"content": head_tail(text, chars, 0.5, cfg.truncated_marker)})
 
 
-def _fit_call_budget(
-    system: str, prompt: str, budget: int, cfg: PipelineConfig, counter: TokenCounter
-) -> str | None:
-    """Shrink the task prompt by head/tail truncation until the call's input fits ``budget``
-    (None when not even its fixed lines do)."""
-
-    def cost(text: str) -> int:
-        return _cost(system, text, counter)
-
-    if cost(prompt) <= budget:
-        return prompt
-    skeleton = f"[Compression Task]\n{cfg.truncated_marker}\n[Output Contract]\nJSON only."
-    if cost(skeleton) > budget:
-        return None
-    lo, hi = 0, len(prompt)
-    best = skeleton
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        candidate = head_tail(prompt, mid, cfg.truncate_head_ratio, cfg.truncated_marker)
-        if cost(candidate) <= budget:
-            best, lo = candidate, mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
 def _cost(system: str, prompt: str, counter: TokenCounter) -> int:
     return counter.count_messages([SystemMessage(content=system), UserMessage(content=prompt)])
 
@@ -156,31 +133,41 @@ def llm_blocks(
         prompt = _task_prompt(stage, group, view, cfg, window_tokens)
         return redact(prompt) if cfg.redact_secrets else prompt
 
-    def fits(group: Sequence[Target]) -> bool:
-        budget = call_input_budget(cfg, output_tokens_for([t.target_tokens for t in group]))
-        return _cost(system, prompt_of(group), counter) <= budget
+    limits = CallLimits(cfg.context_window_tokens, cfg.max_output_tokens)
+    ceiling = limits.output_ceiling()
+    # A summary asked for beyond what the client sends for would be cut mid-JSON.
+    targets = [replace(t, target_tokens=limits.target_tokens(t.target_tokens)) for t in targets]
 
-    groups = group_to_fit(targets, fits) if cfg.context_window_tokens is not None else [list(targets)]
+    def fits(group: Sequence[Target]) -> bool:
+        output = output_tokens_for([t.target_tokens for t in group])
+        if ceiling is not None and len(group) > 1 and output > ceiling:
+            return False
+        return _cost(system, prompt_of(group), counter) <= call_input_budget(cfg, output)
+
+    limited = ceiling is not None
+    groups = group_to_fit(targets, fits) if limited else [list(targets)]
     texts: dict[str, str] = {}
     raw_text = ""
     input_tokens = output_tokens = 0
     for group in groups:
         max_tokens = output_tokens_for([t.target_tokens for t in group])
         budget = call_input_budget(cfg, max_tokens)
-        prompt = _fit_call_budget(system, prompt_of(group), budget, cfg, counter)
-        if prompt is None:
+        messages: list[AnyMessage] = [SystemMessage(content=system), UserMessage(content=prompt_of(group))]
+        fitted = fit_messages(
+            messages, [1], budget, counter, head_ratio=cfg.truncate_head_ratio, marker=cfg.truncated_marker
+        )
+        if fitted is None:
             if cfg.context_window_tokens is None:
                 # Only the pipeline's own call cap is in the way: the stage cannot summarise.
                 return BlockTexts({}, "", 0, 0, 0)
-            skeleton = f"[Compression Task]\n{cfg.truncated_marker}\n[Output Contract]\nJSON only."
             raise CallTooLarge(
                 stage.kind,
-                _cost(system, skeleton, counter),
+                least_input(messages, [1], counter, cfg.truncated_marker),
                 reserved_output(cfg, max_tokens),
                 cfg.context_window_tokens,
             )
         completion = client.complete(
-            [SystemMessage(content=system), UserMessage(content=prompt)],
+            fitted,
             max_tokens=max_tokens,
             contract=_contract(group, view),
         )

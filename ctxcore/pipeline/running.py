@@ -8,6 +8,7 @@ from typing import Any
 
 from ctxcore.errors import ConfigError, ModelError
 from ctxcore.messages import AnyMessage, UserMessage, message_text
+from ctxcore.pipeline.fitting import CallLimits
 from ctxcore.pipeline.model_call import llm_blocks
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageResult
 from ctxcore.pipeline.sizing import message_tokens
@@ -60,7 +61,11 @@ def run_stage(
         for target in targets:
             limit = max(int(target.source_tokens * SUMMARIZER_CONTEXT_RATIO), SUMMARIZER_CONTEXT_FLOOR)
             previous = _recent_blocks(view.blocks, limit, counter)
-            produced = summarizer(previous, list(target.raw), target.target_tokens)
+            # No more than one call's output returns whole.
+            wanted = CallLimits(cfg.context_window_tokens, cfg.max_output_tokens).target_tokens(
+                target.target_tokens
+            )
+            produced = summarizer(previous, list(target.raw), wanted)
             if not produced:
                 raise ModelError(
                     "summarizer_empty", f"the summarizer returned nothing for {target.target_id}"

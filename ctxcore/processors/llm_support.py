@@ -7,15 +7,34 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer
 
+from ctxcore.config import ModelSettings
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
+from ctxcore.pipeline.fitting import CallLimits
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import Completion, ModelClient, OutputContract, Usage
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["ExecutorClient", "ModelClientSpec", "api_key_env", "client_name", "resolve_client", "usage_dict"]
+__all__ = [
+    "ExecutorClient",
+    "ModelClientSpec",
+    "api_key_env",
+    "call_limits",
+    "client_name",
+    "resolve_client",
+    "usage_dict",
+]
 
-_MODEL_KEYS = {"base_url", "name", "api_key_env", "timeout", "max_tokens", "temperature"}
+_MODEL_KEYS = {
+    "base_url",
+    "name",
+    "api_key_env",
+    "timeout",
+    "timeout_per_output_token",
+    "max_tokens",
+    "temperature",
+    "context_window_tokens",
+}
 
 
 def _check_client(value: Any) -> Any:
@@ -25,8 +44,6 @@ def _check_client(value: Any) -> Any:
         unknown = set(value) - _MODEL_KEYS
         if unknown:
             raise ConfigError(f"unknown model_client keys {sorted(unknown)}; expected {sorted(_MODEL_KEYS)}")
-        from ctxcore.config import ModelSettings
-
         return ModelSettings.model_validate(dict(value))
     raise ConfigError("model_client must be a ModelClient instance or a dict with the keys of Settings.model")
 
@@ -73,9 +90,20 @@ def resolve_client(
         api_key=api_key(spec.api_key_env) if api_key is not None and spec.api_key_env else None,
         model=spec.name,
         timeout=spec.timeout,
+        timeout_per_output_token=spec.timeout_per_output_token,
         max_tokens=spec.max_tokens,
         temperature=spec.temperature,
     )
+
+
+def call_limits(spec: Any, context_window_tokens: int | None) -> CallLimits:
+    """The limits a compressor's summariser calls are fitted to: the model's context
+    (``context_window_tokens``, the processor's ``model_context_window_tokens``, else the
+    ``model_client`` settings' own) and, for settings, their output cap."""
+    limits = CallLimits.of(spec) if isinstance(spec, ModelSettings) else CallLimits()
+    if context_window_tokens is None:
+        return limits
+    return CallLimits(context_window_tokens, limits.max_output_tokens)
 
 
 class ExecutorClient:

@@ -26,7 +26,13 @@ from ctxcore.messages import AnyMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View, compress_until_target
 from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
-from ctxcore.processors.llm_support import ExecutorClient, ModelClientSpec, client_name, resolve_client
+from ctxcore.processors.llm_support import (
+    ExecutorClient,
+    ModelClientSpec,
+    call_limits,
+    client_name,
+    resolve_client,
+)
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import is_verbatim, mark_archived
 from ctxcore.summarize.dump import debug_outputs
@@ -49,6 +55,9 @@ class RoundLevelCompressorConfig(ProcessorConfig):
     target_total_tokens: int = Field(default=160_000, gt=0)
     keep_recent_messages: int = Field(default=0, ge=0)
     model_client: ModelClientSpec = None
+    # The summarisation model's context: each call is split or trimmed to fit it with room
+    # for its output (None: model_client's context_window_tokens when given as settings).
+    model_context_window_tokens: int | None = Field(default=None, gt=0)
     compression_call_max_tokens: int = Field(default=250_000, gt=0)
     first_pass_target_tokens: int | None = Field(default=None, gt=0)
     second_pass_target_tokens: int | None = Field(default=None, gt=0)
@@ -77,7 +86,10 @@ class RoundLevelCompressorConfig(ProcessorConfig):
 
     def pipeline(self) -> PipelineConfig:
         """The equivalent pipeline configuration."""
+        limits = call_limits(self.model_client, self.model_context_window_tokens)
         return PipelineConfig(
+            context_window_tokens=limits.context_window_tokens,
+            max_output_tokens=limits.max_output_tokens,
             target_tokens=self.target_total_tokens,
             ceiling_tokens=self.trigger_total_tokens,
             keep_recent_messages=self.keep_recent_messages,

@@ -16,10 +16,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import Field
 
 from ctxcore.messages import AnyMessage, UserMessage
+from ctxcore.pipeline.fitting import fit_to_limits
 from ctxcore.pipeline.view import BLOCK_META
 from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
-from ctxcore.processors.llm_support import ModelClientSpec, client_name, resolve_client, usage_dict
+from ctxcore.processors.llm_support import (
+    ModelClientSpec,
+    call_limits,
+    client_name,
+    resolve_client,
+    usage_dict,
+)
 from ctxcore.processors.reinjection import build_recovered_context
 from ctxcore.processors.usage_trigger import window_trigger_tokens
 from ctxcore.recall.marking import mark_snapshot
@@ -28,6 +35,7 @@ from ctxcore.summarize.executor import CompressionExecutor
 from ctxcore.summarize.model import OutputContract
 from ctxcore.summarize.prompts import with_preserve_instruction
 from ctxcore.summarize.redact import redact_messages
+from ctxcore.tokens import TokenCounter
 from ctxcore.turns import steps
 from ctxcore.window import ContextWindow
 
@@ -47,6 +55,10 @@ class SnapshotCompressorConfig(ProcessorConfig):
     trigger_context_ratio: float = Field(default=0.8, gt=0, lt=1)
     min_target_context_ratio: float = Field(default=0.1, ge=0, lt=1)
     model_client: ModelClientSpec = None
+    # The summarisation model's context: the span is cut to the steps that fit it with room
+    # for the output, then trimmed (None: model_client's context_window_tokens when given
+    # as settings, else no limit).
+    model_context_window_tokens: int | None = Field(default=None, gt=0)
     summary_max_tokens: int = Field(default=8000, gt=0)
     enable_compression_dump: bool = False
     compression_dump_dir: str | None = None
@@ -83,6 +95,25 @@ def extract_snapshot(text: str) -> str:
     if match and match.group(1).strip():
         return match.group(1).strip()
     return text.strip()
+
+
+def _step_ends(messages: list[AnyMessage]) -> list[int]:
+    """The end of each complete step of the longest complete prefix, in order."""
+    ends: list[int] = []
+    for step in steps(messages):
+        if not step.complete:
+            break
+        ends.append(step.end)
+    return ends
+
+
+def _fitting_steps(messages: list[AnyMessage], room: int, counter: TokenCounter) -> int:
+    """The longest prefix of whole steps within ``room`` tokens (0: not even the first)."""
+    return max((e for e in _step_ends(messages) if counter.count_messages(messages[:e]) <= room), default=0)
+
+
+def _first_step(messages: list[AnyMessage]) -> int:
+    return next(iter(_step_ends(messages)), 0)
 
 
 class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
@@ -204,36 +235,60 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
             resolve_client(self.config.model_client, counter, ctx.api_key), counter, dump=dump, debug=debug
         )
         state = {"target": list(span.target), "tail": list(span.tail)}
+        limits = call_limits(self.config.model_client, self.config.model_context_window_tokens)
+        max_tokens = target_tokens + 512
 
         def request() -> list[AnyMessage]:
             sent = [*window.system_messages, *span.prefix, *state["target"], UserMessage(content=prompt)]
-            return redact_messages(sent) if self.config.redact_secrets else sent
+            sent = redact_messages(sent) if self.config.redact_secrets else sent
+            # The earlier context and the span may be trimmed; the system prompt and the
+            # instruction stay whole.
+            trimmable = list(range(len(window.system_messages), len(sent) - 1))
+            return fit_to_limits(
+                sent,
+                trimmable,
+                max_tokens=max_tokens,
+                limits=limits,
+                counter=counter,
+                where=self.processor_type(),
+            )
 
-        def shrink(ratio: float) -> tuple[list[AnyMessage], OutputContract] | None:
-            # Keep the longest leading run of the span that fits the smaller budget; the rest
-            # moves to the front of the protected tail (spec 5.2).
-            budget = max(int(ctx.context_max * ratio), 1)
-            fixed = counter.count_messages(
+        def room(budget: int) -> int:
+            return budget - counter.count_messages(
                 [*window.system_messages, *span.prefix, UserMessage(content=prompt)]
             )
-            room = budget - fixed
+
+        def keep_steps(keep: int) -> None:
+            # The steps after ``keep`` move to the front of the protected tail (spec 5.2).
             target = state["target"]
-            if room <= 0 or len(target) <= 1:
+            state["tail"] = target[keep:] + state["tail"]
+            state["target"] = target[:keep]
+
+        def shrink(ratio: float) -> tuple[list[AnyMessage], OutputContract] | None:
+            # Keep the longest leading run of the span that fits the smaller budget.
+            target = state["target"]
+            space = room(max(int(ctx.context_max * ratio), 1))
+            if space <= 0 or len(target) <= 1:
                 return None
-            keep = complete_prefix(target)
-            while keep > 0 and counter.count_messages(target[:keep]) > room:
-                keep = complete_prefix(target[: keep - 1])
+            keep = _fitting_steps(target, space, counter)
             if keep == 0 or keep == len(target):
                 keep = complete_prefix(target[: len(target) - 1])
             if keep == 0:
                 return None
-            state["tail"] = target[keep:] + state["tail"]
-            state["target"] = target[:keep]
+            keep_steps(keep)
             return request(), contract.model_copy(update={"source": state["target"]})
 
-        completion = executor.execute(
-            request(), max_tokens=target_tokens + 512, contract=contract, shrink=shrink
-        )
+        if limits.context_window_tokens is not None:
+            # Split before sending: the steps that fit the summariser's context are summarised
+            # now, the rest stays raw for the next compaction (at least one step is kept:
+            # request() trims it when it is alone too large).
+            space = room(limits.context_window_tokens - limits.reserved(max_tokens))
+            keep = max(_fitting_steps(state["target"], space, counter), _first_step(state["target"]))
+            if 0 < keep < len(state["target"]):
+                keep_steps(keep)
+                contract = contract.model_copy(update={"source": state["target"]})
+
+        completion = executor.execute(request(), max_tokens=max_tokens, contract=contract, shrink=shrink)
         summary = extract_snapshot(completion.text)
         if not summary:
             return original, None

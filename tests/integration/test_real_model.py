@@ -75,7 +75,7 @@ def settings(redis_url: str, model_url: str) -> Iterator[Settings]:
                 "base_url": model_url,
                 "name": MODEL_ALIAS,
                 "context_window_tokens": CONTEXT,
-                "max_tokens": 128,
+                "max_tokens": 256,
                 "timeout": 60,
                 "timeout_per_output_token": 0.25,
             },

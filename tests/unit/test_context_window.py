@@ -18,6 +18,7 @@ from ctxcore.pipeline.fitting import (
     check_context_window,
     group_to_fit,
     minimum_context_window,
+    minimum_output,
 )
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import Completion, OutputContract, Usage
@@ -106,7 +107,7 @@ def test_a_stage_too_large_for_one_call_is_split() -> None:
 
 def test_a_call_that_cannot_fit_fails_with_the_sizes() -> None:
     view = raw_view(_long_run())
-    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 4, context_window_tokens=600)
+    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) // 4, context_window_tokens=350)
     stage = plan_next_stage(view, cfg, COUNTER)
     assert isinstance(stage, Stage)
     model = RecordingModel()
@@ -114,8 +115,8 @@ def test_a_call_that_cannot_fit_fails_with_the_sizes() -> None:
         run_stage(stage, view, model, COUNTER, config=cfg)
     error = caught.value
     assert isinstance(error, ModelError) and error.kind == ErrorKind.CONTEXT_OVERFLOW
-    assert error.window == 600 and error.needed + error.output > 600
-    assert "600" in str(error) and str(error.output) in str(error) and str(error.needed) in str(error)
+    assert error.window == 350 and error.needed + error.output > 350
+    assert "350" in str(error) and str(error.output) in str(error) and str(error.needed) in str(error)
     assert not model.calls, "nothing may be sent that the server would refuse"
     # In the loop each model stage is a visible failure with its kind; nothing was sent.
     run = compress_until_target(view, cfg, model, COUNTER)
@@ -141,6 +142,19 @@ def test_start_up_refuses_a_tenant_context_too_small() -> None:
     check_model_contexts(ok, COUNTER)
     bad = Settings.load({"tenants": {"acme": {"model": {"context_window_tokens": 100}}}})
     with pytest.raises(ConfigError, match=r"tenants.acme.model.context_window_tokens: 100 tokens"):
+        check_model_contexts(bad, COUNTER)
+
+
+def test_start_up_refuses_an_output_cap_below_the_smallest_summary() -> None:
+    from workers.runtime import check_model_contexts
+
+    least = minimum_output(COUNTER)
+    endpoint = {"base_url": "http://127.0.0.1:9/v1"}
+    check_model_contexts(Settings.load({"model": {**endpoint, "max_tokens": least}}), COUNTER)
+    # The offline model has no output cap: its max_tokens caps nothing.
+    check_model_contexts(Settings.load({"model": {"max_tokens": least - 1}}), COUNTER)
+    bad = Settings.load({"model": {**endpoint, "max_tokens": least - 1}})
+    with pytest.raises(ConfigError, match=rf"model.max_tokens: {least - 1} tokens .* {least} tokens"):
         check_model_contexts(bad, COUNTER)
 
 

@@ -14,7 +14,7 @@ from workers.cli import main
 
 def test_server_argv_runs_llama_cpp_server_on_the_given_port() -> None:
     argv = local_model.server_argv(Path("/m/gemma.gguf"), "127.0.0.1", 8123, 4096, 2)
-    assert argv[:3] == [sys.executable, "-m", "llama_cpp.server"]
+    assert argv[:3] == [sys.executable, "-m", "workers.local_model_server"]
     pairs = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert pairs == {
         "--model": "/m/gemma.gguf",
@@ -23,8 +23,27 @@ def test_server_argv_runs_llama_cpp_server_on_the_given_port() -> None:
         "--port": "8123",
         "--n_ctx": "4096",
         "--n_threads": "2",
-        "--chat_format": "gemma",
+        "--chat_format": "ctxcore-gemma3",
     }
+
+
+def test_the_gemma3_format_keeps_the_system_prompt() -> None:
+    from workers.local_model_server import gemma3_prompt
+
+    prompt = gemma3_prompt(
+        [
+            {"role": "system", "content": "Answer with JSON only."},
+            {"role": "user", "content": "summarise"},
+            {"role": "assistant", "content": "{}"},
+            {"role": "user", "content": [{"type": "text", "text": "again"}]},
+        ]
+    )
+    assert prompt == (
+        "<start_of_turn>user\nAnswer with JSON only.\n\nsummarise<end_of_turn>\n"
+        "<start_of_turn>model\n{}<end_of_turn>\n"
+        "<start_of_turn>user\nagain<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
 
 
 def test_only_loopback_addresses_are_served(capsys: pytest.CaptureFixture[str]) -> None:
