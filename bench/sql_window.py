@@ -29,7 +29,7 @@ from store_latency import percentiles
 
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey, SqlMessageLog, SqlStateStore
-from ctxcore.state.sql_schema import Tables
+from ctxcore.state.sql.schema import Tables
 from workers.service import ContextService, InlineQueue
 
 

@@ -38,8 +38,8 @@ from ctxcore.state import (
     StateStore,
 )
 from ctxcore.state.journal import JOURNAL_LIMIT, MemoryStageJournal, StageJournal
-from ctxcore.state.redis_journal import RedisStageJournal
-from ctxcore.state.sql_journal import SqlStageJournal
+from ctxcore.state.redis.journal import RedisStageJournal
+from ctxcore.state.sql.journal import SqlStageJournal
 from tests.cluster import ClusterUnavailable, ScratchCluster, check_cluster, start_cluster
 from tests.rabbitmq import RABBITMQ_URL, delete_deployment, rabbitmq_problem
 from workers.keyspace import delete_prefixed_keys

@@ -24,7 +24,7 @@ budget (one job per conversation runs at a time):
   ``worker.failure_backoff_max_seconds``, and reset by a success.
 
 A job that ends without a failed stage clears ``last_error``. With a retention every write
-gives the hash the conversation's expiry (``ctxcore.state.redis_retention``).
+gives the hash the conversation's expiry (``ctxcore.state.redis.retention``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from kombu.exceptions import OperationalError
 
 from ctxcore.errors import ModelError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_retention import RedisRetention
+from ctxcore.state.redis.retention import RedisRetention
 from ctxcore.state.retention import Retention
 from ctxcore.status import CompactionDetail, Hold, LastError
 from workers.scheduler import Status, parse_status

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from ctxcore.errors import StoreUnavailable
-from ctxcore.state.redis_common import UNAVAILABLE
+from ctxcore.state.redis.common import UNAVAILABLE
 
 __all__ = ["Admission", "RateDecision", "RateLimiter"]
 

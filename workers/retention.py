@@ -1,6 +1,6 @@
 """The retention sweep: what key TTLs cannot expire by themselves.
 
-On Redis a conversation's own keys expire with their TTL (``ctxcore.state.redis_retention``);
+On Redis a conversation's own keys expire with their TTL (``ctxcore.state.redis.retention``);
 left behind are its entries in other slots: the tenant's listing (and activity set) and the
 scheduler's queue and status. On SQL nothing expires by itself. Every worker runs
 ``sweep_if_due`` on its timer (``workers.reconciler``); a Redis key taken with ``SET NX PX``
@@ -27,8 +27,8 @@ import redis
 
 from ctxcore.errors import StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import text, translated
-from ctxcore.state.redis_retention import (
+from ctxcore.state.redis.common import text, translated
+from ctxcore.state.redis.retention import (
     OFFLOAD_SUFFIX,
     RETAINED_SUFFIXES,
     UNLIST_LUA,
@@ -40,7 +40,7 @@ from workers.locks import LockBusy, conversation_lock
 from workers.proxy.index import HashIndex
 
 if TYPE_CHECKING:
-    from ctxcore.state.sql_retention import SqlRetentionSweep
+    from ctxcore.state.sql.retention import SqlRetentionSweep
     from workers.failures import FailureStore
     from workers.runtime import Runtime
     from workers.scheduler import FairScheduler
@@ -180,7 +180,7 @@ def sweep_from_runtime(rt: Runtime) -> RetentionSweep:
     """The sweep over the runtime's stores."""
     sql: SqlRetentionSweep | None = None
     if rt.settings.database.url:
-        from ctxcore.state.sql_retention import SqlRetentionSweep
+        from ctxcore.state.sql.retention import SqlRetentionSweep
 
         # With database.url set the runtime's state store is SQL on this engine and prefix.
         sql = SqlRetentionSweep(engine=rt.sql_engine, table_prefix=rt.settings.database.table_prefix)

@@ -21,7 +21,7 @@ from ctxcore.pipeline.fitting import CallLimits, check_context_window, check_out
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.journal import StageJournal
-from ctxcore.state.redis_retention import RedisRetention
+from ctxcore.state.redis.retention import RedisRetention
 from ctxcore.state.retention import Retention
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.summarize.model import ModelClient
@@ -114,7 +114,7 @@ class Runtime:
     def log(self) -> MessageLog:
         """The raw message log."""
         if self.settings.database.url:
-            from ctxcore.state.sql_log import SqlMessageLog
+            from ctxcore.state.sql.log import SqlMessageLog
 
             log = SqlMessageLog(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
             log.setup()
@@ -146,12 +146,12 @@ class Runtime:
         """Each conversation's stage journal (``ctxcore.state.journal``), beside its state:
         SQL when configured, else Redis."""
         if self.settings.database.url:
-            from ctxcore.state.sql_journal import SqlStageJournal
+            from ctxcore.state.sql.journal import SqlStageJournal
 
             store = SqlStageJournal(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
             store.setup()
             return store
-        from ctxcore.state.redis_journal import RedisStageJournal
+        from ctxcore.state.redis.journal import RedisStageJournal
 
         return RedisStageJournal(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
 

@@ -61,8 +61,8 @@ from redis.crc import key_slot
 
 from ctxcore.errors import ConfigError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import UNAVAILABLE
-from ctxcore.state.redis_retention import RedisRetention
+from ctxcore.state.redis.common import UNAVAILABLE
+from ctxcore.state.redis.retention import RedisRetention
 from workers import scheduler_scripts as lua
 
 __all__ = ["FairScheduler", "Job", "Requested", "Status", "parse_status", "ring_tags"]

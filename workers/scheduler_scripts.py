@@ -16,7 +16,7 @@ one ('' for idle) and the ring's new ``seq`` last (``seq`` 0: nothing changed), 
 
 from __future__ import annotations
 
-from ctxcore.state.redis_retention import EXPIRY_LUA
+from ctxcore.state.redis.retention import EXPIRY_LUA
 
 __all__ = ["BEAT", "ENQUEUE", "FINISH", "FORGET", "MIRROR", "POP", "RENEW", "REQUEUE_LOST", "ROTATE", "STUCK"]
 

@@ -18,7 +18,7 @@ from ctxcore.state.models import CompressionState, SummaryBlock
 if TYPE_CHECKING:
     from ctxcore.state.redis import RedisMessageLog, RedisOffloadStore, RedisStateStore
     from ctxcore.state.sql import SqlOffloadStore, SqlStateStore
-    from ctxcore.state.sql_log import SqlMessageLog
+    from ctxcore.state.sql.log import SqlMessageLog
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -45,7 +45,7 @@ _LAZY = {
     "RedisMessageLog": "ctxcore.state.redis",
     "RedisOffloadStore": "ctxcore.state.redis",
     "RedisStateStore": "ctxcore.state.redis",
-    "SqlMessageLog": "ctxcore.state.sql_log",
+    "SqlMessageLog": "ctxcore.state.sql.log",
     "SqlOffloadStore": "ctxcore.state.sql",
     "SqlStateStore": "ctxcore.state.sql",
 }

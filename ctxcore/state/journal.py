@@ -3,8 +3,8 @@
 Every stage run (compressed, skipped, conflict, failed, rejected, paused, an internal error)
 and every rollback appends one ``JournalEntry`` to its conversation's journal, which keeps
 the newest ``JOURNAL_LIMIT`` entries. The journal lives with the conversation: under its
-hash tag with its expiry on Redis (``ctxcore.state.redis_journal``), in a table of the
-conversation's on SQL (``ctxcore.state.sql_journal``), and it is deleted with it.
+hash tag with its expiry on Redis (``ctxcore.state.redis.journal``), in a table of the
+conversation's on SQL (``ctxcore.state.sql.journal``), and it is deleted with it.
 """
 
 from __future__ import annotations

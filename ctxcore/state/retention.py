@@ -3,7 +3,7 @@
 ``Retention`` is what the stores are given (built from the settings by the workers'
 runtime, in seconds so a test can use one): the global retention, the tenants' overrides
 and the offloads' own TTL. With no retention for a tenant nothing expires and no TTL is
-set. The Redis backends turn it into key TTLs (``ctxcore.state.redis_retention``); the SQL
+set. The Redis backends turn it into key TTLs (``ctxcore.state.redis.retention``); the SQL
 backends stamp ``last_active_at`` and the workers' sweep deletes what went idle.
 
 Windows refresh expiry at most every ``REFRESH_EVERY_SECONDS`` (``refresh_due``): a

@@ -1,7 +1,7 @@
 """``WindowReader``: every read of one window in one round trip to the store.
 
-The fast path's seam over its stores: ``RedisWindowReader`` (``ctxcore.state.redis_window``)
-and ``SqlWindowReader`` (``ctxcore.state.sql_window``) read the state, its pinned entries,
+The fast path's seam over its stores: ``RedisWindowReader`` (``ctxcore.state.redis.window``)
+and ``SqlWindowReader`` (``ctxcore.state.sql.window``) read the state, its pinned entries,
 the tail after its cursor (newest first, as ``ctxcore.state.tail`` describes), the log's
 end and, when the caller wants it, a recall index newer than the one it holds; each records
 the window's budget, writing only when it changed.

@@ -21,7 +21,7 @@ from redis.crc import key_slot
 from ctxcore.config import Settings
 from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
-from ctxcore.state.redis_retention import RedisRetention, tenant_activity_key, tenant_index_key
+from ctxcore.state.redis.retention import RedisRetention, tenant_activity_key, tenant_index_key
 from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
 from ctxcore.tokens import EstimateCounter

@@ -16,8 +16,8 @@ from ctxcore.state import ConversationKey, SqlMessageLog, SqlOffloadStore, SqlSt
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import Retention
-from ctxcore.state.sql_retention import SqlRetentionSweep
-from ctxcore.state.sql_schema import Tables
+from ctxcore.state.sql.retention import SqlRetentionSweep
+from ctxcore.state.sql.schema import Tables
 from tests.conftest import sql_engine_for
 
 DAY = 86400.0
@@ -173,12 +173,12 @@ def test_rows_from_before_the_column_count_from_the_first_sweep(stores: Stores) 
 def test_the_migration_adds_the_column_to_an_existing_schema(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ctxcore.state.sql_schema import MIGRATIONS
+    from ctxcore.state.sql.schema import MIGRATIONS
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    # A schema set up by the code before this step (sql_engine applies the list it imported).
+    # A schema set up by the code before this step (sql.engine applies the list it imported).
     before = next(i for i, m in enumerate(MIGRATIONS) if m.name.startswith("retention"))
-    monkeypatch.setattr("ctxcore.state.sql_engine.MIGRATIONS", MIGRATIONS[:before])
+    monkeypatch.setattr("ctxcore.state.sql.engine.MIGRATIONS", MIGRATIONS[:before])
     old = SqlStateStore(url)
     old.setup()
     with old.engine.begin() as conn:
@@ -186,7 +186,7 @@ def test_the_migration_adds_the_column_to_an_existing_schema(
             "INSERT INTO ctxcore_log_counter (tenant_id, conversation_id, last_seq) VALUES ('t', 'c', 0)"
         )
     old.close()
-    monkeypatch.setattr("ctxcore.state.sql_engine.MIGRATIONS", MIGRATIONS)
+    monkeypatch.setattr("ctxcore.state.sql.engine.MIGRATIONS", MIGRATIONS)
     clock = FakeClock()
     sweep = SqlRetentionSweep(url, clock=clock)
     sweep.setup()

@@ -11,7 +11,7 @@ import redis
 
 from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog
-from ctxcore.state.redis_retention import tenant_activity_key, tenant_index_key
+from ctxcore.state.redis.retention import tenant_activity_key, tenant_index_key
 from ctxcore.state.retention import Retention
 from tests.integration.test_retention_sql import DAY, Stores, stores
 from workers.failures import FailureStore

@@ -19,8 +19,8 @@ from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_retention import RedisRetention
-from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.redis.retention import RedisRetention
+from ctxcore.state.redis.window import RedisWindowReader
 from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
 from workers import scheduler_scripts

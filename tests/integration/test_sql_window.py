@@ -17,7 +17,7 @@ from ctxcore.recall import ChunkingConfig, archive_messages
 from ctxcore.state import ConversationKey, SqlMessageLog, SqlStateStore
 from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_window import SqlWindowReader
+from ctxcore.state.sql.window import SqlWindowReader
 from ctxcore.tokens import TiktokenCounter
 from tests.conftest import sql_engine_for
 from tests.integration.test_retention_sql import FakeClock

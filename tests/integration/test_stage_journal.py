@@ -13,10 +13,10 @@ from ctxcore.errors import StoreError
 from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey, RedisMessageLog, SqlMessageLog, SqlStateStore
 from ctxcore.state.journal import JOURNAL_LIMIT, JournalEntry, MemoryStageJournal
-from ctxcore.state.redis_journal import RedisStageJournal
+from ctxcore.state.redis.journal import RedisStageJournal
 from ctxcore.state.retention import Retention
-from ctxcore.state.sql_journal import SqlStageJournal
-from ctxcore.state.sql_retention import SqlRetentionSweep
+from ctxcore.state.sql.journal import SqlStageJournal
+from ctxcore.state.sql.retention import SqlRetentionSweep
 from tests.conftest import Backend
 
 

@@ -24,8 +24,8 @@ from ctxcore.coordinator import Coordinator
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore, MessageLog, StateStore
 from ctxcore.state.redis import RedisMessageLog, RedisStateStore
-from ctxcore.state.sql_log import SqlMessageLog
-from ctxcore.state.sql_state import SqlStateStore
+from ctxcore.state.sql.log import SqlMessageLog
+from ctxcore.state.sql.state import SqlStateStore
 from ctxcore.state.undecodable import is_undecodable
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.tokens import TiktokenCounter

@@ -108,7 +108,7 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
         sys.setprofile(None)
         threading.setprofile(None)
     sql = runtime.settings.database.url is not None
-    reader = "ctxcore/state/sql_window.py" if sql else "ctxcore/state/redis_window.py"
+    reader = "ctxcore/state/sql/window.py" if sql else "ctxcore/state/redis/window.py"
     expected = {
         "workers/telemetry/spans.py": {"window_span(budget_tokens)"},
         "workers/service.py": {
@@ -125,7 +125,7 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
         "ctxcore/processors/chain.py": {"__init__(budget_tokens)"},
     }
     if sql:  # the reader records a changed budget through the store's own write
-        expected["ctxcore/state/sql_state.py"] = {"set_budget(budget_tokens)"}
+        expected["ctxcore/state/sql/state.py"] = {"set_budget(budget_tokens)"}
     assert fits == expected
     # Over the budget the rules run with it as their window and the fallback shapes the
     # window: the same modules.

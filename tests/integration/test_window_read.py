@@ -15,7 +15,7 @@ from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.recall import ChunkingConfig, archive_messages
 from ctxcore.state import ConversationKey, RedisMessageLog, RedisOffloadStore, RedisStateStore
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.redis.window import RedisWindowReader
 from ctxcore.state.tail import AppendCounts
 from ctxcore.tokens import TiktokenCounter
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run

@@ -16,8 +16,8 @@ from ctxcore.engine import ContextEngine
 from ctxcore.errors import InvalidMessageError
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage, from_openai
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore, MessageLog
-from ctxcore.state.sql_log import SqlMessageLog
-from ctxcore.state.sql_state import SqlStateStore
+from ctxcore.state.sql.log import SqlMessageLog
+from ctxcore.state.sql.state import SqlStateStore
 from workers.service import ContextService, InlineQueue
 
 KEY = ConversationKey("acme", "c")

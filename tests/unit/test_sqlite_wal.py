@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxcore.state.sqlite_wal import enable_wal
+from ctxcore.state.sql.sqlite_wal import enable_wal
 
 
 def _error(code: int, text: str) -> sqlite3.OperationalError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from ctxcore.state import ConversationKey, MessageLog
-from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
+from ctxcore.state.redis.retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
 from workers.proxy.match import entry_hash
 

@@ -24,7 +24,7 @@ import redis
 from ctxcore.config import TelemetrySettings
 from ctxcore.errors import StoreUnavailable
 from ctxcore.state import ConversationKey
-from ctxcore.state.redis_common import UNAVAILABLE
+from ctxcore.state.redis.common import UNAVAILABLE
 from ctxcore.telemetry import Span, Tracer
 from workers.telemetry.spans import conversation_attributes
 

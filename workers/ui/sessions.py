@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ctxcore.state.redis_common import translated
+from ctxcore.state.redis.common import translated
 
 __all__ = ["COOKIE", "SESSION_SECONDS", "UiSession", "UiSessions"]
 

@@ -13,7 +13,7 @@ from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.sql_engine import SqlBackend
+from ctxcore.state.sql.engine import SqlBackend
 
 if TYPE_CHECKING:
     from ctxcore.state.base import FileKeeper

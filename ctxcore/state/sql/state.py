@@ -1,5 +1,5 @@
 """``SqlStateStore``: compaction states (head row and kept versions), budgets and the recall
-archive in SQL (the schema is ``ctxcore.state.sql_schema``'s)."""
+archive in SQL (the schema is ``ctxcore.state.sql.schema``'s)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, enco
 from ctxcore.state.base import HISTORY_LIMIT, MessageLog, check_budget, encode_state, rollback_by_save
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
-from ctxcore.state.sql_engine import SqlBackend
-from ctxcore.state.sql_log import SqlMessageLog
-from ctxcore.state.sql_schema import window_head
-from ctxcore.state.sql_window import SqlWindowReader
+from ctxcore.state.sql.engine import SqlBackend
+from ctxcore.state.sql.log import SqlMessageLog
+from ctxcore.state.sql.schema import window_head
+from ctxcore.state.sql.window import SqlWindowReader
 from ctxcore.state.window_read import WindowReader
 
 __all__ = ["SqlStateStore"]
@@ -73,7 +73,7 @@ class SqlStateStore(SqlBackend):
                     )
                     if moved.rowcount != 1:
                         return False
-                # What a window reads in its one statement (``ctxcore.state.sql_window``).
+                # What a window reads in its one statement (``ctxcore.state.sql.window``).
                 conn.execute(delete(pinned).where(self._where(pinned, key)))
                 if pinned_seqs:
                     conn.execute(insert(pinned).values([{**ids, "seq": seq} for seq in pinned_seqs]))

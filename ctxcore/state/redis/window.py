@@ -26,10 +26,10 @@ from ctxcore.state.base import check_pinned, format_log_id
 from ctxcore.state.decoded import DecodedEntries
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_common import as_bytes, text, translated
-from ctxcore.state.redis_retention import RedisRetention
-from ctxcore.state.redis_tail import decode_rows
-from ctxcore.state.redis_window_scripts import WINDOW_KEY_SUFFIXES, WINDOW_LUA
+from ctxcore.state.redis.common import as_bytes, text, translated
+from ctxcore.state.redis.retention import RedisRetention
+from ctxcore.state.redis.tail import decode_rows
+from ctxcore.state.redis.window_scripts import WINDOW_KEY_SUFFIXES, WINDOW_LUA
 from ctxcore.state.tail import TAIL_PAGE, TailRead
 from ctxcore.state.window_read import WindowRead
 

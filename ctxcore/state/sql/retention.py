@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, Table, and_, delete, exists, select, union
 
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import Retention
-from ctxcore.state.sql_engine import SqlBackend
+from ctxcore.state.sql.engine import SqlBackend
 
 __all__ = ["SqlRetentionSweep"]
 

@@ -21,16 +21,16 @@ from ctxcore.state.base import (
 )
 from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey, validate_id
-from ctxcore.state.redis_common import RedisBackend as _RedisBackend
-from ctxcore.state.redis_common import as_bytes, field, text, translated
-from ctxcore.state.redis_retention import (
+from ctxcore.state.redis.common import RedisBackend as _RedisBackend
+from ctxcore.state.redis.common import as_bytes, field, text, translated
+from ctxcore.state.redis.log_scripts import APPEND_LUA, READ_TAIL_LUA, TRUNCATE_LUA
+from ctxcore.state.redis.retention import (
     RETAINED_SUFFIXES,
     RedisRetention,
     tenant_activity_key,
     tenant_index_key,
 )
-from ctxcore.state.redis_scripts import APPEND_LUA, READ_TAIL_LUA, TRUNCATE_LUA
-from ctxcore.state.redis_tail import CountedRedisLog
+from ctxcore.state.redis.tail import CountedRedisLog
 from ctxcore.state.retention import Retention
 from ctxcore.state.tail import AppendCounts
 

@@ -3,7 +3,7 @@ version check and the write in one script over the conversation's slot."""
 
 from __future__ import annotations
 
-from ctxcore.state.redis_retention import EXPIRY_LUA
+from ctxcore.state.redis.retention import EXPIRY_LUA
 
 __all__ = ["SAVE_ARCHIVE_LUA", "SAVE_LUA"]
 

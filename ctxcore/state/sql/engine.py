@@ -39,8 +39,8 @@ from sqlalchemy.pool import QueuePool
 from ctxcore.errors import ConfigError, StoreError, StoreUnavailable
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import ACTIVITY_RESOLUTION_SECONDS
-from ctxcore.state.sql_schema import BLOB_TYPE, ID_TYPE, MIGRATIONS, Tables
-from ctxcore.state.sqlite_wal import enable_wal
+from ctxcore.state.sql.schema import BLOB_TYPE, ID_TYPE, MIGRATIONS, Tables
+from ctxcore.state.sql.sqlite_wal import enable_wal
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlBackend", "create_store_engine", "translated_errors"]
 
@@ -67,7 +67,7 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 def _sqlite_on_begin(conn: Connection) -> None:
     options = conn.get_execution_options()
     if options.get("isolation_level") == "AUTOCOMMIT":
-        return  # one statement, read outside a transaction (``ctxcore.state.sql_window``)
+        return  # one statement, read outside a transaction (``ctxcore.state.sql.window``)
     # IMMEDIATE takes the write lock up front: a DEFERRED transaction that reads and then
     # writes can fail with SQLITE_BUSY on the lock upgrade without waiting for busy_timeout.
     conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get(_WRITE) else "BEGIN")

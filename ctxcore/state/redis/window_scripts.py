@@ -1,4 +1,4 @@
-"""The window's Lua scripts (``ctxcore.state.redis_window``): every read of one window over
+"""The window's Lua scripts (``ctxcore.state.redis.window``): every read of one window over
 the conversation's slot, in one call.
 
 ``WINDOW_LUA`` reads the tail itself (newest-first pages until the stored counts fill the
@@ -7,7 +7,7 @@ budget, ``READ_TAIL_FN_LUA``).
 
 from __future__ import annotations
 
-from ctxcore.state.redis_scripts import LOG_HELPERS_LUA, READ_TAIL_FN_LUA
+from ctxcore.state.redis.log_scripts import LOG_HELPERS_LUA, READ_TAIL_FN_LUA
 
 __all__ = ["WINDOW_KEY_SUFFIXES", "WINDOW_LUA"]
 

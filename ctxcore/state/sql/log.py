@@ -27,8 +27,8 @@ from ctxcore.state.base import (
     truncate_moved,
 )
 from ctxcore.state.keys import ConversationKey, validate_id
-from ctxcore.state.sql_engine import SqlBackend
-from ctxcore.state.sql_tail import CountedSqlLog
+from ctxcore.state.sql.engine import SqlBackend
+from ctxcore.state.sql.tail import CountedSqlLog
 from ctxcore.state.tail import AppendCounts
 
 __all__ = ["SqlMessageLog"]

@@ -10,8 +10,8 @@ from ctxcore.errors import InvalidKeyError
 from ctxcore.state.base import parse_log_id
 from ctxcore.state.models import CompressionState
 
-# Every other name is private to the SQL backends (sql_engine, sql_state, sql_offload, sql_journal,
-# sql_log, sql_window).
+# Every other name is private to the SQL backends (engine, state, offload, journal,
+# log, window).
 __all__ = ["BLOB_TYPE", "ID_TYPE", "MIGRATIONS", "Tables", "window_head"]
 
 

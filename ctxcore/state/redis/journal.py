@@ -6,8 +6,8 @@ import redis
 
 from ctxcore.state.journal import JOURNAL_LIMIT, JournalEntry
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import RedisBackend, translated
-from ctxcore.state.redis_retention import EXPIRY_LUA, RedisRetention
+from ctxcore.state.redis.common import RedisBackend, translated
+from ctxcore.state.redis.retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
 
 __all__ = ["APPEND_LUA", "JOURNAL_SUFFIX", "RedisStageJournal"]

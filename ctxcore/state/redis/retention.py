@@ -23,7 +23,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.redis_common import translated
+from ctxcore.state.redis.common import translated
 from ctxcore.state.retention import Retention
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
 # Every key of a conversation but its offloads and lock, the log counter first: it is the
 # reference whose TTL windows read and later writes copy. ``compaction`` is the workers'
 # failure record (``workers.failures``), ``proxyidx`` the proxy's hash index, ``journal``
-# the stage journal (``ctxcore.state.redis_journal``).
+# the stage journal (``ctxcore.state.redis.journal``).
 RETAINED_SUFFIXES: tuple[str, ...] = (
     "log:seq",
     "log",
