@@ -27,7 +27,7 @@ Every message says what was wrong and what to do about it::
         |-- QuotaExceeded       the tenant's conversation limit is reached
         `-- RateLimited         the tenant's request rate is exceeded
 
-How each answers over HTTP is the service's business (``workers/http_statuses.py``); the
+How each answers over HTTP is the service's business (``workers/http/error_statuses.py``); the
 HTTP client's own error for any other status is ``ctxcore.client.errors.ApiError``.
 """
 

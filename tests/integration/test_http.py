@@ -1,4 +1,4 @@
-"""The HTTP API (workers/http.py) against a real Redis, with an ``InlineQueue`` instead of Celery
+"""The HTTP API (workers/http/) against a real Redis, with an ``InlineQueue`` instead of Celery
 (the rate limiter also with its buckets on the session's Redis Cluster)."""
 
 from __future__ import annotations
@@ -171,16 +171,16 @@ def test_another_tenants_conversation_is_exactly_a_missing_one(api: Api) -> None
 
 
 def test_every_token_digest_is_compared(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.http_auth
+    import workers.http.auth
 
     calls: list[str] = []
-    real = workers.http_auth.hmac.compare_digest
+    real = workers.http.auth.hmac.compare_digest
 
     def counting(a: str, b: str) -> bool:
         calls.append(b)
         return real(a, b)
 
-    monkeypatch.setattr(workers.http_auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(workers.http.auth.hmac, "compare_digest", counting)
     configured = set(api.runtime.settings.http.tokens)
     for token in (TOKEN_A, TOKEN_B, "unknown"):
         calls.clear()

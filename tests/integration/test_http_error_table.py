@@ -22,7 +22,7 @@ import workers
 from ctxcore.config import Settings, hash_token
 from ctxcore.errors import CtxcoreError, Violation
 from workers.http import create_app
-from workers.http_errors import ERROR_STATUSES, error_status
+from workers.http.errors import ERROR_STATUSES, error_status
 from workers.keyspace import delete_prefixed_keys
 from workers.proxy.errors import ProxyError
 from workers.runtime import Runtime

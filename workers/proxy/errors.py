@@ -25,7 +25,7 @@ from ctxcore.errors import (
     InvalidWindowError,
     StoreUnavailable,
 )
-from workers.http_statuses import ApiError, error_status
+from workers.http.error_statuses import ApiError, error_status
 
 __all__ = ["OpenAIErrorResponse", "ProxyError", "openai_error", "proxy_responses"]
 

@@ -13,7 +13,7 @@ from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.state.base import format_log_id, parse_log_id
 from workers.holds import status_of
-from workers.http_api import ApiState
+from workers.http.dependencies import ApiState
 from workers.spend import summariser_cap
 
 __all__ = ["MAX_TEXT", "conversation_page", "conversation_rows", "diff_page", "message_rows"]

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ctxcore.client.models import HealthResponse
 from ctxcore.errors import StoreUnavailable
-from workers.http_errors import error_responses
+from workers.http.errors import error_responses
 from workers.prom_api import CONTENT_TYPE, ApiMetrics
 from workers.redis_clients import check_ready
 from workers.runtime import Runtime

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Depends, Query
 
 from ctxcore.client.models import JournalEntryOut, JournalResponse, RollbackRequest, RollbackResponse
 from ctxcore.state.journal import JOURNAL_LIMIT
-from workers.http_api import ApiState, ConversationId
-from workers.http_errors import error_responses
+from workers.http.dependencies import ApiState, ConversationId
+from workers.http.errors import error_responses
 from workers.rollback import rollback_conversation
 
 __all__ = ["history_router"]

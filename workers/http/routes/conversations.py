@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Query, Response
 from ctxcore.client.models import ConversationList, UsageResponse
 from ctxcore.errors import InvalidKeyError
 from ctxcore.state import validate_id
-from workers.http_api import ApiState, ConversationId
-from workers.http_errors import ApiError, error_responses
+from workers.http.dependencies import ApiState, ConversationId
+from workers.http.errors import ApiError, error_responses
 from workers.service_delete import delete_conversation as delete_everything
 from workers.spend import summariser_cap
 

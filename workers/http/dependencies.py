@@ -8,7 +8,7 @@ from fastapi import Header, Path
 
 from ctxcore.errors import InvalidKeyError
 from ctxcore.state import ConversationKey
-from workers.http_errors import ApiError, not_found
+from workers.http.errors import ApiError, not_found
 from workers.prom_api import ApiMetrics
 from workers.ratelimit import RateLimiter
 from workers.runtime import Runtime, build_service

@@ -13,8 +13,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ctxcore.config import Settings, hash_token
-from workers.http_api import ApiState
-from workers.http_errors import ApiError
+from workers.http.dependencies import ApiState
+from workers.http.errors import ApiError
 
 __all__ = ["ADMITTED", "rate_limit", "tenant_dependency", "tenant_for_token"]
 

@@ -1,6 +1,6 @@
 """What each error answers over HTTP: ``ApiError`` (a response a route raises) and
 ``ERROR_STATUSES``, the one table giving each ``CtxcoreError`` subclass one status, code,
-detail, extra body fields and headers. ``workers.http_errors`` answers with it in ctxcore's
+detail, extra body fields and headers. ``workers.http.errors`` answers with it in ctxcore's
 ``{"error": <code>, "detail": ...}`` body, the proxy (``workers.proxy.errors``) in OpenAI's
 for the errors it has no rule of its own for. A module of its own so both import it without
 importing each other."""

@@ -1,6 +1,6 @@
 """The HTTP API's error responses: the documented error codes, ``not_found`` and the
 handlers that answer every error with a ``{"error": <code>, "detail": ...}`` body, each
-``CtxcoreError`` from the one table ``ERROR_STATUSES`` (``workers.http_statuses``; the
+``CtxcoreError`` from the one table ``ERROR_STATUSES`` (``workers.http.error_statuses``; the
 proxy's own errors keep their OpenAI body, ``workers.proxy.errors``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ctxcore.client.models import ErrorBody
 from ctxcore.contract import MAX_NESTING_DEPTH
 from ctxcore.errors import CtxcoreError, InvalidMessageError
-from workers.http_statuses import ERROR_STATUSES, STORE_DOWN, ApiError, ErrorStatus, error_status
+from workers.http.error_statuses import ERROR_STATUSES, STORE_DOWN, ApiError, ErrorStatus, error_status
 from workers.proxy.errors import ProxyError
 
 __all__ = [

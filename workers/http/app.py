@@ -47,14 +47,14 @@ Layout (arrows: imports). This module only wires; each router translates HTTP to
 ``ContextService`` (``workers.service``: appends with ``If-Match``, windows, recall) or of
 the runtime's stores, and errors to responses through the one table:
 
-    http (create_app) -> http_auth (bearer token, rate limit) -> http_api (ApiState, params)
-                      -> http_log (messages: append, read, truncate) -> service, truncate
-                      -> http_window (window) -> service
-                      -> http_state (compact, state, offloads) -> http_status (models)
-                      -> http_history (journal, rollback) -> rollback
-                      -> http_conversations (list, delete, usage) -> service_delete
-                      -> http_recall, proxy, http_ops (healthz, metrics)
-                      -> http_errors (handlers) -> http_statuses (ERROR_STATUSES)
+    app (create_app) -> auth (bearer token, rate limit) -> dependencies (ApiState, params)
+                     -> routes.log (messages: append, read, truncate) -> service, truncate
+                     -> routes.window (window) -> service
+                     -> routes.state (compact, state, offloads) -> compaction_status (models)
+                     -> routes.history (journal, rollback) -> rollback
+                     -> routes.conversations (list, delete, usage) -> service_delete
+                     -> routes.recall, proxy, routes.ops (healthz, metrics)
+                     -> errors (handlers) -> error_statuses (ERROR_STATUSES)
 
 Request and response models are ``ctxcore.client.models`` (the client parses them too).
 """
@@ -71,16 +71,16 @@ from ctxcore import __version__
 from ctxcore.config import Settings
 from workers.admission import AdmissionMiddleware
 from workers.bodylimit import BodyLimitMiddleware
-from workers.http_api import ApiState
-from workers.http_auth import tenant_dependency
-from workers.http_conversations import conversations_router
-from workers.http_errors import install_error_handlers
-from workers.http_history import history_router
-from workers.http_log import log_router
-from workers.http_ops import operations_router
-from workers.http_recall import recall_router
-from workers.http_state import state_router
-from workers.http_window import window_router
+from workers.http.auth import tenant_dependency
+from workers.http.dependencies import ApiState
+from workers.http.errors import install_error_handlers
+from workers.http.routes.conversations import conversations_router
+from workers.http.routes.history import history_router
+from workers.http.routes.log import log_router
+from workers.http.routes.ops import operations_router
+from workers.http.routes.recall import recall_router
+from workers.http.routes.state import state_router
+from workers.http.routes.window import window_router
 from workers.logs import apply_log_format, uvicorn_log_config
 from workers.prom_api import RequestMetricsMiddleware
 from workers.proxy.routes import proxy_router

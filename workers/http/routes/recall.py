@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from ctxcore.client.models import RecallHit, RecallRequest, RecallResponse
-from workers.http_api import ApiState, ConversationId
-from workers.http_errors import error_responses
+from workers.http.dependencies import ApiState, ConversationId
+from workers.http.errors import error_responses
 
 __all__ = ["recall_router"]
 

@@ -12,9 +12,9 @@ from ctxcore.messages import to_openai
 from ctxcore.state import CompressionState
 from ctxcore.state.filesystem import validate_handle
 from workers.holds import status_of
-from workers.http_api import ApiState, ConversationId
-from workers.http_errors import error_responses, not_found
-from workers.http_status import detail_out, snapshot_out
+from workers.http.compaction_status import detail_out, snapshot_out
+from workers.http.dependencies import ApiState, ConversationId
+from workers.http.errors import error_responses, not_found
 from workers.spend import summariser_cap
 
 __all__ = ["state_router"]
