@@ -48,7 +48,7 @@ from typing import Any
 import redis
 from fast_path_flat import BUDGET, DEFAULT_DATA, conversation, covered_state, tau_tools
 
-import workers.service as service_module
+import workers.service.context_service as service_module
 from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.state import ConversationKey

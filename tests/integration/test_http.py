@@ -589,12 +589,12 @@ def test_delete_removes_everything_then_404(api: Api) -> None:
 
 
 def test_delete_waits_for_a_running_stage_then_409(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.service_delete
+    import workers.service.delete
     from workers.locks import conversation_lock
 
     api.append("busy", [_user("task")])
     key = ConversationKey("tenant-a", "busy")
-    monkeypatch.setattr(workers.service_delete, "DELETE_LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(workers.service.delete, "DELETE_LOCK_WAIT_SECONDS", 0.2)
     with conversation_lock(api.runtime.redis, api.runtime.settings.redis.key_prefix, key, timeout=10):
         r = api.client.delete(f"{CONV}/busy", headers=AUTH_A)
     assert r.status_code == 409 and r.json()["error"] == "conversation_busy"

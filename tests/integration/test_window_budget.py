@@ -111,7 +111,7 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
     reader = "ctxcore/state/sql/window.py" if sql else "ctxcore/state/redis/window.py"
     expected = {
         "workers/telemetry/spans.py": {"window_span(budget_tokens)"},
-        "workers/service.py": {
+        "workers/service/context_service.py": {
             "get_window(budget_tokens)",
             "_window_reads(budget_tokens)",
             "_rules(budget_tokens)",

@@ -1,4 +1,4 @@
-"""Windows over stored counts and newest-first tails (``workers.service_tail``)."""
+"""Windows over stored counts and newest-first tails (``workers.service.tail``)."""
 
 from __future__ import annotations
 

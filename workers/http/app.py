@@ -52,7 +52,7 @@ the runtime's stores, and errors to responses through the one table:
                      -> routes.window (window) -> service
                      -> routes.state (compact, state, offloads) -> compaction_status (models)
                      -> routes.history (journal, rollback) -> rollback
-                     -> routes.conversations (list, delete, usage) -> service_delete
+                     -> routes.conversations (list, delete, usage) -> service.delete
                      -> routes.recall, proxy, routes.ops (healthz, metrics)
                      -> errors (handlers) -> error_statuses (ERROR_STATUSES)
 

@@ -11,7 +11,7 @@ from ctxcore.errors import InvalidKeyError
 from ctxcore.state import validate_id
 from workers.http.dependencies import ApiState, ConversationId
 from workers.http.errors import ApiError, error_responses
-from workers.service_delete import delete_conversation as delete_everything
+from workers.service.delete import delete_conversation as delete_everything
 from workers.spend import summariser_cap
 
 __all__ = ["conversations_router"]

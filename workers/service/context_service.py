@@ -36,8 +36,8 @@ from ctxcore.window_counter import WindowCounter
 from workers.failures import FailureRecord, FailureStore, parse_record
 from workers.holds import rearmed
 from workers.queues import CompactionQueue, InlineQueue
-from workers.service_tail import WindowTail, read_window_tail
-from workers.service_write import AppendOutcome, check_batch, validation_tail
+from workers.service.append_checks import AppendOutcome, check_batch, validation_tail
+from workers.service.tail import WindowTail, read_window_tail
 from workers.spend import summariser_cap
 
 __all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
