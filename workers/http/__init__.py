@@ -14,8 +14,9 @@ imported by the proxy, the UI and admission) does not pull in the app and every 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ctxcore.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from workers.http.app import app_for_serve_workers, app_from_env, create_app, serve
@@ -23,9 +24,4 @@ if TYPE_CHECKING:
 __all__ = ["app_for_serve_workers", "app_from_env", "create_app", "serve"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("workers.http.app"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "workers.http.app"), globals())

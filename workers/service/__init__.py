@@ -10,8 +10,9 @@ the HTTP routes) does not load the service and what it imports.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ctxcore.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from workers.service.context_service import AppendOutcome, CompactionQueue, ContextService, InlineQueue
@@ -19,9 +20,4 @@ if TYPE_CHECKING:
 __all__ = ["AppendOutcome", "CompactionQueue", "ContextService", "InlineQueue"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("workers.service.context_service"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "workers.service.context_service"), globals())
