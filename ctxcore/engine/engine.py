@@ -21,7 +21,6 @@ from ctxcore.errors import ConfigError, NotFoundError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors import ContextProcessor, ProcessorRegistry, builtin_registry
 from ctxcore.processors.events import Subscriber
-from ctxcore.processors.llm_support import api_key_env
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.memory import MemoryOffloadStore
 from ctxcore.tokens import EstimateCounter, TiktokenCounter, TokenCounter
@@ -126,7 +125,7 @@ class ContextEngine:
             if existing is not None:
                 return existing
             built = self._build_processors(processors or [])
-            names = {n for _, p in built if (n := api_key_env(getattr(p.config, "model_client", None)))}
+            names = {n for _, p in built if (n := p.api_key_env())}
             context = ModelContext(
                 context_id=context_id,
                 session_id=session_id,

@@ -245,7 +245,7 @@ def evaluate_file(
             "lag": config.lag,
             "step_stride": config.step_stride,
             "summariser": model.name,
-            "tokenizer": getattr(counter, "encoding_name", type(counter).__name__),
+            "tokenizer": counter.encoding_name or type(counter).__name__,
         },
     }
     elapsed = {"elapsed_seconds": round(time.perf_counter() - started, 2)}

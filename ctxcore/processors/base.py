@@ -170,6 +170,11 @@ class ContextProcessor(Generic[C]):
         """The summarisation model this processor calls, for state events ("" when none)."""
         return ""
 
+    def api_key_env(self) -> str | None:
+        """The environment variable its model's API key is read from (None: it needs none);
+        ``ContextEngine`` reads those variables once, at start-up."""
+        return None
+
     def guarantees_budget(self) -> bool:
         """True if a context holding this processor promises windows within its window size:
         the engine then shapes a window still over it (``assemble.fit_to_budget``), or raises

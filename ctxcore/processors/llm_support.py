@@ -18,7 +18,7 @@ from ctxcore.tokens import TokenCounter
 __all__ = [
     "ExecutorClient",
     "ModelClientSpec",
-    "api_key_env",
+    "api_key_env_of",
     "call_limits",
     "client_name",
     "resolve_client",
@@ -52,7 +52,7 @@ def _check_client(value: Any) -> Any:
 ModelClientSpec = Annotated[
     Any,
     BeforeValidator(_check_client),
-    PlainSerializer(lambda v: v.model_dump() if hasattr(v, "model_dump") else getattr(v, "name", None)),
+    PlainSerializer(lambda v: v.model_dump() if isinstance(v, ModelSettings) else (None if v is None else v.name)),
 ]
 
 
@@ -60,15 +60,15 @@ def client_name(spec: Any) -> str:
     """The model name a ``model_client`` spec stands for (``extractive`` when none is set)."""
     if spec is None:
         return "extractive"
-    return str(getattr(spec, "name", "") or "")
+    # A validated spec is a ModelClient or a ModelSettings: both carry ``name``.
+    return str(spec.name or "")
 
 
-def api_key_env(spec: Any) -> str | None:
+def api_key_env_of(spec: Any) -> str | None:
     """The environment variable a ``model_client`` spec takes its API key from (None: none)."""
-    if spec is None or isinstance(spec, ModelClient):
-        return None
-    name = getattr(spec, "api_key_env", None)
-    return name if isinstance(name, str) and name else None
+    if isinstance(spec, ModelSettings):
+        return spec.api_key_env or None
+    return None
 
 
 def resolve_client(
@@ -81,8 +81,9 @@ def resolve_client(
     """
     if spec is None:
         return ExtractiveModel(counter)
-    if isinstance(spec, ModelClient):
-        return spec
+    if not isinstance(spec, ModelSettings):
+        client: ModelClient = spec  # validated by the config: an in-process ModelClient
+        return client
     from ctxcore.summarize.openai_chat import OpenAIChatModel
 
     return OpenAIChatModel(

@@ -29,6 +29,7 @@ from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import (
     ExecutorClient,
     ModelClientSpec,
+    api_key_env_of,
     call_limits,
     client_name,
     resolve_client,
@@ -112,6 +113,10 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
     def model_name(self) -> str:
         """The configured summarisation model's name."""
         return client_name(self.config.model_client)
+
+    def api_key_env(self) -> str | None:
+        """The configured model's API-key variable (None for an in-process client)."""
+        return api_key_env_of(self.config.model_client)
 
     def guarantees_budget(self) -> bool:
         """LLM compressors promise windows within the context's window (ctxcore's guarantee)."""

@@ -22,6 +22,7 @@ from ctxcore.processors.base import ContextProcessor, ProcessorConfig
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.llm_support import (
     ModelClientSpec,
+    api_key_env_of,
     call_limits,
     client_name,
     resolve_client,
@@ -139,6 +140,10 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
     def model_name(self) -> str:
         """The configured summarisation model's name."""
         return client_name(self.config.model_client)
+
+    def api_key_env(self) -> str | None:
+        """The configured model's API-key variable (None for an in-process client)."""
+        return api_key_env_of(self.config.model_client)
 
     # --- hooks -------------------------------------------------------------------------
 
