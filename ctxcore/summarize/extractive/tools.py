@@ -85,23 +85,10 @@ def command_text(parsed: Any) -> str | None:
     they write is named on the command's line), None when the call has no command."""
     if not isinstance(parsed, dict):
         return None
-    command = next((parsed[k] for k in _COMMAND_KEYS if isinstance(parsed.get(k), str)), None)
+    command = _command(parsed)
     if command is None or not command.strip():
         return None
-    kept: list[str] = []
-    delimiter = ""
-    for raw in command.splitlines():
-        line = raw.strip()
-        if delimiter:
-            if line == delimiter:
-                delimiter = ""
-            continue
-        if line:
-            kept.append(line)
-        opened = _HEREDOC.search(line)
-        if opened:
-            delimiter = opened.group(2)
-    text = "\n".join(kept)
+    text = "\n".join(_heredoc_split(command)[0])
     return text if len(text) <= COMMAND_CHARS else clip(collapse(text), COMMAND_CHARS, mark=True)
 
 
@@ -110,10 +97,19 @@ def heredoc_lines(parsed: Any) -> list[str]:
     ``[]`` when it has none."""
     if not isinstance(parsed, dict):
         return []
-    command = next((parsed[k] for k in _COMMAND_KEYS if isinstance(parsed.get(k), str)), None)
-    if command is None:
-        return []
-    body: list[str] = []
+    command = _command(parsed)
+    return [] if command is None else _heredoc_split(command)[1]
+
+
+def _command(parsed: dict[str, Any]) -> str | None:
+    return next((parsed[k] for k in _COMMAND_KEYS if isinstance(parsed.get(k), str)), None)
+
+
+def _heredoc_split(command: str) -> tuple[list[str], list[str]]:
+    """A shell command's non-blank lines, stripped: those the shell reads as commands, and
+    those its heredocs write (their delimiters are neither)."""
+    commands: list[str] = []
+    bodies: list[str] = []
     delimiter = ""
     for raw in command.splitlines():
         line = raw.strip()
@@ -121,12 +117,14 @@ def heredoc_lines(parsed: Any) -> list[str]:
             if line == delimiter:
                 delimiter = ""
             elif line:
-                body.append(line)
+                bodies.append(line)
             continue
+        if line:
+            commands.append(line)
         opened = _HEREDOC.search(line)
         if opened:
             delimiter = opened.group(2)
-    return body
+    return commands, bodies
 
 
 def args_short(arguments: str, parsed: Any) -> str:
