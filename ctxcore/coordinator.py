@@ -384,14 +384,13 @@ class Coordinator:
     def _failed(
         view: View, state: CompressionState, stage: Stage, exc: ModelError, tokens: int
     ) -> CoordinatorResult:
-        retry_after = getattr(exc, "retry_after", None)
         return CoordinatorResult(
             view,
             state,
             "failed",
             error=str(exc),
             error_kind=exc.kind,
-            retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+            retry_after=exc.retry_after,
             stage=stage,
             tokens_before=tokens,
             tokens_after=tokens,

@@ -191,11 +191,15 @@ class CursorNotFoundError(StoreError):
 
 
 class ModelError(OperationFailed):
-    """A summarisation model call failed; ``kind`` (an ``ErrorKind``) classifies why."""
+    """A summarisation model call failed; ``kind`` (an ``ErrorKind``) classifies why.
 
-    def __init__(self, kind: ErrorKind | str, message: str) -> None:
+    ``retry_after`` is the pause in seconds the server asked for, None when it asked none.
+    """
+
+    def __init__(self, kind: ErrorKind | str, message: str, *, retry_after: float | None = None) -> None:
         self.kind = kind
         self.message = message
+        self.retry_after = retry_after
         super().__init__(f"{kind}: {message}")
 
 

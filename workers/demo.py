@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import redis
 
@@ -26,6 +26,11 @@ from ctxcore.state import ConversationKey
 from ctxcore.turns import anchors
 from ctxcore.window import check_window
 from workers.table_cells import cell
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from celery.worker import WorkController
 
 __all__ = ["run_demo"]
 
@@ -207,9 +212,15 @@ def _run(
     return 0 if all(_valid(t) for t in tracks) else 1
 
 
-def _wait_for_running_tasks(worker: Any) -> None:
-    executor = getattr(getattr(worker, "pool", None), "executor", None)
-    if executor is not None:
+def _wait_for_running_tasks(worker: WorkController) -> None:
+    from celery.concurrency.thread import TaskPool
+
+    # pool="threads" (in _run) makes the pool Celery's thread TaskPool. celery-types declares
+    # ``pool`` as the Pool bootstep and leaves out the ThreadPoolExecutor that TaskPool's
+    # __init__ sets as ``executor``.
+    pool: object = worker.pool
+    if isinstance(pool, TaskPool):
+        executor: ThreadPoolExecutor = pool.executor  # type: ignore[attr-defined]
         executor.shutdown(wait=True)
 
 

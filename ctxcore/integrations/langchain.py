@@ -33,6 +33,7 @@ try:
         convert_to_openai_messages,
     )
     from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langgraph.runtime import Runtime
 except ImportError as exc:  # pragma: no cover - the dev extra installs it
     raise ImportError(
         "ctxcore.integrations.langchain needs LangChain v1: pip install 'ctxcore[langchain]'"
@@ -156,15 +157,17 @@ class CtxcoreMiddleware(AgentMiddleware):
 
     # --- the conversation and the request ------------------------------------------
 
-    def _conversation(self, runtime: Any) -> str:
+    def _conversation(self, runtime: Runtime[Any] | None) -> str:
         """The conversation id (``runtime``: the request's or the hook's LangGraph runtime)."""
         if self.context is not None:
             inner = self.context.context if isinstance(self.context, AsyncModelContext) else self.context
             return inner.context_id
         if self.conversation_id is not None:
             return self.conversation_id
-        info = getattr(runtime, "execution_info", None)
-        thread = getattr(info, "thread_id", None)
+        # execution_info is declared by every langgraph langchain>=1.5 accepts (>=1.2.12); it is
+        # None before LangGraph prepares the task, and a request built by hand has no runtime.
+        info = runtime.execution_info if runtime is not None else None
+        thread = info.thread_id if info is not None else None
         if thread is None:
             from langgraph.config import get_config
 

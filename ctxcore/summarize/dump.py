@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -28,7 +29,11 @@ logger = logging.getLogger(__name__)
 # Runs of dots go too: ".." is harmless inside a name but alarming in an audit.
 _UNSAFE = re.compile(r"(?:[^A-Za-z0-9._-]|\.{2,})+")
 _MAX_NAME = 80
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# os.O_NOFOLLOW is POSIX only; a platform check (not a probe) lets mypy see both branches.
+if sys.platform == "win32":
+    _NOFOLLOW = 0
+else:
+    _NOFOLLOW = os.O_NOFOLLOW
 
 
 def safe_name(text: str, limit: int = _MAX_NAME) -> str:

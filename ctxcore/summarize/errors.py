@@ -60,10 +60,8 @@ class ModelCallError(ModelError):
             raise ConfigError(
                 f"unknown model error kind {kind!r}; pass one of {[str(k) for k in ERROR_KINDS]}"
             )
-        super().__init__(kind, message)
-        self.message = message
+        super().__init__(kind, message, retry_after=retry_after)
         self.status_code = status_code
-        self.retry_after = retry_after
         self.attempts = attempts
 
     @property
@@ -72,7 +70,20 @@ class ModelCallError(ModelError):
         return self.kind in TRANSIENT_KINDS
 
 
-# --- the cause chain ----------------------------------------------------------------------
+# --- foreign fields and the cause chain ------------------------------------------------------
+
+
+def _field(value: object, name: str) -> Any:
+    """The field ``name`` of a provider's exception (or of its parts), None when it has none.
+
+    The one place fields are read by name: the exceptions come from whatever SDK a model
+    client or an agent's own call uses, so spec 3.5 and 5.1 name fields, not classes. A lazy
+    property (an unread HTTP body, say) may raise; that reads as no field.
+    """
+    try:
+        return getattr(value, name, None)
+    except Exception:
+        return None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -85,8 +96,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(current))
         yield current
-        for attr in ("__cause__", "__context__", "cause"):
-            nxt = getattr(current, attr, None)
+        for nxt in (current.__cause__, current.__context__, _field(current, "cause")):
             if isinstance(nxt, BaseException) and id(nxt) not in seen:
                 pending.append(nxt)
 
@@ -107,14 +117,12 @@ def status_code_of(exc: BaseException) -> int | None:
     """The first HTTP status code found on the exception or its causes, else None."""
     for current in _chain(exc):
         for attr in ("status_code", "status"):
-            code = _as_status(getattr(current, attr, None))
+            code = _as_status(_field(current, attr))
             if code is not None:
                 return code
-        response = getattr(current, "response", None)
-        if response is not None:
-            code = _as_status(getattr(response, "status_code", None))
-            if code is not None:
-                return code
+        code = _as_status(_field(_field(current, "response"), "status_code"))
+        if code is not None:
+            return code
     return None
 
 
@@ -125,7 +133,7 @@ def _error_text(exc: BaseException) -> str:
         parts.append(type(current).__name__)
         parts.append(str(current))
         for attr in ("code", "type", "param", "errmsg", "details", "body"):
-            value = getattr(current, attr, None)
+            value = _field(current, attr)
             if value is not None and not callable(value):
                 parts.append(str(value)[:4000])
     return "\n".join(parts).casefold()
@@ -216,10 +224,7 @@ def _texts(value: Any, depth: int, seen: set[int]) -> Iterator[str]:
     if isinstance(value, BaseException):
         yield str(value)[:20000]
     for name in _MATCH_FIELDS:
-        try:
-            field = getattr(value, name, None)
-        except Exception:  # a lazy property (e.g. an unread HTTP body) may raise
-            continue
+        field = _field(value, name)
         if field is not None and not callable(field):
             yield from _texts(field, depth + 1, seen)
 

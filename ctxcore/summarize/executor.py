@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxcore.errors import ConfigError
+from ctxcore.errors import ConfigError, ModelError
 from ctxcore.messages import AnyMessage
 from ctxcore.summarize.dump import CompressionDump, DebugLog, dump_record
 from ctxcore.summarize.errors import TRANSIENT_KINDS, ModelCallError, classify_error, status_code_of
@@ -249,7 +249,8 @@ class CompressionExecutor:
             return exc
         kind = classify_error(exc)
         text = redact(" ".join(f"{type(exc).__name__}: {exc}".split())[:500])
-        return ModelCallError(kind, text, status_code_of(exc))
+        retry_after = exc.retry_after if isinstance(exc, ModelError) else None
+        return ModelCallError(kind, text, status_code_of(exc), retry_after)
 
     def _give_up(self, error: ModelCallError, attempts: int) -> ModelCallError:
         logger.warning(

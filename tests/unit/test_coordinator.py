@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from ctxcore.coordinator import Coordinator, TriggerInput
-from ctxcore.errors import CursorNotFoundError
+from ctxcore.errors import CursorNotFoundError, ModelError
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.pipeline import Stage
 from ctxcore.state import CompressionState, ConversationKey, MemoryMessageLog, MemoryStateStore, SummaryBlock
@@ -187,6 +187,32 @@ def test_model_failure_in_stage_keeps_state() -> None:
     model_stages = [k for k in STAGE_ORDER if k != "hard_truncate"]
     assert coord.plan(KEY, exhausted=model_stages) is None
     assert coord.view(KEY).version == 0
+
+
+class _SlowDownModel:
+    """A client of another kind than the summariser's own: it raises a plain ModelError."""
+
+    name = "slow-down"
+
+    def complete(self, messages: Sequence[AnyMessage], *, max_tokens: int, contract: object = None) -> object:
+        raise ModelError("rate_limit", "slow down", retry_after=2.5)
+
+
+def test_a_failed_stage_reports_the_servers_retry_after() -> None:
+    from ctxcore.messages import from_openai
+    from tests.pipeline_helpers import FailingModel
+
+    conv = next(conversations("minisweagent.jsonl"))
+    for model, retry_after in ((_SlowDownModel(), 2.5), (FailingModel("rate_limit"), None)):
+        store, log = MemoryStateStore(), MemoryMessageLog()
+        log.append(KEY, [m for m in from_openai(conv["messages"]) if m.role != "system"])
+        coord = Coordinator(store, log, COUNTER, model_for=lambda k, m=model: m)  # type: ignore[misc]
+        store.set_budget(KEY, 12_000)
+        stage = coord.plan(KEY)
+        assert stage is not None
+        result = coord.run_stage(KEY, stage)
+        assert result.outcome == "failed" and result.error_kind == "rate_limit"
+        assert result.retry_after == retry_after
 
 
 class _BuggyModel:

@@ -102,6 +102,21 @@ def test_bool_and_odd_status_values_are_ignored() -> None:
     assert status_code_of(StatusError("x", 42)) is None
 
 
+def test_a_field_that_raises_reads_as_absent() -> None:
+    # A lazy property (an unread HTTP body) may raise: classification must not.
+    class Lazy(Exception):
+        @property
+        def status_code(self) -> int:
+            raise RuntimeError("the response was not read")
+
+        @property
+        def body(self) -> str:
+            raise RuntimeError("the response was not read")
+
+    assert status_code_of(Lazy("Too Many Requests")) is None
+    assert classify_error(Lazy("Too Many Requests")) == "rate_limit"
+
+
 @pytest.mark.parametrize(
     ("exc", "kind"),
     [

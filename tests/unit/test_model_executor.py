@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ctxcore.errors import ModelError
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.summarize import (
     Completion,
@@ -188,6 +189,15 @@ def test_retry_transient_off_gives_up_at_once_with_the_kind() -> None:
         ex.execute(PROMPT, max_tokens=10)
     assert info.value.kind == "rate_limit" and info.value.retry_after == 5.0
     assert len(client.calls) == 1 and sleeps == []
+
+
+def test_a_plain_model_error_keeps_its_retry_after() -> None:
+    # Any ModelError carries retry_after, not only the summariser's own ModelCallError.
+    client = ScriptedClient(ModelError("rate_limit", "slow", retry_after=2.0), "ok")
+    ex, sleeps = executor(client)
+    assert ex.execute(PROMPT, max_tokens=10).text == "ok"
+    assert sleeps == [2.0]
+    assert ModelError("rate_limit", "slow").retry_after is None
 
 
 def test_foreign_exceptions_are_classified() -> None:
