@@ -27,8 +27,9 @@ Every message says what was wrong and what to do about it::
         |-- QuotaExceeded       the tenant's conversation limit is reached
         `-- RateLimited         the tenant's request rate is exceeded
 
-How each answers over HTTP is the service's business (``workers/http/error_statuses.py``); the
-HTTP client's own error for any other status is ``ctxcore.client.errors.ApiError``.
+How each answers over HTTP is the service's business
+(``workers/api_common/error_statuses.py``); the HTTP client's own error for any other status
+is ``ctxcore.client.errors.ApiError``.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["QueueNames", "app", "celery_config", "configure", "queue_names", "runtime", "settings"]
 
-app = Celery("ctxcore", include=["workers.tasks", "workers.reconciler", "workers.telemetry.celery_glue"])
+app = Celery("ctxcore", include=["workers.tasks", "workers.reconciler", "workers.celery_tracing"])
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -171,16 +171,16 @@ def test_another_tenants_conversation_is_exactly_a_missing_one(api: Api) -> None
 
 
 def test_every_token_digest_is_compared(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.http.auth
+    import workers.api_common.auth
 
     calls: list[str] = []
-    real = workers.http.auth.hmac.compare_digest
+    real = workers.api_common.auth.hmac.compare_digest
 
     def counting(a: str, b: str) -> bool:
         calls.append(b)
         return real(a, b)
 
-    monkeypatch.setattr(workers.http.auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(workers.api_common.auth.hmac, "compare_digest", counting)
     configured = set(api.runtime.settings.http.tokens)
     for token in (TOKEN_A, TOKEN_B, "unknown"):
         calls.clear()
@@ -589,12 +589,12 @@ def test_delete_removes_everything_then_404(api: Api) -> None:
 
 
 def test_delete_waits_for_a_running_stage_then_409(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.service.delete
+    import workers.delete
     from workers.locks import conversation_lock
 
     api.append("busy", [_user("task")])
     key = ConversationKey("tenant-a", "busy")
-    monkeypatch.setattr(workers.service.delete, "DELETE_LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(workers.delete, "DELETE_LOCK_WAIT_SECONDS", 0.2)
     with conversation_lock(api.runtime.redis, api.runtime.settings.redis.key_prefix, key, timeout=10):
         r = api.client.delete(f"{CONV}/busy", headers=AUTH_A)
     assert r.status_code == 409 and r.json()["error"] == "conversation_busy"

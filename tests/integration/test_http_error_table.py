@@ -21,8 +21,8 @@ import ctxcore
 import workers
 from ctxcore.config import Settings, hash_token
 from ctxcore.errors import CtxcoreError, Violation
+from workers.api_common.error_statuses import ERROR_STATUSES, error_status
 from workers.http import create_app
-from workers.http.errors import ERROR_STATUSES, error_status
 from workers.keyspace import delete_prefixed_keys
 from workers.proxy.errors import ProxyError
 from workers.runtime import Runtime

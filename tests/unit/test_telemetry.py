@@ -50,7 +50,7 @@ def test_telemetry_off_builds_no_exporter_and_imports_no_sdk() -> None:
         import sys, threading
         from ctxcore.config import Settings
         from ctxcore.state import ConversationKey
-        import workers.http, workers.tasks, workers.telemetry.celery_glue
+        import workers.http, workers.tasks, workers.celery_tracing
         from workers.runtime import Runtime
         from workers.telemetry.spans import append_span, window_span
         rt = Runtime(Settings())

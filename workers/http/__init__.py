@@ -3,13 +3,14 @@ whose docstring lists the routes and statuses).
 
 Serve it with ``uvicorn workers.http:app_from_env --factory`` or ``serve(settings)``.
 
-Layout: the app factory and serving in ``app``; what the routes share (``ApiState``, path and
-header parameters) in ``dependencies``; the bearer token and rate limit in ``auth``; the error
-bodies and handlers in ``errors``, from the table of ``error_statuses``; the compaction status
-as published in ``compaction_status``; one router per resource in ``routes/``.
+Layout: the app factory and serving in ``app``; the path and header parameters the routes
+share in ``dependencies``; the handlers answering every error in ``errors``; the compaction
+status as published in ``compaction_status``; one router per resource in ``routes/``. What
+the API shares with the proxy, the UI and admission (``ApiState``, the bearer token and rate
+limit, ``ApiError`` and the table of statuses) is ``workers.api_common``, below all four.
 
-The names are loaded on first use: a module of this package (``workers.http.errors``,
-imported by the proxy, the UI and admission) does not pull in the app and every router.
+The names are loaded on first use: importing a module of this package does not pull in the
+app and every router.
 """
 
 from __future__ import annotations

@@ -47,14 +47,16 @@ Layout (arrows: imports). This module only wires; each router translates HTTP to
 ``ContextService`` (``workers.service``: appends with ``If-Match``, windows, recall) or of
 the runtime's stores, and errors to responses through the one table:
 
-    app (create_app) -> auth (bearer token, rate limit) -> dependencies (ApiState, params)
+    app (create_app) -> api_common.auth (bearer token, rate limit) -> api_common.state (ApiState)
                      -> routes.log (messages: append, read, truncate) -> service, truncate
                      -> routes.window (window) -> service
                      -> routes.state (compact, state, offloads) -> compaction_status (models)
                      -> routes.history (journal, rollback) -> rollback
-                     -> routes.conversations (list, delete, usage) -> service.delete
+                     -> routes.conversations (list, delete, usage) -> workers.delete
                      -> routes.recall, proxy, routes.ops (healthz, metrics)
-                     -> errors (handlers) -> error_statuses (ERROR_STATUSES)
+                     -> errors (handlers) -> api_common.error_statuses (ERROR_STATUSES)
+                     -> proxy.errors (the proxy's own handler)
+    routes.* -> dependencies (path and header parameters), api_common.errors (ApiError)
 
 Request and response models are ``ctxcore.client.models`` (the client parses them too).
 """
@@ -70,9 +72,9 @@ from fastapi import FastAPI
 from ctxcore import __version__
 from ctxcore.config import Settings
 from workers.admission import AdmissionMiddleware
+from workers.api_common.auth import tenant_dependency
+from workers.api_common.state import ApiState
 from workers.bodylimit import BodyLimitMiddleware
-from workers.http.auth import tenant_dependency
-from workers.http.dependencies import ApiState
 from workers.http.errors import install_error_handlers
 from workers.http.routes.conversations import conversations_router
 from workers.http.routes.history import history_router
@@ -83,6 +85,7 @@ from workers.http.routes.state import state_router
 from workers.http.routes.window import window_router
 from workers.logs import apply_log_format, uvicorn_log_config
 from workers.prom_api import RequestMetricsMiddleware
+from workers.proxy.errors import install_proxy_error_handler
 from workers.proxy.routes import proxy_router
 from workers.runtime import Runtime, check_startup
 from workers.service import CompactionQueue
@@ -126,6 +129,7 @@ def create_app(
     # Outermost (added last): a 413 from the body limit is counted too.
     app.add_middleware(RequestMetricsMiddleware, metrics=api.metrics)
     install_error_handlers(app)
+    install_proxy_error_handler(app)
 
     current_tenant = tenant_dependency(api)
     app.include_router(log_router(api, current_tenant))

@@ -1,7 +1,7 @@
-"""The HTTP API's error responses: the documented error codes, ``not_found`` and the
-handlers that answer every error with a ``{"error": <code>, "detail": ...}`` body, each
-``CtxcoreError`` from the one table ``ERROR_STATUSES`` (``workers.http.error_statuses``; the
-proxy's own errors keep their OpenAI body, ``workers.proxy.errors``)."""
+"""The HTTP API's error responses: the documented error codes and the handlers that answer
+every error with a ``{"error": <code>, "detail": ...}`` body, each ``CtxcoreError`` from the
+one table ``ERROR_STATUSES`` (``workers.api_common.error_statuses``; the proxy registers the
+handler of its own errors, which keep their OpenAI body: ``workers.proxy.errors``)."""
 
 from __future__ import annotations
 
@@ -18,20 +18,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ctxcore.client.models import ErrorBody
 from ctxcore.contract import MAX_NESTING_DEPTH
-from ctxcore.errors import CtxcoreError, InvalidMessageError
-from workers.http.error_statuses import ERROR_STATUSES, STORE_DOWN, ApiError, ErrorStatus, error_status
-from workers.proxy.errors import ProxyError
+from ctxcore.errors import CtxcoreError
+from workers.api_common.error_statuses import STORE_DOWN, error_status
+from workers.api_common.errors import ApiError
 
-__all__ = [
-    "ERROR_STATUSES",
-    "ApiError",
-    "ErrorStatus",
-    "error_responses",
-    "error_status",
-    "install_error_handlers",
-    "invalid_message_error",
-    "not_found",
-]
+__all__ = ["error_responses", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +42,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         503: "A store is unavailable (see Retry-After)",
     }
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
-
-
-def not_found(what: str = "conversation") -> ApiError:
-    # The same body for unknown, invalid and foreign ids: nothing is revealed.
-    return ApiError(404, "not_found", f"{what} not found")
-
-
-def invalid_message_error(exc: InvalidMessageError, location: str) -> ApiError:
-    return ApiError(422, "invalid_message", exc.detail, index=exc.index, field=exc.field, location=location)
 
 
 def _ctxcore_response(request: Request, exc: CtxcoreError) -> JSONResponse:
@@ -92,9 +74,7 @@ def _unreadable_body(exc: StarletteHTTPException) -> tuple[str, str] | None:
 def install_error_handlers(app: FastAPI) -> None:
     # Registered by the decorator, whose type keeps each handler's precise exception type.
     @app.exception_handler(ApiError)
-    # The proxy's own errors keep their OpenAI body (its route answers them itself).
-    @app.exception_handler(ProxyError)
-    async def api_error(_: Request, exc: ApiError | ProxyError) -> JSONResponse:
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
 
     # One handler, one table: Starlette picks it for every subclass by the error's MRO.

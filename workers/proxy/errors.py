@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import redis
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError as SqlOperationalError
@@ -25,9 +26,16 @@ from ctxcore.errors import (
     InvalidWindowError,
     StoreUnavailable,
 )
-from workers.http.error_statuses import ApiError, error_status
+from workers.api_common.error_statuses import error_status
+from workers.api_common.errors import ApiError
 
-__all__ = ["OpenAIErrorResponse", "ProxyError", "openai_error", "proxy_responses"]
+__all__ = [
+    "OpenAIErrorResponse",
+    "ProxyError",
+    "install_proxy_error_handler",
+    "openai_error",
+    "proxy_responses",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +121,15 @@ class ProxyError(CtxcoreError):
         """The JSON response for this error."""
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status_code, headers=self.headers)
+
+
+def install_proxy_error_handler(app: FastAPI) -> None:
+    """Answer a ``ProxyError`` that leaves the proxy's route with its own OpenAI body (else the
+    app's ``CtxcoreError`` handler would answer it in ctxcore's shape)."""
+
+    @app.exception_handler(ProxyError)
+    async def proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
+        return exc.response()
 
 
 def openai_error(exc: Exception, offset: int = 0) -> JSONResponse | None:

@@ -34,8 +34,8 @@ from ctxcore.config import ProxySettings
 from ctxcore.contract import MAX_NESTING_DEPTH, check_tools, json_problem
 from ctxcore.errors import InvalidKeyError, InvalidMessageError
 from ctxcore.state import ConversationKey
-from workers.http.auth import rate_limit, tenant_for_token
-from workers.http.dependencies import ApiState
+from workers.api_common.auth import rate_limit, tenant_for_token
+from workers.api_common.state import ApiState
 from workers.proxy.errors import ProxyError, openai_error, proxy_responses
 from workers.proxy.flow import Prepared, ProxyFlow
 from workers.proxy.index import HashIndex

@@ -2,10 +2,11 @@
 (``workers.service.context_service``).
 
 Layout: ``ContextService`` in ``context_service``; what an append checks before it writes in
-``append_checks``; the tail a window reads in ``tail``; deleting a conversation in ``delete``.
+``append_checks``; the tail a window reads in ``tail``. Deleting a conversation reaches every
+store of the runtime, which builds this service: it is ``workers.delete``, above both.
 
-The names are loaded on first use, so importing a module of this package (``delete`` from
-the HTTP routes) does not load the service and what it imports.
+The names are loaded on first use, so importing a module of this package does not load the
+service and what it imports.
 """
 
 from __future__ import annotations

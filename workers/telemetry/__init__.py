@@ -1,6 +1,7 @@
 """OpenTelemetry glue of the workers: the tracer a process uses (``build_tracer``), the
-spans of windows, appends, stages and summariser calls (``spans``, ``model``), the trace
-contexts a compaction job links to (``jobs``) and their way through Celery (``celery_glue``).
+spans of windows, appends, stages and summariser calls (``spans``, ``model``) and the trace
+contexts a compaction job links to (``jobs``); their way through Celery is
+``workers.celery_tracing`` (it reads the app's tracer, and the app imports this package).
 
 With ``telemetry`` off, ``build_tracer`` returns ``ctxcore.telemetry.NO_TRACER`` and nothing
 of OpenTelemetry is imported: ``otel`` is the only module that imports it, and only from here.

@@ -12,8 +12,8 @@ from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, message_
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.state.base import format_log_id, parse_log_id
+from workers.api_common.state import ApiState
 from workers.holds import status_of
-from workers.http.dependencies import ApiState
 from workers.spend import summariser_cap
 
 __all__ = ["MAX_TEXT", "conversation_page", "conversation_rows", "diff_page", "message_rows"]

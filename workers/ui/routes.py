@@ -19,9 +19,9 @@ from ctxcore.errors import CtxcoreError, InvalidKeyError, NotFoundError
 from ctxcore.recall.archive import RecallAnswer
 from ctxcore.state import ConversationKey
 from ctxcore.state.filesystem import validate_handle
-from workers.http.auth import rate_limit, tenant_for_token
-from workers.http.dependencies import ApiState
-from workers.http.errors import ApiError
+from workers.api_common.auth import rate_limit, tenant_for_token
+from workers.api_common.errors import ApiError
+from workers.api_common.state import ApiState
 from workers.ratelimit import RateLimiter
 from workers.rollback import rollback_conversation
 from workers.ui.pages import conversation_page, conversation_rows, diff_page, message_rows

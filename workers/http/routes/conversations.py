@@ -9,9 +9,11 @@ from fastapi import APIRouter, Depends, Query, Response
 from ctxcore.client.models import ConversationList, UsageResponse
 from ctxcore.errors import InvalidKeyError
 from ctxcore.state import validate_id
-from workers.http.dependencies import ApiState, ConversationId
-from workers.http.errors import ApiError, error_responses
-from workers.service.delete import delete_conversation as delete_everything
+from workers.api_common.errors import ApiError
+from workers.api_common.state import ApiState
+from workers.delete import delete_conversation as delete_everything
+from workers.http.dependencies import ConversationId
+from workers.http.errors import error_responses
 from workers.spend import summariser_cap
 
 __all__ = ["conversations_router"]

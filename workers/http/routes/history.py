@@ -8,7 +8,8 @@ from fastapi import APIRouter, Depends, Query
 
 from ctxcore.client.models import JournalEntryOut, JournalResponse, RollbackRequest, RollbackResponse
 from ctxcore.state.journal import JOURNAL_LIMIT
-from workers.http.dependencies import ApiState, ConversationId
+from workers.api_common.state import ApiState
+from workers.http.dependencies import ConversationId
 from workers.http.errors import error_responses
 from workers.rollback import rollback_conversation
 

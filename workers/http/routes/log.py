@@ -17,8 +17,10 @@ from ctxcore.errors import InvalidKeyError, InvalidMessageError
 from ctxcore.messages import from_openai, to_openai
 from ctxcore.state.base import parse_log_id
 from ctxcore.state.undecodable import UNDECODABLE_KEY, is_undecodable
-from workers.http.dependencies import ApiState, ConversationId, IfMatch, parse_if_match
-from workers.http.errors import ApiError, error_responses, invalid_message_error
+from workers.api_common.errors import ApiError, invalid_message_error
+from workers.api_common.state import ApiState
+from workers.http.dependencies import ConversationId, IfMatch, parse_if_match
+from workers.http.errors import error_responses
 from workers.telemetry.spans import append_span, describe_append
 from workers.truncate import truncate_conversation
 

@@ -13,7 +13,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from ctxcore.client.models import RecallHit, RecallRequest, RecallResponse
-from workers.http.dependencies import ApiState, ConversationId
+from workers.api_common.state import ApiState
+from workers.http.dependencies import ConversationId
 from workers.http.errors import error_responses
 
 __all__ = ["recall_router"]

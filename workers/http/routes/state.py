@@ -11,10 +11,12 @@ from ctxcore.errors import InvalidKeyError
 from ctxcore.messages import to_openai
 from ctxcore.state import CompressionState
 from ctxcore.state.filesystem import validate_handle
+from workers.api_common.errors import not_found
+from workers.api_common.state import ApiState
 from workers.holds import status_of
 from workers.http.compaction_status import detail_out, snapshot_out
-from workers.http.dependencies import ApiState, ConversationId
-from workers.http.errors import error_responses, not_found
+from workers.http.dependencies import ConversationId
+from workers.http.errors import error_responses
 from workers.spend import summariser_cap
 
 __all__ = ["state_router"]

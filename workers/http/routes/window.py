@@ -10,9 +10,11 @@ from ctxcore.client.models import ElidedRange, WindowFormat, WindowRequest, Wind
 from ctxcore.contract import check_messages_contract, check_tools
 from ctxcore.errors import InvalidMessageError, NotFoundError
 from ctxcore.messages import from_openai, to_openai
+from workers.api_common.errors import invalid_message_error, not_found
+from workers.api_common.state import ApiState
 from workers.http.compaction_status import detail_out
-from workers.http.dependencies import ApiState, ConversationId
-from workers.http.errors import error_responses, invalid_message_error, not_found
+from workers.http.dependencies import ConversationId
+from workers.http.errors import error_responses
 from workers.telemetry.spans import describe_window, window_span
 
 __all__ = ["window_router"]

@@ -1,5 +1,8 @@
 """``delete_conversation``: remove everything of a conversation, under its lock.
 
+Beside ``rollback`` and ``truncate``: it reaches every store of the runtime (and the proxy's
+index), so it sits above them, not in the fast path's ``workers.service``.
+
 Under the lock compaction stages hold, a running stage cannot save a state (and so
 resurrect the conversation) between the deletes.
 """

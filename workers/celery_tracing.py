@@ -7,6 +7,9 @@ header ``ctxcore_traceparent``; the worker that runs it makes it current for the
 the stage's span (``workers.telemetry.spans.traced_stage``) is a child of the job's span,
 however many processes the job crosses. Drain tokens carry nothing: a token starts whichever
 job its ring serves next, and that job links to its own requests (``workers.telemetry.jobs``).
+
+It reads the process's tracer from the app, so it sits above ``workers.app``, outside
+``workers.telemetry`` (which the runtime, and so the app, imports).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 from celery import Task
 from celery.signals import before_task_publish, task_postrun, task_prerun
 
+from workers.app import runtime
+
 __all__ = ["HEADER"]
 
 HEADER = "ctxcore_traceparent"
@@ -25,8 +30,6 @@ _STACK = "ctxcore_trace_stack"
 
 
 def _tracer_enabled() -> bool:
-    from workers.app import runtime
-
     return runtime().tracer.enabled
 
 
@@ -34,8 +37,6 @@ def _tracer_enabled() -> bool:
 def _inject(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
     if headers is None or not (sender or "").startswith(_STAGES) or not _tracer_enabled():
         return
-    from workers.app import runtime
-
     traceparent = runtime().tracer.traceparent()
     if traceparent is not None:
         headers[HEADER] = traceparent
@@ -48,8 +49,6 @@ def _attach(task_id: str | None = None, task: Task[Any, Any] | None = None, **_:
     traceparent = task.request.get(HEADER)
     if not isinstance(traceparent, str):
         return
-    from workers.app import runtime
-
     stack = ExitStack()
     stack.enter_context(runtime().tracer.attached(traceparent))
     # Kept on this execution's request (a thread pool runs several tasks at once).

@@ -1,9 +1,8 @@
-"""What each error answers over HTTP: ``ApiError`` (a response a route raises) and
-``ERROR_STATUSES``, the one table giving each ``CtxcoreError`` subclass one status, code,
-detail, extra body fields and headers. ``workers.http.errors`` answers with it in ctxcore's
-``{"error": <code>, "detail": ...}`` body, the proxy (``workers.proxy.errors``) in OpenAI's
-for the errors it has no rule of its own for. A module of its own so both import it without
-importing each other."""
+"""What each error answers over HTTP: ``ERROR_STATUSES``, the one table giving each
+``CtxcoreError`` subclass one status, code, detail, extra body fields and headers.
+``workers.http.errors`` answers with it in ctxcore's ``{"error": <code>, "detail": ...}``
+body, the proxy (``workers.proxy.errors``) in OpenAI's for the errors it has no rule of its
+own for; both read it from here, below both."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from fastapi.responses import JSONResponse
 
 from ctxcore.client.errors import ApiError as ClientApiError
 from ctxcore.errors import (
@@ -46,34 +43,7 @@ from workers.failures import StageFailedError
 from workers.locks import ConversationBusy
 from workers.spend import SummariserBudgetExhausted
 
-__all__ = ["ERROR_STATUSES", "STORE_DOWN", "ApiError", "ErrorStatus", "error_status"]
-
-
-class ApiError(Exception):
-    """An error response: status, code, detail, extra body fields and headers."""
-
-    def __init__(
-        self,
-        status: int,
-        error: str,
-        detail: str,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.error = error
-        self.detail = detail
-        self.headers = headers
-        self.extra = extra
-
-    def response(self) -> JSONResponse:
-        """The JSON response for this error."""
-        return JSONResponse(
-            {"error": self.error, "detail": self.detail, **self.extra},
-            status_code=self.status,
-            headers=self.headers,
-        )
+__all__ = ["ERROR_STATUSES", "STORE_DOWN", "ErrorStatus", "error_status"]
 
 
 def _no_fields(_: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Authentication and rate limiting: the bearer-token dependency every ``/v1`` route takes.
+"""Authentication and rate limiting: the bearer-token dependency every ``/v1`` route takes,
+and the token lookup and rate limit the proxy, the UI and admission call.
 
 The tenant is looked up by the token's sha256 in ``http.tokens``; each authenticated
 request takes one token from its tenant's bucket (429 with ``Retry-After`` when empty),
@@ -13,8 +14,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ctxcore.config import Settings, hash_token
-from workers.http.dependencies import ApiState
-from workers.http.errors import ApiError
+from workers.api_common.errors import ApiError
+from workers.api_common.state import ApiState
 
 __all__ = ["ADMITTED", "rate_limit", "tenant_dependency", "tenant_for_token"]
 
