@@ -48,7 +48,7 @@ class Stores:
     def fill(self, key: ConversationKey) -> None:
         """A conversation with a row in every table."""
         self.log.append(key, [UserMessage(content="hello")])
-        self.log.store_counts(key, "o200k_base", {"000000000001": 3})
+        self.log.counted().store_counts(key, "o200k_base", {"000000000001": 3})
         chunk = ArchiveChunk("000000000001", "000000000001", "hello", 1)
         assert self.state.save(key, CompressionState(), 0, archive=ArchiveWrite((chunk,), b"index", 1))
         self.state.set_budget(key, 1000)

@@ -193,4 +193,4 @@ class SqlStateStore(SqlBackend):
             and log.table_prefix == self.table_prefix
         ):
             return None
-        return SqlWindowReader(self, self, log, log)
+        return SqlWindowReader(self, self, log, log.counted())
