@@ -21,7 +21,7 @@ from ctxcore.state.base import (
     truncate_moved,
 )
 from ctxcore.state.decoded import DecodedEntries, decoded_rows
-from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.keys import ConversationKey, listing_wanted
 from ctxcore.state.redis.common import RedisBackend as _RedisBackend
 from ctxcore.state.redis.common import as_bytes, field, text, translated
 from ctxcore.state.redis.log_scripts import APPEND_LUA, TRUNCATE_LUA
@@ -192,8 +192,7 @@ class RedisMessageLog(_RedisBackend):
 
     def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
         """One message, or None."""
-        seq = parse_log_id(log_id)
-        found = self._xrange(key, f"{seq}-0", f"{seq}-0", 1)
+        found = self.read_range(key, log_id, log_id)
         return found[0] if found else None
 
     def last_id(self, key: ConversationKey) -> str | None:
@@ -246,10 +245,7 @@ class RedisMessageLog(_RedisBackend):
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""
-        validate_id(tenant_id, "tenant_id")
-        if after is not None:
-            validate_id(after, "conversation_id")
-        if limit < 1:
+        if not listing_wanted(tenant_id, after, limit):
             return []
         with translated(f"list conversations of {tenant_id}"):
             ids: list[bytes | str] = self._client.zrange(  # type: ignore[assignment]

@@ -27,7 +27,7 @@ from ctxcore.state.base import (
     replayed_ids,
     truncate_moved,
 )
-from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.keys import ConversationKey, listing_wanted
 from ctxcore.state.sql.engine import SqlBackend
 from ctxcore.state.sql.tail import SqlCountedLog
 from ctxcore.state.tail import AppendCounts, CountedLog
@@ -243,10 +243,7 @@ class SqlMessageLog(SqlBackend):
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""
-        validate_id(tenant_id, "tenant_id")
-        if after is not None:
-            validate_id(after, "conversation_id")
-        if limit < 1:
+        if not listing_wanted(tenant_id, after, limit):
             return []
         counter = self._t.log_counter
         query = select(counter.c.conversation_id).where(counter.c.tenant_id == tenant_id)
