@@ -52,7 +52,6 @@ import workers.service.context_service as service_module
 from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.state import ConversationKey
-from ctxcore.state.tail import CountedLog
 from ctxcore.status import CompactionStatus
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window_counter import WindowCounter
@@ -327,9 +326,10 @@ def main() -> None:
                 counts = service.append_counts(body[max(0, i - 64) : i], chunk)
                 if counts is None:
                     raise RuntimeError("the bench needs the default TiktokenCounter")
-                if not isinstance(runtime.log, CountedLog):
+                counted = runtime.log.counted()
+                if counted is None:
                     raise RuntimeError("the bench needs a log with stored counts")
-                ids += runtime.log.append_counted(key, chunk, counts)
+                ids += counted.append_counted(key, chunk, counts)
             state = covered_state(body, ids, tail)
             if not runtime.state_store.save(key, state, expected_version=0):
                 raise RuntimeError(f"could not save the state of {key}")

@@ -53,7 +53,7 @@ def measure(name: str, url: str, prefix: str, windows: int, messages: int) -> No
             chunk = body[i : i + 1000]
             counts = one.append_counts(body[max(0, i - 64) : i], chunk)
             assert counts is not None
-            ids += log.append_counted(key, chunk, counts)
+            ids += log.counted().append_counted(key, chunk, counts)
         assert state.save(key, covered_state(body, ids, 50), 0)
         tools = tau_tools()
         samples: dict[str, list[int]] = {"one statement": [], "store by store": []}

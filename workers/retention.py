@@ -150,7 +150,6 @@ class RetentionSweep:
         return unlisted
 
     def _sweep_sql(self, sql: SqlRetentionSweep) -> int:
-        sql.stamp_unknown()
         deleted = 0
         for key, cutoff in sql.idle_by_retention(self.retention, limit=_BATCH * _MAX_BATCHES):
             try:

@@ -162,9 +162,10 @@ class ContextProcessor(Generic[C]):
 
     @classmethod
     def processor_type(cls) -> str:
-        """The registry name: the name it was registered under, else the class name."""
-        name = cls.__dict__.get("_processor_type")
-        return name if isinstance(name, str) else cls.__name__
+        """The name it reports in events and errors, and a registry's default name for it:
+        the class name (``ProcessorRegistry.register(name=...)`` adds another name in that
+        registry only)."""
+        return cls.__name__
 
     def model_name(self) -> str:
         """The summarisation model this processor calls, for state events ("" when none)."""

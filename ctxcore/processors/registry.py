@@ -54,14 +54,12 @@ class ProcessorRegistry:
         self._lock = threading.Lock()
 
     def register(self, cls: P, *, name: str | None = None) -> P:
-        """Add ``cls`` under ``name`` (which becomes its ``processor_type()``), else its
-        ``processor_type()``, replacing any earlier class: so an engine can override a
-        built-in deliberately. Returns ``cls``, so it also decorates a class
-        (``@engine.registry.register``)."""
-        if name is not None:
-            cls._processor_type = name  # type: ignore[attr-defined]
+        """Add ``cls`` to this registry under ``name``, else its ``processor_type()``,
+        replacing any earlier class: so an engine can override a built-in deliberately. The
+        class is not changed (another registry may hold it under another name). Returns
+        ``cls``, so it also decorates a class (``@engine.registry.register``)."""
         with self._lock:
-            self._classes[cls.processor_type()] = cls
+            self._classes[name if name is not None else cls.processor_type()] = cls
         return cls
 
     def get(self, name: str) -> type[ContextProcessor[Any]]:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import decode_log_messages, format_log_id
@@ -30,75 +29,53 @@ __all__ = ["DecodedEntries", "Row", "decoded_rows"]
 Row = tuple[int, bytes]
 
 
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class _BoundedMap(Generic[K, V]):
-    """An LRU map bounded by entries and by the stored bytes its keys carry, locked: a
-    service is shared by the threads of a web server."""
-
-    def __init__(self, max_entries: int, max_bytes: int, size: Callable[[K], int]) -> None:
-        if max_entries < 1 or max_bytes < 1:
-            raise ValueError("a decoded cache needs room for at least one entry and one byte")
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._size = size
-        self._data: OrderedDict[K, V] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def lookup(self, keys: Sequence[K]) -> list[V | None]:
-        """The value of each key, or None; found ones become the newest."""
-        with self._lock:
-            found = [self._data.get(k) for k in keys]
-            for k, v in zip(keys, found, strict=True):
-                if v is not None:
-                    self._data.move_to_end(k)
-        return found
-
-    def store(self, fresh: Mapping[K, V]) -> None:
-        """Add ``fresh``, then leave out the oldest entries over either bound."""
-        with self._lock:
-            for k, v in fresh.items():
-                if k not in self._data:
-                    self._data[k] = v
-                    self._bytes += self._size(k)
-            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
-                old, _ = self._data.popitem(last=False)
-                self._bytes -= self._size(old)
-
-
 class DecodedEntries:
-    """A bounded LRU map ``(seq, stored bytes) -> decoded message``."""
+    """A bounded LRU map ``(seq, stored bytes) -> decoded message``: bounded by entries and
+    by the stored bytes its keys carry, locked (a service is shared by the threads of a web
+    server)."""
 
     # 16 MB holds the budget-sized pages of ~100 busy conversations (a 32k-token page is
     # ~130 kB of JSON) without making each worker process much bigger.
     def __init__(self, max_entries: int = 16_384, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self._map: _BoundedMap[Row, AnyMessage] = _BoundedMap(max_entries, max_bytes, lambda row: len(row[1]))
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("a decoded cache needs room for at least one entry and one byte")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[Row, AnyMessage] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self._data)
 
     def decode(
         self, rows: Sequence[Row], decode: Callable[[Sequence[Row]], list[AnyMessage]]
     ) -> list[AnyMessage]:
-        """The messages of ``rows``, in order: cached ones reused, the others decoded by
-        ``decode`` in one call (which raises for a malformed entry, caching nothing);
-        ``decoded_rows`` is that call for ``decode_log_messages``."""
-        found = self._map.lookup(rows)
+        """The messages of ``rows``, in order: cached ones reused (they become the newest),
+        the others decoded by ``decode`` in one call (which raises for a malformed entry,
+        caching nothing); ``decoded_rows`` is that call for ``decode_log_messages``."""
+        with self._lock:
+            found = [self._data.get(row) for row in rows]
+            for row, m in zip(rows, found, strict=True):
+                if m is not None:
+                    self._data.move_to_end(row)
         missing = [row for row, m in zip(rows, found, strict=True) if m is None]
         self.hits += len(rows) - len(missing)
         self.misses += len(missing)
         if not missing:
             return [m for m in found if m is not None]
         fresh = dict(zip(missing, decode(missing), strict=True))
-        self._map.store(fresh)
+        with self._lock:
+            for row, m in fresh.items():
+                if row not in self._data:
+                    self._data[row] = m
+                    self._bytes += len(row[1])
+            # The oldest entries go while either bound is passed.
+            while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
+                old, _ = self._data.popitem(last=False)
+                self._bytes -= len(old[1])
         return [m if m is not None else fresh[row] for m, row in zip(found, rows, strict=True)]
 
 

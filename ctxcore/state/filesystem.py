@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,21 +55,8 @@ class FilesystemOffloadStore:
         payload = json.dumps(
             {"offload_handle": handle, "messages": json.loads(messages_to_json(messages))}, ensure_ascii=False
         )
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(payload)
-                # link() fails if another writer got there first: first write wins, no overwrite.
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot write offload file {path}: {exc}") from exc
-        return True
+        # link() fails if another writer got there first: first write wins, no overwrite.
+        return self._write(path, payload.encode(), os.link, "offload")
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
@@ -107,20 +94,26 @@ class FilesystemOffloadStore:
 
     def put_archive(self, key: ConversationKey, data: bytes) -> None:
         """Replace the conversation's recall index (atomic: temp file + rename, mode 0600)."""
-        path = self._checked(self.archive_path(key))
+        self._write(self._checked(self.archive_path(key)), data, os.replace, "archive")
+
+    def _write(self, path: Path, data: bytes, place: Callable[[str, Path], None], what: str) -> bool:
+        """Write ``data`` to a temp file (mode 0600) beside ``path`` and ``place`` it there;
+        False when ``place`` found the file there already."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._checked(path.parent)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".sqlite")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
-                os.replace(tmp, path)
-            except BaseException:
+                place(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
                 Path(tmp).unlink(missing_ok=True)
-                raise
         except OSError as exc:
-            raise StoreUnavailable(f"cannot write archive file {path}: {exc}") from exc
+            raise StoreUnavailable(f"cannot write {what} file {path}: {exc}") from exc
+        return True
 
     def get_archive(self, key: ConversationKey) -> bytes | None:
         """The conversation's recall index, or None."""

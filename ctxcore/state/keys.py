@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ctxcore.errors import InvalidKeyError
 
-__all__ = ["ConversationKey", "validate_id"]
+__all__ = ["ConversationKey", "listing_wanted", "validate_id"]
 
 _ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
 
@@ -25,6 +25,14 @@ def validate_id(value: object, what: str) -> str:
             "not starting with '.'"
         )
     return value
+
+
+def listing_wanted(tenant_id: str, after: str | None, limit: int) -> bool:
+    """Check the ids of a ``list_conversations`` call; False when ``limit`` asks for nothing."""
+    validate_id(tenant_id, "tenant_id")
+    if after is not None:
+        validate_id(after, "conversation_id")
+    return limit >= 1
 
 
 @dataclass(frozen=True, order=True)

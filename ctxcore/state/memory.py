@@ -31,7 +31,7 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
-from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.keys import ConversationKey, listing_wanted
 from ctxcore.state.memory_offload import MemoryOffloadStore
 from ctxcore.state.models import CompressionState
 from ctxcore.state.tail import AppendCounts, CountedLog, TailRead, check_counts, plan_tail
@@ -53,11 +53,9 @@ class MemoryStateStore:
         self._lock = threading.Lock()
 
     def load(self, key: ConversationKey) -> CompressionState | None:
-        """The current state, or None."""
-        with self._lock:
-            kept = self._history.get(key)
-            data = kept[0][1] if kept else None
-        return CompressionState.model_validate_json(data) if data is not None else None
+        """The current state (the newest kept version), or None."""
+        kept = self.history(key, 1)
+        return kept[0] if kept else None
 
     def save(
         self,
@@ -357,9 +355,8 @@ class MemoryMessageLog:
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""
-        validate_id(tenant_id, "tenant_id")
-        if after is not None:
-            validate_id(after, "conversation_id")
+        if not listing_wanted(tenant_id, after, limit):
+            return []
         with self._lock:
             ids = [k.conversation_id for k in self._logs if k.tenant_id == tenant_id]
-        return sorted(c for c in ids if after is None or c > after)[: max(limit, 0)]
+        return sorted(c for c in ids if after is None or c > after)[:limit]

@@ -25,13 +25,7 @@ class MemoryOffloadStore:
 
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
         """Store ``messages`` under ``handle`` unless the handle exists."""
-        validate_handle(handle)
-        with self._lock:
-            handles = self._data.setdefault(key, {})
-            if handle in handles:
-                return False
-            handles[handle] = tuple(messages)
-            return True
+        return self.put_many_if_absent(key, [(handle, messages)])[0]
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]

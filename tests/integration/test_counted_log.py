@@ -15,10 +15,16 @@ ENC = "o200k_base"
 
 @pytest.fixture
 def log(backend: Backend) -> CountedLog:
-    found = backend.log
-    if not isinstance(found, CountedLog):
+    found = backend.log.counted()
+    if found is None:
         pytest.skip(f"{backend.kind} has no stored counts")
     return found
+
+
+@pytest.fixture
+def plain(backend: Backend) -> MessageLog:
+    """The log itself (``log`` is its ``counted()``)."""
+    return backend.log
 
 
 def batch(n: int, start: int = 0) -> list[AnyMessage]:
@@ -56,21 +62,20 @@ def test_a_long_tail_is_read_newest_first_until_the_budget_is_filled(
 
 
 def test_entries_logged_before_counts_make_the_tail_read_whole(
-    log: CountedLog, conv_key: ConversationKey
+    log: CountedLog, plain: MessageLog, conv_key: ConversationKey
 ) -> None:
-    plain = log.append(conv_key, batch(50))  # type: ignore[attr-defined]
+    uncounted = plain.append(conv_key, batch(50))
     ids = append(log, conv_key, batch(500, 50))
     read = log.read_tail(conv_key, None, budget_tokens=100, encoding=ENC)
-    assert [m.context_message_id for m in read.messages] == [*plain, *ids]
+    assert [m.context_message_id for m in read.messages] == [*uncounted, *ids]
     assert read.counts == [None] * 50 + [10] * 500 and read.omitted is None
     # After the cursor passes them, the counted run alone is paged again
-    read = log.read_tail(conv_key, plain[-1], budget_tokens=100, encoding=ENC)
+    read = log.read_tail(conv_key, uncounted[-1], budget_tokens=100, encoding=ENC)
     assert len(read.messages) == TAIL_PAGE and read.omitted == (ids[0], ids[-TAIL_PAGE - 1])
 
 
-def test_a_plain_append_ends_the_run(log: CountedLog, conv_key: ConversationKey) -> None:
+def test_a_plain_append_ends_the_run(log: CountedLog, plain: MessageLog, conv_key: ConversationKey) -> None:
     append(log, conv_key, batch(300))
-    plain: MessageLog = log  # type: ignore[assignment]
     plain.append(conv_key, batch(1, 300))
     read = log.read_tail(conv_key, None, budget_tokens=100, encoding=ENC)
     assert len(read.messages) == 301 and read.counts[-1] is None and read.omitted is None
@@ -86,9 +91,10 @@ def test_other_encodings_are_stored_on_first_use(log: CountedLog, conv_key: Conv
     assert log.read_tail(conv_key, None, budget_tokens=10_000, encoding=ENC).counts == [10] * 5
 
 
-def test_truncation_keeps_the_running_total(log: CountedLog, conv_key: ConversationKey) -> None:
+def test_truncation_keeps_the_running_total(
+    log: CountedLog, plain: MessageLog, conv_key: ConversationKey
+) -> None:
     ids = append(log, conv_key, batch(400))
-    plain: MessageLog = log  # type: ignore[assignment]
     plain.truncate_after(conv_key, ids[299])
     more = append(log, conv_key, batch(300, 400), count=20)
     read = log.read_tail(conv_key, ids[9], budget_tokens=20 * TAIL_PAGE, encoding=ENC)
@@ -101,16 +107,15 @@ def test_truncation_keeps_the_running_total(log: CountedLog, conv_key: Conversat
 
 
 def test_the_overview_gives_the_stored_total_without_reading_entries(
-    log: CountedLog, conv_key: ConversationKey
+    log: CountedLog, plain: MessageLog, conv_key: ConversationKey
 ) -> None:
-    assert isinstance(log, MessageLog)
-    assert log.overview(conv_key).tokens == 0  # nothing logged yet
+    assert plain.overview(conv_key).tokens == 0  # nothing logged yet
     ids = append(log, conv_key, batch(300))
-    seen = log.overview(conv_key)
+    seen = plain.overview(conv_key)
     assert seen.tokens == 3000 and seen.encoding == ENC
-    log.truncate_after(conv_key, ids[99], expected_last_id=ids[-1])
-    assert log.overview(conv_key).tokens == 1000  # the run's total follows a truncation
-    log.append(conv_key, batch(1, start=7))  # a plain append: this entry has no stored count
-    assert log.overview(conv_key).tokens is None
-    log.delete(conv_key)
-    assert log.overview(conv_key).tokens == 0
+    plain.truncate_after(conv_key, ids[99], expected_last_id=ids[-1])
+    assert plain.overview(conv_key).tokens == 1000  # the run's total follows a truncation
+    plain.append(conv_key, batch(1, start=7))  # a plain append: this entry has no stored count
+    assert plain.overview(conv_key).tokens is None
+    plain.delete(conv_key)
+    assert plain.overview(conv_key).tokens == 0

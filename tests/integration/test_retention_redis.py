@@ -185,7 +185,9 @@ def test_short_retention_expires_for_real(
     offloads = RedisOffloadStore(client, prefix, retention=retention)
     gone, kept = ConversationKey("t", "gone"), ConversationKey("t", "kept")
     for key in (gone, kept):
-        log.append_counted(key, [UserMessage(content="hello")], AppendCounts("o200k_base", [3], [True]))
+        log.counted().append_counted(
+            key, [UserMessage(content="hello")], AppendCounts("o200k_base", [3], [True])
+        )
         assert state.save(key, state.load(key) or _empty(), 0)
         offloads.put_if_absent(key, "0123456789abcdef", [UserMessage(content="x")])
     assert log.list_conversations("t") == ["gone", "kept"]

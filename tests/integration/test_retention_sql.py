@@ -48,7 +48,7 @@ class Stores:
     def fill(self, key: ConversationKey) -> None:
         """A conversation with a row in every table."""
         self.log.append(key, [UserMessage(content="hello")])
-        self.log.store_counts(key, "o200k_base", {"000000000001": 3})
+        self.log.counted().store_counts(key, "o200k_base", {"000000000001": 3})
         chunk = ArchiveChunk("000000000001", "000000000001", "hello", 1)
         assert self.state.save(key, CompressionState(), 0, archive=ArchiveWrite((chunk,), b"index", 1))
         self.state.set_budget(key, 1000)
@@ -82,7 +82,6 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
 
 def _expire(s: Stores, retention: Retention) -> list[ConversationKey]:
     """One sweep pass (SQL half): the conversations deleted, of this test's tenants only."""
-    s.sweep.stamp_unknown()
     deleted = []
     for key, cutoff in s.sweep.idle_by_retention(retention, limit=10_000):
         if key.tenant_id.startswith(s.tenant) and s.sweep.delete_if_idle(key, cutoff):
@@ -152,47 +151,3 @@ def test_tenant_overrides_and_the_race_with_an_append(stores: Stores) -> None:
     s.log.append(short, [UserMessage(content="just in time")])
     assert s.sweep.delete_if_idle(short, found[short]) is False
     assert s.rows(short) > 0
-
-
-def test_rows_from_before_the_column_count_from_the_first_sweep(stores: Stores) -> None:
-    s, retention = stores, Retention(seconds=10 * DAY)
-    key = s.key("old")
-    s.fill(key)
-    tables = Tables.for_prefix(s.state.table_prefix)
-    with s.state.engine.begin() as conn:  # as code from before the migration wrote them
-        for table in (tables.log_counter, tables.budget):
-            conn.execute(
-                sqlalchemy.update(table).where(table.c.tenant_id == s.tenant).values(last_active_at=None)
-            )
-    s.clock.now += 30 * DAY
-    assert _expire(s, retention) == []  # stamped now, not deleted
-    s.clock.now += 10 * DAY + 1
-    assert _expire(s, retention) == [key]
-
-
-def test_the_migration_adds_the_column_to_an_existing_schema(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from ctxcore.state.sql.schema import MIGRATIONS
-
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    # A schema set up by the code before this step (sql.engine applies the list it imported).
-    before = next(i for i, m in enumerate(MIGRATIONS) if m.name.startswith("retention"))
-    monkeypatch.setattr("ctxcore.state.sql.engine.MIGRATIONS", MIGRATIONS[:before])
-    old = SqlStateStore(url)
-    old.setup()
-    with old.engine.begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO ctxcore_log_counter (tenant_id, conversation_id, last_seq) VALUES ('t', 'c', 0)"
-        )
-    old.close()
-    monkeypatch.setattr("ctxcore.state.sql.engine.MIGRATIONS", MIGRATIONS)
-    clock = FakeClock()
-    sweep = SqlRetentionSweep(url, clock=clock)
-    sweep.setup()
-    assert sweep.stamp_unknown() == 1
-    clock.now += 2 * DAY
-    assert dict(sweep.idle_by_retention(Retention(seconds=DAY))) == {
-        ConversationKey("t", "c"): clock.now - DAY
-    }
-    sweep.close()

@@ -57,8 +57,8 @@ def test_every_script_call_stays_in_one_slot(
         RedisOffloadStore(client, p, retention=retention),
     )
     log.append(key, [UserMessage(content="a"), UserMessage(content="b")])
-    log.append_counted(key, [UserMessage(content="c")], AppendCounts("o200k_base", [5], [True]))
-    log.read_tail(key, None, budget_tokens=100, encoding="o200k_base")
+    log.counted().append_counted(key, [UserMessage(content="c")], AppendCounts("o200k_base", [5], [True]))
+    log.counted().read_tail(key, None, budget_tokens=100, encoding="o200k_base")
     RedisWindowReader(client, p, RedisRetention(client, p, retention)).read(key, 100, "o200k_base")
     log.truncate_after(key, "000000000001")
     assert state.save(key, CompressionState(), 0)

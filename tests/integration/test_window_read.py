@@ -214,7 +214,7 @@ def test_counts_stored_under_an_earlier_run_are_not_taken_for_the_current_one(
     batches = agent_run(6)
     # The first entries were counted under another encoding (another deployment's default)
     first = [m for batch in batches[:4] for m in batch]
-    log.append_counted(
+    log.counted().append_counted(
         conv_key, first, AppendCounts("o200k_base", [5_000] * len(first), [False] * len(first))
     )
     for batch in batches[4:]:
@@ -260,7 +260,7 @@ def test_a_50000_entry_tail_after_a_worker_outage_reads_only_its_newest_pages(
         counts = AppendCounts(
             counter.encoding_name, [counter.count_message(m) for m in chunk], real[i : i + 2_000]
         )
-        log.append_counted(conv_key, chunk, counts)
+        log.counted().append_counted(conv_key, chunk, counts)
     assert len(flat) > 50_000
     last = log.last_id(conv_key)
     client.sent.clear()

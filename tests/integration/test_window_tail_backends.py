@@ -9,7 +9,7 @@ from ctxcore.config import Settings
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import UserMessage
 from ctxcore.state import ConversationKey
-from ctxcore.state.tail import AppendCounts, CountedLog
+from ctxcore.state.tail import AppendCounts
 from tests.conftest import Backend
 from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
 from workers.service import ContextService, InlineQueue
@@ -17,7 +17,7 @@ from workers.service import ContextService, InlineQueue
 
 def services(backend: Backend) -> tuple[ContextService, ContextService]:
     log = backend.log
-    if not isinstance(log, CountedLog):
+    if log.counted() is None:
         pytest.skip(f"{backend.kind} has no stored counts")
     state = backend.state
     counted = ContextService(Settings(), state, log, None, InlineQueue())
@@ -44,8 +44,8 @@ def test_counts_of_an_earlier_run_are_not_taken_for_the_current_one(
     batches = agent_run(6)
     # The first entries were counted under another encoding (another deployment's default)
     first = [m for batch in batches[:4] for m in batch]
-    log = counted.log
-    assert isinstance(log, CountedLog)
+    log = counted.log.counted()
+    assert log is not None
     log.append_counted(
         conv_key, first, AppendCounts("o200k_base", [5_000] * len(first), [False] * len(first))
     )

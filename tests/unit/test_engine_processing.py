@@ -240,7 +240,12 @@ def test_register_takes_an_optional_name_and_decorates_a_class() -> None:
         pass
 
     assert mine.register(Named, name="TestOnlyNamed") is Named
-    assert Named.processor_type() == "TestOnlyNamed" and mine.get("TestOnlyNamed") is Named
+    assert mine.get("TestOnlyNamed") is Named and "Named" not in mine
+    # The name belongs to that registry: the class and other registries are unchanged.
+    assert Named.processor_type() == "Named"
+    other = ProcessorRegistry()
+    other.register(Named, name="TestOnlyOther")
+    assert other.names() == ["TestOnlyOther"] and mine.names() == ["TestOnlyNamed"]
 
     engine = ContextEngine()
 

@@ -9,7 +9,6 @@ from ctxcore.errors import BudgetExceeded, InvalidMessageError
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore
-from ctxcore.state.tail import CountedLog
 from ctxcore.tokens import EstimateCounter
 from workers.service import ContextService, InlineQueue
 
@@ -62,7 +61,7 @@ def test_a_tail_that_fits_gives_the_window_of_the_whole_tail() -> None:
     shared = MemoryMessageLog()
     counted, plain = service(shared), service(PlainLog(shared))
     fill(counted, steps=40)
-    assert isinstance(shared, CountedLog) and not isinstance(plain.log, CountedLog)
+    assert shared.counted() is not None and plain.log.counted() is None
     for budget in (100_000, 3_000, 1_500):
         a = counted.get_window(KEY, budget, SYSTEM)
         b = plain.get_window(KEY, budget, SYSTEM)

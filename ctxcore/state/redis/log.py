@@ -11,6 +11,7 @@ from redis.exceptions import NoScriptError
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import (
+    LogOverview,
     append_conflict,
     check_loggable,
     encode_log_message,
@@ -20,24 +21,24 @@ from ctxcore.state.base import (
     truncate_moved,
 )
 from ctxcore.state.decoded import DecodedEntries, decoded_rows
-from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.keys import ConversationKey, listing_wanted
 from ctxcore.state.redis.common import RedisBackend as _RedisBackend
 from ctxcore.state.redis.common import as_bytes, field, text, translated
-from ctxcore.state.redis.log_scripts import APPEND_LUA, READ_TAIL_LUA, TRUNCATE_LUA
+from ctxcore.state.redis.log_scripts import APPEND_LUA, TRUNCATE_LUA
 from ctxcore.state.redis.retention import (
     RETAINED_SUFFIXES,
     RedisRetention,
     tenant_activity_key,
     tenant_index_key,
 )
-from ctxcore.state.redis.tail import CountedRedisLog
+from ctxcore.state.redis.tail import RedisCountedLog
 from ctxcore.state.retention import Retention
-from ctxcore.state.tail import AppendCounts
+from ctxcore.state.tail import AppendCounts, CountedLog
 
 __all__ = ["RedisMessageLog"]
 
 
-class RedisMessageLog(_RedisBackend, CountedRedisLog):
+class RedisMessageLog(_RedisBackend):
     """Append-only logs as Redis streams; ids come from a counter INCR-ed in the append script.
 
     Appends without a ``message_id`` are not idempotent: if a connection drops after Redis
@@ -53,11 +54,11 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
         super().__init__(client, prefix)
         self._append = client.register_script(APPEND_LUA)
         self._truncate = client.register_script(TRUNCATE_LUA)
-        self._read_tail = client.register_script(READ_TAIL_LUA)
         self._retention = RedisRetention(client, prefix, retention)
         # Appends validate against the newest entries and windows read the same page again:
         # each entry is decoded once per process (shared with this log's window reader).
         self.decoded = DecodedEntries()
+        self._counted = RedisCountedLog(client, self._retention, self.decoded, self._append_with)
 
     @classmethod
     def from_url(
@@ -70,6 +71,10 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
     def retention(self) -> RedisRetention:
         """The conversations' expiry on this client and prefix (windows refresh through it)."""
         return self._retention
+
+    def counted(self) -> CountedLog:
+        """Its ``CountedLog``: appends storing counts, newest-first tails (``RedisCountedLog``)."""
+        return self._counted
 
     def _keys(self, key: ConversationKey) -> tuple[str, str, str, str, str, str]:
         return (
@@ -187,8 +192,7 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
 
     def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
         """One message, or None."""
-        seq = parse_log_id(log_id)
-        found = self._xrange(key, f"{seq}-0", f"{seq}-0", 1)
+        found = self.read_range(key, log_id, log_id)
         return found[0] if found else None
 
     def last_id(self, key: ConversationKey) -> str | None:
@@ -197,6 +201,22 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
             seq, end = self._client.mget(self._key(key, "log:seq"), self._key(key, "log:end"))
         value = end if end is not None else seq
         return format_log_id(int(value)) if value is not None and int(value) > 0 else None
+
+    def overview(self, key: ConversationKey) -> LogOverview:
+        """The run hash's total when the run starts at the first entry, and the tenant's
+        activity score (kept with a retention): one pipelined round trip, no entry read."""
+        with translated(f"overview of {key}"):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hmget(self._key(key, "log:run"), ["enc", "from", "total"])
+            pipe.xlen(self._key(key, "log"))
+            pipe.zscore(tenant_activity_key(self._retention.prefix, key.tenant_id), key.conversation_id)
+            (enc, start, total), length, active = pipe.execute()
+        encoding = enc.decode() if isinstance(enc, bytes) else enc
+        if not length:
+            tokens: int | None = 0
+        else:  # ids start at 1 and only the newest are ever removed: from 1 is the whole log
+            tokens = int(total) if start is not None and int(start) <= 1 and total is not None else None
+        return LogOverview(tokens, encoding, float(active) if active is not None else None)
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the log, its counter and dedupe index, then unlist the conversation."""
@@ -225,10 +245,7 @@ class RedisMessageLog(_RedisBackend, CountedRedisLog):
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""
-        validate_id(tenant_id, "tenant_id")
-        if after is not None:
-            validate_id(after, "conversation_id")
-        if limit < 1:
+        if not listing_wanted(tenant_id, after, limit):
             return []
         with translated(f"list conversations of {tenant_id}"):
             ids: list[bytes | str] = self._client.zrange(  # type: ignore[assignment]

@@ -18,7 +18,7 @@ from ctxcore.state.retention import Retention
 if TYPE_CHECKING:
     from ctxcore.state.base import FileKeeper
 
-__all__ = ["OFFLOAD_TTL_LUA", "PUT_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
+__all__ = ["OFFLOAD_TTL_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
 
 # How an offload write sets the hash's TTL. own: the offloads' own TTL in ms, ret: the
 # retention in ms (0: none for either). A shorter own TTL is kept (refreshes skip the hash);
@@ -36,21 +36,9 @@ end
 """
 )
 
-# KEYS: offload hash, log counter. ARGV: handle, messages JSON, own ttl ms, retention ms.
-PUT_LUA = (
-    OFFLOAD_TTL_LUA
-    + """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return 0
-end
-offload_ttl(tonumber(ARGV[3]), tonumber(ARGV[4]))
-return 1
-"""
-)
-
-# PUT_LUA for many handles of one conversation. KEYS: the offload hash, the log counter.
+# HSETNX of (handle, data) pairs of one conversation. KEYS: the offload hash, the log counter.
 # ARGV: own ttl ms, retention ms (0: none), then (handle, data) pairs. Returns 1/0 per pair;
-# the TTL is set once, when anything was written (as PUT_LUA sets it on each successful put).
+# the TTL is set once, when anything was written.
 PUT_MANY_LUA = (
     OFFLOAD_TTL_LUA
     + """
@@ -88,7 +76,6 @@ class RedisOffloadStore(RedisBackend):
         if ttl_seconds is not None and ttl_seconds <= 0:
             raise ConfigError(f"RedisOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
-        self._put = client.register_script(PUT_LUA)
         self._put_many = client.register_script(PUT_MANY_LUA)
         self._retention = RedisRetention(client, prefix, retention)
 
@@ -109,20 +96,9 @@ class RedisOffloadStore(RedisBackend):
             retention=retention,
         )
 
-    def _ttl_args(self, key: ConversationKey) -> list[int]:
-        """The scripts' (own ttl ms, retention ms)."""
-        return [round(self.ttl_seconds * 1000) if self.ttl_seconds else 0, self._retention.ttl_ms(key)]
-
-    def _put_keys(self, key: ConversationKey) -> list[str]:
-        return [self._key(key, "offload"), self._key(key, "log:seq")]
-
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists."""
-        validate_handle(handle)
-        data = messages_to_json(messages)
-        with translated(f"offload to {key}"):
-            stored = self._put(keys=self._put_keys(key), args=[handle, data, *self._ttl_args(key)])
-        return bool(stored)
+        """Store ``messages`` under ``handle`` unless the handle exists (one script call)."""
+        return self.put_many_if_absent(key, [(handle, messages)])[0]
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
@@ -131,11 +107,15 @@ class RedisOffloadStore(RedisBackend):
         one hash (one slot on a cluster), so a window's offloads cost one round trip."""
         if not items:
             return []
-        args: list[str | bytes | int] = [*self._ttl_args(key)]
+        # The scripts' own ttl ms and retention ms, then the pairs.
+        args: list[str | bytes | int] = [
+            round(self.ttl_seconds * 1000) if self.ttl_seconds else 0,
+            self._retention.ttl_ms(key),
+        ]
         for handle, messages in items:
             args += [validate_handle(handle), messages_to_json(messages)]
         with translated(f"offload to {key}"):
-            stored = self._put_many(keys=self._put_keys(key), args=args)
+            stored = self._put_many(keys=[self._key(key, "offload"), self._key(key, "log:seq")], args=args)
         return [bool(s) for s in stored]
 
     def get(self, key: ConversationKey, handle: str) -> list[AnyMessage] | None:

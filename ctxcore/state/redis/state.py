@@ -50,10 +50,9 @@ class RedisStateStore(_RedisBackend):
         return self._key(key, "state:version"), self._key(key, "state:history")
 
     def load(self, key: ConversationKey) -> CompressionState | None:
-        """The current state, or None."""
-        with translated(f"load {key}"):
-            data = self._client.lindex(self._key(key, "state:history"), 0)
-        return CompressionState.model_validate_json(data) if data is not None else None
+        """The current state (the newest kept version), or None."""
+        kept = self.history(key, 1)
+        return kept[0] if kept else None
 
     def save(
         self,

@@ -1,4 +1,4 @@
-"""Stored counts and newest-first tails on Redis (``CountedLog`` for ``RedisMessageLog``).
+"""Stored counts and newest-first tails on Redis (``RedisMessageLog.counted()``).
 
 Keys beside the log, in the conversation's slot: ``...:log:run`` (hash: the counted run's
 enc, from and total), ``...:log:real`` (sorted set of the run's real-user seqs) and
@@ -16,14 +16,15 @@ from typing import Any
 import redis
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import LogOverview, format_log_id, parse_log_id
+from ctxcore.state.base import format_log_id, parse_log_id
 from ctxcore.state.decoded import DecodedEntries, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis.common import as_bytes, translated
-from ctxcore.state.redis.retention import RedisRetention, tenant_activity_key
-from ctxcore.state.tail import TAIL_PAGE, AppendCounts, CountedLog, TailRead, check_counts
+from ctxcore.state.redis.log_scripts import READ_TAIL_LUA
+from ctxcore.state.redis.retention import RedisRetention
+from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
-__all__ = ["CountedRedisLog", "decode_rows"]
+__all__ = ["RedisCountedLog", "decode_rows"]
 
 
 def decode_rows(
@@ -38,22 +39,22 @@ def decode_rows(
     return cache.decode(rows, decoded_rows), counts
 
 
-class CountedRedisLog:
-    """The ``CountedLog`` methods of ``RedisMessageLog`` (which provides what they use)."""
+class RedisCountedLog:
+    """The ``CountedLog`` of a ``RedisMessageLog`` (its ``counted()``): the log's client,
+    retention (which names the conversation's keys), decoded entries and counting append."""
 
-    # Provided by RedisMessageLog (the class these methods are mixed into, first in its MRO).
-    _client: redis.Redis
-    _read_tail: Any
-    _retention: RedisRetention
-    decoded: DecodedEntries
-    _key: Callable[[ConversationKey, str], str]
-    _append_with: Callable[
-        [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
-    ]
-
-    def counted(self) -> CountedLog:
-        """Itself: it stores counts and reads tails newest first."""
-        return self
+    def __init__(
+        self,
+        client: redis.Redis,
+        retention: RedisRetention,
+        decoded: DecodedEntries,
+        append: Callable[[ConversationKey, Sequence[AnyMessage], str | None, AppendCounts], list[str]],
+    ) -> None:
+        self._client = client
+        self._retention = retention
+        self._decoded = decoded
+        self._append = append
+        self._read_tail = client.register_script(READ_TAIL_LUA)
 
     def append_counted(
         self,
@@ -65,22 +66,20 @@ class CountedRedisLog:
     ) -> list[str]:
         """``append`` storing counts, the running total and real-user seqs in the same script."""
         check_counts(messages, counts)
-        return self._append_with(key, messages, expected_last_id, counts)
-
-    def _tail_keys(self, key: ConversationKey) -> list[str]:
-        return [self._key(key, s) for s in ("log", "log:run", "log:real", "log:other")]
+        return self._append(key, messages, expected_last_id, counts)
 
     def read_tail(
         self, key: ConversationKey, cursor: str | None, *, budget_tokens: int, encoding: str
     ) -> TailRead:
         """The newest entries after ``cursor`` filling ``budget_tokens``: one script call."""
         after = parse_log_id(cursor) if cursor is not None else 0
+        keys = [self._retention.name(key, s) for s in ("log", "log:run", "log:real", "log:other")]
         with translated(f"read tail of {key}"):
             first, last, omitted, entries, anchors = self._read_tail(
-                keys=self._tail_keys(key), args=[after, TAIL_PAGE, budget_tokens, encoding]
+                keys=keys, args=[after, TAIL_PAGE, budget_tokens, encoding]
             )
-        messages, counts = decode_rows(entries, self.decoded)
-        extra, _ = decode_rows(anchors, self.decoded)
+        messages, counts = decode_rows(entries, self._decoded)
+        extra, _ = decode_rows(anchors, self._decoded)
         return TailRead(
             messages=messages,
             counts=counts,
@@ -89,28 +88,12 @@ class CountedRedisLog:
             anchors=extra,
         )
 
-    def overview(self, key: ConversationKey) -> LogOverview:
-        """The run hash's total when the run starts at the first entry, and the tenant's
-        activity score (kept with a retention): one pipelined round trip, no entry read."""
-        with translated(f"overview of {key}"):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.hmget(self._key(key, "log:run"), ["enc", "from", "total"])
-            pipe.xlen(self._key(key, "log"))
-            pipe.zscore(tenant_activity_key(self._retention.prefix, key.tenant_id), key.conversation_id)
-            (enc, start, total), length, active = pipe.execute()
-        encoding = enc.decode() if isinstance(enc, bytes) else enc
-        if not length:
-            tokens: int | None = 0
-        else:  # ids start at 1 and only the newest are ever removed: from 1 is the whole log
-            tokens = int(total) if start is not None and int(start) <= 1 and total is not None else None
-        return LogOverview(tokens, encoding, float(active) if active is not None else None)
-
     def store_counts(self, key: ConversationKey, encoding: str, counts: Mapping[str, int]) -> None:
         """Keep counts under ``encoding`` (one HSET into the slot's other-encodings hash)."""
         if not counts:
             return
         mapping: dict[Any, Any] = {f"{encoding}:{parse_log_id(i)}": int(c) for i, c in counts.items()}
-        name, ttl = self._key(key, "log:other"), self._retention.ttl_ms(key)
+        name, ttl = self._retention.name(key, "log:other"), self._retention.ttl_ms(key)
         with translated(f"store counts of {key}"):
             if ttl == 0:
                 self._client.hset(name, mapping=mapping)

@@ -16,6 +16,7 @@ from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, 
 
 from ctxcore.messages import AnyMessage
 from ctxcore.state.base import (
+    LogOverview,
     append_conflict,
     check_loggable,
     decode_log_messages,
@@ -26,10 +27,10 @@ from ctxcore.state.base import (
     replayed_ids,
     truncate_moved,
 )
-from ctxcore.state.keys import ConversationKey, validate_id
+from ctxcore.state.keys import ConversationKey, listing_wanted
 from ctxcore.state.sql.engine import SqlBackend
-from ctxcore.state.sql.tail import CountedSqlLog
-from ctxcore.state.tail import AppendCounts
+from ctxcore.state.sql.tail import SqlCountedLog
+from ctxcore.state.tail import AppendCounts, CountedLog
 
 __all__ = ["SqlMessageLog"]
 
@@ -39,11 +40,15 @@ def _message_key(message_id: str) -> str:
     return hashlib.sha256(message_id.encode()).hexdigest()
 
 
-class SqlMessageLog(SqlBackend, CountedSqlLog):
+class SqlMessageLog(SqlBackend):
     """Append-only logs in SQL: rows keyed by (tenant, conversation, seq), ids from a counter row.
 
     ``SqlMessageLog("sqlite:///ctx.db")`` or ``SqlMessageLog(engine=engine)``; call ``setup()`` once.
     """
+
+    def counted(self) -> CountedLog:
+        """Its ``CountedLog``: appends storing counts, newest-first tails (``SqlCountedLog``)."""
+        return SqlCountedLog(self._t, self._read, self._write, self._where, self._insert, self._append_with)
 
     def append(
         self, key: ConversationKey, messages: Sequence[AnyMessage], *, expected_last_id: str | None = None
@@ -217,6 +222,19 @@ class SqlMessageLog(SqlBackend, CountedSqlLog):
                     conn.execute(update(counter).where(self._where(counter, key)).values(run_total=kept or 0))
         return ids
 
+    def overview(self, key: ConversationKey) -> LogOverview:
+        """The counter row's run total (when the run starts at the first entry) and its
+        retention stamp: one row read, no entry read."""
+        counter = self._t.log_counter
+        cols = (counter.c.run_encoding, counter.c.run_from, counter.c.run_total, counter.c.last_active_at)
+        with self._read(f"overview of {key}") as conn:
+            row = conn.execute(select(*cols).where(self._where(counter, key))).first()
+        if row is None:
+            return LogOverview(0, None, None)
+        # Ids start at 1 and only the newest are ever removed: a run from 1 is the whole log.
+        whole = row.run_from is not None and row.run_from <= 1 and row.run_total is not None
+        return LogOverview(int(row.run_total) if whole else None, row.run_encoding, row.last_active_at)
+
     def delete(self, key: ConversationKey) -> None:
         """Remove the log and its counter (ids of a later append start again from 1)."""
         with self._write(f"delete {key}") as conn:
@@ -225,10 +243,7 @@ class SqlMessageLog(SqlBackend, CountedSqlLog):
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""
-        validate_id(tenant_id, "tenant_id")
-        if after is not None:
-            validate_id(after, "conversation_id")
-        if limit < 1:
+        if not listing_wanted(tenant_id, after, limit):
             return []
         counter = self._t.log_counter
         query = select(counter.c.conversation_id).where(counter.c.tenant_id == tenant_id)

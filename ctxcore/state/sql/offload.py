@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from sqlalchemy import ColumnElement, Engine, delete, or_, select
+from sqlalchemy import Engine, delete, or_, select
 from sqlalchemy.engine import URL
 
 from ctxcore.errors import ConfigError
@@ -42,45 +42,18 @@ class SqlOffloadStore(SqlBackend):
             raise ConfigError(f"SqlOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
 
-    def _live(self, now: float) -> ColumnElement[bool]:
-        expires_at = self._t.offload.c.expires_at
-        return or_(expires_at.is_(None), expires_at > now)
-
     def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists."""
-        validate_handle(handle)
-        data = messages_to_json(messages).decode()
-        offload, now = self._t.offload, time.time()
-        with self._write(f"offload to {key}") as conn:
-            # An expired handle is absent: purge the conversation's expired rows first.
-            conn.execute(delete(offload).where(self._where(offload, key), offload.c.expires_at <= now))
-            stored = conn.execute(
-                self._insert(conn, offload)
-                .values(
-                    tenant_id=key.tenant_id,
-                    conversation_id=key.conversation_id,
-                    handle=handle,
-                    data=data,
-                    expires_at=now + self.ttl_seconds if self.ttl_seconds is not None else None,
-                )
-                .on_conflict_do_nothing(
-                    index_elements=[offload.c.tenant_id, offload.c.conversation_id, offload.c.handle]
-                )
-                # rowcount of an INSERT is only kept when asked for (0 = the handle existed).
-                .execution_options(preserve_rowcount=True)
-            )
-        return bool(stored.rowcount == 1)
+        """Store ``messages`` under ``handle`` unless the handle exists (one statement)."""
+        return self.put_many_if_absent(key, [(handle, messages)])[0]
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
     ) -> list[bool]:
         """``put_if_absent`` of each (handle, messages) in order, in one statement; a handle
         repeated in ``items`` is written once (its first messages)."""
-        for handle, _ in items:
-            validate_handle(handle)
         first: dict[str, Sequence[AnyMessage]] = {}
         for handle, messages in items:
-            first.setdefault(handle, messages)
+            first.setdefault(validate_handle(handle), messages)
         if not first:
             return []
         offload, now = self._t.offload, time.time()
@@ -96,6 +69,7 @@ class SqlOffloadStore(SqlBackend):
             for handle, messages in first.items()
         ]
         with self._write(f"offload to {key}") as conn:
+            # An expired handle is absent: purge the conversation's expired rows first.
             conn.execute(delete(offload).where(self._where(offload, key), offload.c.expires_at <= now))
             # RETURNING names the rows this statement inserted: exactly the handles that were
             # absent, even with a concurrent writer (its rows conflict and are skipped).
@@ -119,9 +93,8 @@ class SqlOffloadStore(SqlBackend):
         """The stored messages, or None (also once expired)."""
         validate_handle(handle)
         offload = self._t.offload
-        query = select(offload.c.data).where(
-            self._where(offload, key), offload.c.handle == handle, self._live(time.time())
-        )
+        live = or_(offload.c.expires_at.is_(None), offload.c.expires_at > time.time())
+        query = select(offload.c.data).where(self._where(offload, key), offload.c.handle == handle, live)
         with self._read(f"read offload of {key}") as conn:
             data = conn.execute(query).scalar_one_or_none()
         return messages_from_json(data) if data is not None else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from sqlalchemy import ColumnElement, Table, and_, delete, exists, select, union, update
+from sqlalchemy import ColumnElement, Table, and_, delete, exists, select, union
 
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.retention import Retention
@@ -23,18 +23,6 @@ __all__ = ["SqlRetentionSweep"]
 
 class SqlRetentionSweep(SqlBackend):
     """The SQL half of the retention sweep, over one engine and table prefix."""
-
-    def stamp_unknown(self) -> int:
-        """Stamp rows without ``last_active_at`` (written before the column existed) with now:
-        their retention counts from the first sweep. Returns the rows stamped."""
-        now, stamped = self._clock(), 0
-        with self._write("stamp activity") as conn:
-            for table in (self._t.log_counter, self._t.budget):
-                done = conn.execute(
-                    update(table).where(table.c.last_active_at.is_(None)).values(last_active_at=now)
-                )
-                stamped += int(done.rowcount or 0)
-        return stamped
 
     def _idle_in(
         self, table: Table, other: Table, cutoff: float, tenant: ColumnElement[bool] | None
@@ -103,7 +91,6 @@ class SqlRetentionSweep(SqlBackend):
                 conn.execute(select(budget.c.last_active_at).where(self._where(budget, key))).scalars().all(),
             ]
             found = [s for rows in stamps for s in rows]
-            # A NULL stamp is a row written by code from before the column: not known idle.
             if not found or any(s is None or s >= cutoff for s in found):
                 return False
             for table in self._t.conversation_tables():

@@ -96,8 +96,7 @@ MIGRATIONS: tuple[_Migration, ...] = (
     _Migration(
         "retention: when each conversation was last appended to (counter) or windowed (budget)",
         (
-            # Epoch seconds; NULL on rows from before this step until the sweep stamps them
-            # (their retention then counts from the upgrade).
+            # Epoch seconds, stamped by every append (counter) and window (budget).
             'ALTER TABLE "{p}log_counter" ADD COLUMN last_active_at DOUBLE PRECISION',
             'ALTER TABLE "{p}budget" ADD COLUMN last_active_at DOUBLE PRECISION',
             'CREATE INDEX "{p}log_counter_active" ON "{p}log_counter" (last_active_at)',

@@ -3,7 +3,7 @@ archive in SQL (the schema is ``ctxcore.state.sql.schema``'s)."""
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, and_, delete, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ctxcore.errors import StoreError
@@ -27,25 +27,9 @@ class SqlStateStore(SqlBackend):
     """
 
     def load(self, key: ConversationKey) -> CompressionState | None:
-        """The current state, or None."""
-        head, kept = self._t.state, self._t.state_history
-        query = (
-            select(kept.c.data)
-            .select_from(
-                head.join(
-                    kept,
-                    and_(
-                        kept.c.tenant_id == head.c.tenant_id,
-                        kept.c.conversation_id == head.c.conversation_id,
-                        kept.c.version == head.c.version,
-                    ),
-                )
-            )
-            .where(self._where(head, key))
-        )
-        with self._read(f"load {key}") as conn:
-            data = conn.execute(query).scalar_one_or_none()
-        return CompressionState.model_validate_json(data) if data is not None else None
+        """The current state (the newest kept version), or None."""
+        kept = self.history(key, 1)
+        return kept[0] if kept else None
 
     def save(
         self,
@@ -193,4 +177,4 @@ class SqlStateStore(SqlBackend):
             and log.table_prefix == self.table_prefix
         ):
             return None
-        return SqlWindowReader(self, self, log, log)
+        return SqlWindowReader(self, self, log, log.counted())

@@ -1,4 +1,4 @@
-"""Stored counts and newest-first tails in SQL (``CountedLog`` for ``SqlMessageLog``).
+"""Stored counts and newest-first tails in SQL (``SqlMessageLog.counted()``).
 
 Each counted row carries ``tokens`` (its count), ``total`` (the run's running total through
 it) and ``is_real``; the counter row, which every append locks, holds the run
@@ -13,32 +13,38 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, Table, func, select
+from sqlalchemy import ColumnElement, Connection, Table, func, select
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import LogOverview, decode_log_messages, format_log_id, parse_log_id
+from ctxcore.state.base import decode_log_messages, format_log_id, parse_log_id
 from ctxcore.state.keys import ConversationKey
-from ctxcore.state.tail import TAIL_PAGE, AppendCounts, CountedLog, TailRead, check_counts
+from ctxcore.state.sql.schema import Tables
+from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 
-__all__ = ["CountedSqlLog"]
+__all__ = ["SqlCountedLog"]
+
+Transaction = Callable[[str], AbstractContextManager[Connection]]
 
 
-class CountedSqlLog:
-    """The ``CountedLog`` methods of ``SqlMessageLog`` (which provides what they use)."""
+class SqlCountedLog:
+    """The ``CountedLog`` of a ``SqlMessageLog`` (its ``counted()``): the log's tables, its
+    read and write transactions, key filter and dialect insert, and its counting append."""
 
-    # Provided by SqlMessageLog (first in its MRO).
-    _t: Any
-    _read: Callable[[str], AbstractContextManager[Connection]]
-    _write: Callable[[str], AbstractContextManager[Connection]]
-    _where: Callable[[Table, ConversationKey], ColumnElement[bool]]
-    _insert: Callable[[Connection, Table], Any]
-    _append_with: Callable[
-        [ConversationKey, Sequence[AnyMessage], str | None, AppendCounts | None], list[str]
-    ]
-
-    def counted(self) -> CountedLog:
-        """Itself: it stores counts and reads tails newest first."""
-        return self
+    def __init__(
+        self,
+        tables: Tables,
+        read: Transaction,
+        write: Transaction,
+        where: Callable[[Table, ConversationKey], ColumnElement[bool]],
+        insert: Callable[[Connection, Table], Any],
+        append: Callable[[ConversationKey, Sequence[AnyMessage], str | None, AppendCounts], list[str]],
+    ) -> None:
+        self._t = tables
+        self._read = read
+        self._write = write
+        self._where = where
+        self._insert = insert
+        self._append = append
 
     def append_counted(
         self,
@@ -50,7 +56,7 @@ class CountedSqlLog:
     ) -> list[str]:
         """``append`` storing counts and the running total in the same transaction."""
         check_counts(messages, counts)
-        return self._append_with(key, messages, expected_last_id, counts)
+        return self._append(key, messages, expected_last_id, counts)
 
     def read_tail(
         self, key: ConversationKey, cursor: str | None, *, budget_tokens: int, encoding: str
@@ -71,7 +77,7 @@ class CountedSqlLog:
             if run_from is None or first < run_from:  # entries outside the run: read whole
                 rows = list(conn.execute(select(*cols).where(where, log.c.seq > after).order_by(log.c.seq)))
                 return self._tail(conn, key, rows, encoding, run_encoding, run_from)
-            newest: list[Row[Any]] = []
+            newest: list[Any] = []
             below: int | None = None
             read = 0
             while True:
@@ -128,7 +134,7 @@ class CountedSqlLog:
         self,
         conn: Connection,
         key: ConversationKey,
-        rows: Sequence[Row[Any]],
+        rows: Sequence[Any],
         encoding: str,
         run_encoding: str | None,
         run_from: int | None,
@@ -147,19 +153,6 @@ class CountedSqlLog:
         )
         stored: dict[int, int] = {r.seq: r.tokens for r in found}
         return TailRead(messages, [stored.get(r.seq) for r in rows])
-
-    def overview(self, key: ConversationKey) -> LogOverview:
-        """The counter row's run total (when the run starts at the first entry) and its
-        retention stamp: one row read, no entry read."""
-        counter = self._t.log_counter
-        cols = (counter.c.run_encoding, counter.c.run_from, counter.c.run_total, counter.c.last_active_at)
-        with self._read(f"overview of {key}") as conn:
-            row = conn.execute(select(*cols).where(self._where(counter, key))).first()
-        if row is None:
-            return LogOverview(0, None, None)
-        # Ids start at 1 and only the newest are ever removed: a run from 1 is the whole log.
-        whole = row.run_from is not None and row.run_from <= 1 and row.run_total is not None
-        return LogOverview(int(row.run_total) if whole else None, row.run_encoding, row.last_active_at)
 
     def store_counts(self, key: ConversationKey, encoding: str, counts: Mapping[str, int]) -> None:
         """Keep counts under ``encoding`` (first write wins: a count does not change)."""
