@@ -27,7 +27,6 @@ from ctxcore.turns import UserDetector, anchors
 from ctxcore.window import check_window
 
 __all__ = [
-    "QAScore",
     "QATally",
     "anchors_verbatim",
     "compacted_questions",
@@ -170,15 +169,6 @@ def score_qa_asking(
         tally.compacted_hits += int(hit)
         tally.compacted_recall += recall
     return tally
-
-
-@dataclass(frozen=True)
-class QAScore:
-    """One question's result on one window."""
-
-    hit: bool
-    recall: float
-    compacted: bool
 
 
 class _WindowIndex:
