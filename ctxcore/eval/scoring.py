@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ctxcore.eval.data import QAItem
@@ -106,6 +106,14 @@ class QATally:
     compacted_recall: float = 0.0
     # Per question category: [questions, hits, recall sum].
     categories: dict[str, list[float]] = field(default_factory=dict)
+
+    @classmethod
+    def pooled(cls, tallies: Iterable[QATally]) -> QATally:
+        """One tally of all of ``tallies``."""
+        out = cls()
+        for tally in tallies:
+            out.add(tally)
+        return out
 
     def add(self, other: QATally) -> None:
         """Pool another tally into this one."""
