@@ -70,10 +70,6 @@ def window_text(messages: Sequence[AnyMessage]) -> str:
     return "\n".join(parts)
 
 
-def _same(a: AnyMessage, b: AnyMessage) -> bool:
-    return a.role == b.role and a.content == b.content
-
-
 def anchors_verbatim(
     window: Sequence[AnyMessage], history: Sequence[AnyMessage], detector: UserDetector
 ) -> bool:
@@ -81,7 +77,7 @@ def anchors_verbatim(
     found = anchors(history, detector)
     for index in found.indices():
         anchor = history[index]
-        if not any(_same(anchor, m) for m in window):
+        if not any(anchor.role == m.role and anchor.content == m.content for m in window):
             return False
     return True
 
