@@ -21,6 +21,7 @@ from ctxcore.engine.store import ContextStore, logger
 from ctxcore.errors import BudgetExceeded, ConfigError, InvalidMessageError
 from ctxcore.messages import AnyMessage, SystemMessage, messages_to_json
 from ctxcore.pipeline import View, block_provenance
+from ctxcore.pipeline.view import with_sortable_ids
 from ctxcore.processors.base import ContextProcessor, ProcessorContext
 from ctxcore.processors.events import ContextEvent, Phase, ProcessorFailure, StateReporter, Subscriber
 from ctxcore.processors.recall_tool import RECALL_TOOL_NAME, recall_tool_definition
@@ -190,16 +191,10 @@ class HookRunner:
             return context
         # The fallback addresses messages by log id: messages written by processors get a
         # temporary one that sorts in place, removed again afterwards.
-        ided: list[AnyMessage] = []
-        previous, suffix, temporary = "", 0, set()
-        for message in context:
-            if message.context_message_id is None:
-                suffix += 1
-                message = message.model_copy(update={"context_message_id": f"{previous}~{suffix:04d}"})
-                temporary.add(message.context_message_id)
-            else:
-                previous, suffix = message.context_message_id, 0
-            ided.append(message)
+        ided = with_sortable_ids(context)
+        temporary = {
+            m.context_message_id for m, o in zip(ided, context, strict=True) if o.context_message_id is None
+        }
         view = View(
             version=0,
             system=tuple(window.system_messages),

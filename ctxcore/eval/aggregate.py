@@ -47,13 +47,15 @@ def control_figures(policy: QATally, truncate: QATally) -> dict[str, Any]:
             for name, figures in policy.by_category().items()
         },
     }
-    flagged = False
-    for metric in ("answer_recall", "substring_hit_rate"):
-        a, b = mine[metric], base[metric]
-        if isinstance(a, float) and isinstance(b, float) and a - b > CONTROL_MARGIN:
-            flagged = True
-    out["flagged"] = flagged
+    out["flagged"] = any(
+        isinstance(a, float) and isinstance(b, float) and a - b > CONTROL_MARGIN
+        for a, b in ((mine[m], base[m]) for m in ("answer_recall", "substring_hit_rate"))
+    )
     return out
+
+
+def _control(pairs: Sequence[tuple[QATally, QATally]]) -> dict[str, Any]:
+    return control_figures(QATally.pooled(a for a, _ in pairs), QATally.pooled(b for _, b in pairs))
 
 
 def win_loss(mine: ConversationResult, base: ConversationResult) -> str:
@@ -138,23 +140,13 @@ def aggregate(
     }
     with_qa = [r.qa for r in results if r.qa is not None]
     if with_qa:
-        tally = QATally()
-        for t in with_qa:
-            tally.add(t)
-        out.update(tally.rates())
+        out.update(QATally.pooled(with_qa).rates())
     controls = [(r.control, r.control_truncate) for r in results if r.control and r.control_truncate]
     if controls:
-        mine, base = QATally(), QATally()
-        for a, b in controls:
-            mine.add(a)
-            base.add(b)
-        out["control"] = control_figures(mine, base)
+        out["control"] = _control(controls)
     asked = [r.qa_tool for r in results if r.qa_tool is not None]
     if asked:
-        tally = QATally()
-        for t in asked:
-            tally.add(t)
-        rates = tally.rates()
+        rates = QATally.pooled(asked).rates()
         out["asking"] = {
             "questions": rates["compacted_questions"],
             "substring_hit_rate": rates["compacted_substring_hit_rate"],
@@ -164,11 +156,7 @@ def aggregate(
             (r.control_tool, r.control_truncate) for r in results if r.control_tool and r.control_truncate
         ]
         if asked_controls:
-            mine, base = QATally(), QATally()
-            for a, b in asked_controls:
-                mine.add(a)
-                base.add(b)
-            out["asking"]["control"] = control_figures(mine, base)
+            out["asking"]["control"] = _control(asked_controls)
     queries = sorted(ms for r in results for ms in r.recall_query_ms)
     if queries:
         out["recall"] = {

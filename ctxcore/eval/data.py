@@ -166,11 +166,3 @@ def window_points(
     if units and (not points or points[-1] != len(units) - 1):
         points.append(len(units) - 1)
     return points
-
-
-def iter_limited(items: Sequence[Conversation], limit: int | None) -> Iterator[tuple[int, Conversation]]:
-    """``(index in file, conversation)`` for the first ``limit`` conversations (all when None)."""
-    for n, item in enumerate(items):
-        if limit is not None and n >= limit:
-            return
-        yield n, item

@@ -198,10 +198,19 @@ class FullPolicy(Policy):
         self.pending = self.windows
         return [], []
 
+    def served_tools(self) -> list[dict[str, Any]]:
+        """The tools each window carries (and counts)."""
+        return [dict(t) for t in self.setup.tools]
+
+    def auto_recall(self, state: CompressionState) -> AutoRecall | None:
+        """What auto-recall searches in ``state``'s archive (None: recall is off)."""
+        return None
+
     def window(self) -> PolicyWindow:
         """Compact when due (``maybe_compact``), then serve."""
         s = self.setup
-        stages, failures = self.maybe_compact(s.tools)
+        tools = self.served_tools()
+        stages, failures = self.maybe_compact(tools)
         state = self.states.load(self.key) or CompressionState()
         pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]
         result = assemble_window(
@@ -209,14 +218,17 @@ class FullPolicy(Policy):
             self.log.read_after(self.key, state.covered_until),
             s.budget,
             list(s.system),
-            list(s.tools),
+            tools,
             self.rules,
             s.counter,
             pinned=pinned,
             detector=s.detector,
             rule_chunk_tokens=s.settings.service.chunk_tokens(s.budget),
+            auto_recall=self.auto_recall(state),
         )
-        return PolicyWindow(result.messages, list(s.tools), result.fallback_applied, stages, failures)
+        return PolicyWindow(
+            result.messages, list(tools), result.fallback_applied, stages, failures, recall=result.recall
+        )
 
 
 class FullRecallPolicy(FullPolicy):
@@ -231,30 +243,14 @@ class FullRecallPolicy(FullPolicy):
         self.coordinator.recall_for = lambda _key: ChunkingConfig()
         self.indexes = IndexCache(size=4)
 
-    def window(self) -> PolicyWindow:
-        """``full``'s window with the recall tool counted and auto-recall applied."""
-        s = self.setup
-        tools: list[dict[str, Any]] = [*(dict(t) for t in s.tools), recall_tool_definition()]
-        stages, failures = self.maybe_compact(tools)
-        state = self.states.load(self.key) or CompressionState()
+    def served_tools(self) -> list[dict[str, Any]]:
+        """``full``'s tools and the recall tool."""
+        return [*super().served_tools(), recall_tool_definition()]
+
+    def auto_recall(self, state: CompressionState) -> AutoRecall | None:
+        """Auto-recall over the state's archive, once there is one."""
         index = self.indexes.get(self.key, state.archive_version, lambda: self.states.load_archive(self.key))
-        pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]
-        result = assemble_window(
-            state,
-            self.log.read_after(self.key, state.covered_until),
-            s.budget,
-            list(s.system),
-            tools,
-            self.rules,
-            s.counter,
-            pinned=pinned,
-            detector=s.detector,
-            rule_chunk_tokens=s.settings.service.chunk_tokens(s.budget),
-            auto_recall=AutoRecall(index) if index is not None else None,
-        )
-        return PolicyWindow(
-            result.messages, list(tools), result.fallback_applied, stages, failures, recall=result.recall
-        )
+        return AutoRecall(index) if index is not None else None
 
     def tool_recall(self, question: str) -> list[AnyMessage]:
         """The agent's call of ``recall_compressed_context`` with ``question`` and its result."""

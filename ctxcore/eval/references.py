@@ -278,10 +278,6 @@ def bounded(text: str) -> re.Pattern[str]:
     return re.compile(r"(?<!\w)" + re.escape(text) + r"(?!\w)")
 
 
-def _assistant_indices(messages: Sequence[AnyMessage]) -> list[int]:
-    return [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage)]
-
-
 def checkpoints(messages: Sequence[AnyMessage], system: Sequence[AnyMessage]) -> list[Checkpoint]:
     """The run's checkpoints with their references (see the module docstring).
 
@@ -289,7 +285,7 @@ def checkpoints(messages: Sequence[AnyMessage], system: Sequence[AnyMessage]) ->
     message at or after it has no checkpoint (a run shorter than its checkpoints); two shares
     that fall on the same assistant message give one checkpoint.
     """
-    assistants = _assistant_indices(messages)
+    assistants = [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage)]
     if not assistants:
         return []
     texts = ["\n".join(message_texts(m)) for m in messages]

@@ -59,10 +59,16 @@ def _qa_columns(overall: Mapping[str, Any]) -> dict[str, str]:
         "c_recall": _fmt(overall.get("compacted_answer_recall")),
     }
     if control:
-        cols["ctrl_hit"] = _fmt(control.get("substring_hit_rate"))
-        cols["ctrl_recall"] = _fmt(control.get("answer_recall"))
-        cols["ctrl_flag"] = "FLAGGED" if control.get("flagged") else "ok"
+        cols.update(_control_columns(control, "ctrl"))
     return cols
+
+
+def _control_columns(control: Mapping[str, Any], prefix: str) -> dict[str, str]:
+    return {
+        f"{prefix}_hit": _fmt(control.get("substring_hit_rate")),
+        f"{prefix}_recall": _fmt(control.get("answer_recall")),
+        f"{prefix}_flag": "FLAGGED" if control.get("flagged") else "ok",
+    }
 
 
 def _probe_columns(probes: Mapping[str, Any], *, windows: bool) -> dict[str, str]:
@@ -111,26 +117,27 @@ def summary_columns(overall: Mapping[str, Any]) -> dict[str, str]:
     cols.update(_readability_columns(overall.get("readability") or {}))
     recall = overall.get("recall")
     if recall:
-        cols["recall_w"] = _fmt(recall.get("windows"))
-        cols["passages"] = _fmt(recall.get("passages"))
-        cols["recall_tok"] = _fmt(recall.get("tokens"))
-        cols["q_p50_ms"] = _fmt(recall.get("query_p50_ms"), 2)
+        cols.update(
+            recall_w=_fmt(recall.get("windows")),
+            passages=_fmt(recall.get("passages")),
+            recall_tok=_fmt(recall.get("tokens")),
+            q_p50_ms=_fmt(recall.get("query_p50_ms"), 2),
+        )
     asking = overall.get("asking")
     if asking:
         # The fixed set on the final window plus one recall call with the question.
-        cols["ask_hit"] = _fmt(asking.get("substring_hit_rate"))
-        cols["ask_recall"] = _fmt(asking.get("answer_recall"))
-        asked_control = asking.get("control") or {}
-        if asked_control:
-            cols["ask_ctrl_hit"] = _fmt(asked_control.get("substring_hit_rate"))
-            cols["ask_ctrl_recall"] = _fmt(asked_control.get("answer_recall"))
-            cols["ask_ctrl_flag"] = "FLAGGED" if asked_control.get("flagged") else "ok"
+        cols.update(
+            ask_hit=_fmt(asking.get("substring_hit_rate")), ask_recall=_fmt(asking.get("answer_recall"))
+        )
+        if asking.get("control"):
+            cols.update(_control_columns(asking["control"], "ask_ctrl"))
     wl = overall.get("vs_baseline")
-    cols["W/L/T"] = f"{wl['win']}/{wl['loss']}/{wl['tie']}" if wl else "-"
-    cols["calls"] = _fmt(overall.get("summariser_calls"))
-    cols["sent/raw"] = _fmt(overall.get("summariser_input_ratio"), 2)
-    cols["seconds"] = _fmt(overall.get("elapsed_seconds"), 1)
-    return cols
+    return cols | {
+        "W/L/T": f"{wl['win']}/{wl['loss']}/{wl['tie']}" if wl else "-",
+        "calls": _fmt(overall.get("summariser_calls")),
+        "sent/raw": _fmt(overall.get("summariser_input_ratio"), 2),
+        "seconds": _fmt(overall.get("elapsed_seconds"), 1),
+    }
 
 
 def reference_columns(overall: Mapping[str, Any]) -> dict[str, str] | None:
@@ -161,11 +168,12 @@ def spend_columns(overall: Mapping[str, Any]) -> dict[str, str] | None:
     spend = overall.get("spend")
     if not spend:
         return None
-    cols = {part: _fmt(share, 2) for part, share in (spend.get("parts") or {}).items()}
-    cols["cache"] = _fmt(spend.get("cache_share"), 2)
-    cols["cost"] = _fmt(spend.get("run_cost"))
-    cols["cost/base"] = _fmt(spend.get("cost_vs_baseline"), 2)
-    return cols
+    return {
+        **{part: _fmt(share, 2) for part, share in (spend.get("parts") or {}).items()},
+        "cache": _fmt(spend.get("cache_share"), 2),
+        "cost": _fmt(spend.get("run_cost")),
+        "cost/base": _fmt(spend.get("cost_vs_baseline"), 2),
+    }
 
 
 def _conversation_columns(conv: Mapping[str, Any]) -> dict[str, str]:

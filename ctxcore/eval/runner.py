@@ -113,16 +113,6 @@ class EvalConfig:
         self.run_policies = names + ([self.baseline] if self.baseline and self.baseline not in names else [])
 
 
-def _report(
-    policy: str, results: list[ConversationResult], baseline: dict[str, ConversationResult] | None
-) -> dict[str, Any]:
-    return {
-        "policy": policy,
-        "overall": aggregate(results, baseline),
-        "conversations": [r.as_dict() for r in results],
-    }
-
-
 def _write_windows(path: Path, rows: list[dict[str, Any]]) -> None:
     # A temp file renamed over the target: an interrupted run never leaves a partial file.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
@@ -217,8 +207,12 @@ def evaluate_file(
         _write_windows(Path(config.windows_out), rows)
     baseline = {r.id: r for r in by_policy[config.baseline]} if config.baseline else None
     matched_runs = by_policy.pop(MATCHED_FILL, None)
-    reports = [
-        _report(name, by_policy[name], baseline if name != config.baseline else None)
+    reports: list[dict[str, Any]] = [
+        {
+            "policy": name,
+            "overall": aggregate(by_policy[name], baseline if name != config.baseline else None),
+            "conversations": [r.as_dict() for r in by_policy[name]],
+        }
         for name in config.run_policies
     ]
     if matched_runs is not None:

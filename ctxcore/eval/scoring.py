@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ctxcore.eval.data import QAItem
@@ -27,7 +27,6 @@ from ctxcore.turns import UserDetector, anchors
 from ctxcore.window import check_window
 
 __all__ = [
-    "QAScore",
     "QATally",
     "anchors_verbatim",
     "compacted_questions",
@@ -71,10 +70,6 @@ def window_text(messages: Sequence[AnyMessage]) -> str:
     return "\n".join(parts)
 
 
-def _same(a: AnyMessage, b: AnyMessage) -> bool:
-    return a.role == b.role and a.content == b.content
-
-
 def anchors_verbatim(
     window: Sequence[AnyMessage], history: Sequence[AnyMessage], detector: UserDetector
 ) -> bool:
@@ -82,7 +77,7 @@ def anchors_verbatim(
     found = anchors(history, detector)
     for index in found.indices():
         anchor = history[index]
-        if not any(_same(anchor, m) for m in window):
+        if not any(anchor.role == m.role and anchor.content == m.content for m in window):
             return False
     return True
 
@@ -107,6 +102,14 @@ class QATally:
     compacted_recall: float = 0.0
     # Per question category: [questions, hits, recall sum].
     categories: dict[str, list[float]] = field(default_factory=dict)
+
+    @classmethod
+    def pooled(cls, tallies: Iterable[QATally]) -> QATally:
+        """One tally of all of ``tallies``."""
+        out = cls()
+        for tally in tallies:
+            out.add(tally)
+        return out
 
     def add(self, other: QATally) -> None:
         """Pool another tally into this one."""
@@ -170,15 +173,6 @@ def score_qa_asking(
         tally.compacted_hits += int(hit)
         tally.compacted_recall += recall
     return tally
-
-
-@dataclass(frozen=True)
-class QAScore:
-    """One question's result on one window."""
-
-    hit: bool
-    recall: float
-    compacted: bool
 
 
 class _WindowIndex:

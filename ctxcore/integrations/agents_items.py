@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 from agents.models.chatcmpl_converter import Converter
@@ -90,6 +91,12 @@ def group_items(items: Sequence[Mapping[str, Any]], start: int = 0) -> list[list
     return groups
 
 
+def _call_indices(items: Sequence[Mapping[str, Any]]) -> list[int]:
+    """For each item, how many ``function_call`` items come before it (its call's index in
+    the chat message's ``tool_calls`` when it is one)."""
+    return list(accumulate((int(item.get("type") == "function_call") for item in items), initial=0))[:-1]
+
+
 def _stub(item: Mapping[str, Any], message: AnyMessage, call_index: int) -> dict[str, Any]:
     """The item without the field the message's chat content already holds."""
     stub = dict(item)
@@ -127,11 +134,7 @@ def items_message(items: Sequence[Mapping[str, Any]], message_id: str) -> AnyMes
     if data.get("role") == "assistant" and data.get("content") is None:
         data["content"] = ""
     (message,) = from_openai([{**data, "message_id": message_id}])
-    calls = 0
-    stubs = []
-    for item in items:
-        stubs.append(_stub(item, message, calls))
-        calls += item.get("type") == "function_call"
+    stubs = [_stub(item, message, n) for item, n in zip(items, _call_indices(items), strict=True)]
     return message.model_copy(update={"metadata": {**message.metadata, AGENTS_ITEMS: stubs}})
 
 
@@ -171,12 +174,7 @@ def message_items(message: AnyMessage) -> list[dict[str, Any]]:
     some other way, and for windows whose content ctxcore rewrote) the chat equivalent."""
     stubs = message.metadata.get(AGENTS_ITEMS)
     if isinstance(stubs, list):
-        calls = 0
-        out = []
-        for stub in stubs:
-            out.append(_restore(stub, message, calls))
-            calls += stub.get("type") == "function_call"
-        return out
+        return [_restore(stub, message, n) for stub, n in zip(stubs, _call_indices(stubs), strict=True)]
     if isinstance(message, UserMessage):
         return [{"role": "user", "content": _input_content(message.content)}]
     if isinstance(message, ToolMessage):

@@ -101,10 +101,6 @@ def _preview(message: AnyMessage, chars: int, cfg: PipelineConfig) -> AnyMessage
     return message.model_copy(update={"content": head_tail(text, chars, 0.5, cfg.truncated_marker)})
 
 
-def _cost(system: str, prompt: str, counter: TokenCounter) -> int:
-    return counter.count_messages([SystemMessage(content=system), UserMessage(content=prompt)])
-
-
 @dataclass(frozen=True)
 class BlockTexts:
     """What a stage's summariser calls returned: one text per block id, the raw reply (only
@@ -142,7 +138,8 @@ def llm_blocks(
         output = output_tokens_for([t.target_tokens for t in group])
         if ceiling is not None and len(group) > 1 and output > ceiling:
             return False
-        return _cost(system, prompt_of(group), counter) <= call_input_budget(cfg, output)
+        prompt: list[AnyMessage] = [SystemMessage(content=system), UserMessage(content=prompt_of(group))]
+        return counter.count_messages(prompt) <= call_input_budget(cfg, output)
 
     limited = ceiling is not None
     groups = group_to_fit(targets, fits) if limited else [list(targets)]

@@ -83,7 +83,7 @@ def run_stage(
         texts, raw_text = replies.texts, replies.raw_text
         calls, input_tokens, output_tokens = replies.calls, replies.input_tokens, replies.output_tokens
         if not texts and raw_text.strip() and _one_segment(targets, view):
-            merged = _merge_targets(targets, view, cfg, counter)
+            merged = _merge_targets(targets)
             targets = [merged]
             texts = {
                 merged.target_id: conform_sections(raw_text.strip(), BLOCK_SECTIONS, where="a non-JSON reply")
@@ -264,19 +264,14 @@ def _one_segment(targets: Sequence[Target], view: View) -> bool:
     return not any(first <= b <= last for b in barriers)
 
 
-def _merge_targets(
-    targets: Sequence[Target], view: View, cfg: PipelineConfig, counter: TokenCounter
-) -> Target:
-    blocks = tuple(b for t in targets for b in t.blocks)
-    raw = tuple(m for t in targets for m in t.raw)
-    source = sum(t.source_tokens for t in targets)
+def _merge_targets(targets: Sequence[Target]) -> Target:
     return Target(
         target_id="raw_fallback",
         scope="mixed_context",
-        blocks=blocks,
-        raw=raw,
+        blocks=tuple(b for t in targets for b in t.blocks),
+        raw=tuple(m for t in targets for m in t.raw),
         level=max(t.level for t in targets),
-        source_tokens=source,
+        source_tokens=sum(t.source_tokens for t in targets),
         target_tokens=sum(t.target_tokens for t in targets),
         raw_tokens=sum(t.raw_tokens for t in targets),
     )

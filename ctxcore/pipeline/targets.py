@@ -65,11 +65,7 @@ class Target:
 
     def source_messages(self) -> list[AnyMessage]:
         """The messages the summary replaces, in log order."""
-        out: list[AnyMessage] = []
-        for block in self.blocks:
-            out.extend(block.messages)
-        out.extend(self.raw)
-        return out
+        return [*(m for block in self.blocks for m in block.messages), *self.raw]
 
 
 def eligible_raw(view: View, keep_recent: int, *, newest_step: bool = True) -> list[AnyMessage]:

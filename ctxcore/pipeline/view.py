@@ -21,7 +21,7 @@ from ctxcore.state.models import CompressionState, SummaryBlock
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector
 
-__all__ = ["BLOCK_META", "View", "block_message", "block_provenance", "log_id"]
+__all__ = ["BLOCK_META", "View", "block_message", "block_provenance", "log_id", "with_sortable_ids"]
 
 T = TypeVar("T")
 
@@ -148,18 +148,8 @@ class View:
         rewritten messages: what is here is what the stages see. A message without a log id
         (e.g. a re-injected state message) gets one that sorts right after its predecessor.
         """
-        ided: list[AnyMessage] = []
-        previous = ""
-        suffix = 0
-        for message in messages:
-            if block_provenance(message) is not None:
-                pass  # blocks are placed by their provenance, not by an id of their own
-            elif message.context_message_id is None:
-                suffix += 1
-                message = message.model_copy(update={"context_message_id": f"{previous}~{suffix:04d}"})
-            else:
-                previous, suffix = message.context_message_id, 0
-            ided.append(message)
+        # Blocks are placed by their provenance, not by an id of their own.
+        ided = with_sortable_ids(messages, skip_blocks=True)
 
         blocks: list[SummaryBlock] = []
         pinned: list[AnyMessage] = []
@@ -208,14 +198,8 @@ class View:
 
     def context_messages(self) -> list[AnyMessage]:
         """The rendered context: prefix in log order, then the tail."""
-        out: list[AnyMessage] = []
-        for item in self.prefix():
-            if isinstance(item, SummaryBlock):
-                out.extend(item.messages)
-            else:
-                out.append(item)
-        out.extend(self.tail)
-        return out
+        prefix = (item.messages if isinstance(item, SummaryBlock) else [item] for item in self.prefix())
+        return [*itertools.chain.from_iterable(prefix), *self.tail]
 
     def messages(self) -> list[AnyMessage]:
         """System messages followed by the rendered context."""
@@ -308,6 +292,23 @@ class View:
             covered_until=self.covered_until,
             pinned=[log_id(m) for m in self.pinned],
         )
+
+
+def with_sortable_ids(messages: Sequence[AnyMessage], *, skip_blocks: bool = False) -> list[AnyMessage]:
+    """``messages`` with a log id each: one without gets ``<previous log id>~<n>``, which
+    sorts right after its predecessor (``skip_blocks``: block messages are left as they are)."""
+    out: list[AnyMessage] = []
+    previous, suffix = "", 0
+    for message in messages:
+        if skip_blocks and block_provenance(message) is not None:
+            pass
+        elif message.context_message_id is None:
+            suffix += 1
+            message = message.model_copy(update={"context_message_id": f"{previous}~{suffix:04d}"})
+        else:
+            previous, suffix = message.context_message_id, 0
+        out.append(message)
+    return out
 
 
 def _block_from_messages(messages: Sequence[AnyMessage], prov: Mapping[str, Any]) -> SummaryBlock:

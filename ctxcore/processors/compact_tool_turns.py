@@ -18,7 +18,7 @@ from pydantic import NonNegativeInt
 
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import HeadroomConfig
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 from ctxcore.turns import Turn, turns
 
@@ -83,11 +83,4 @@ class CompactCompletedToolTurns(RuleProcessor[CompactCompletedToolTurnsConfig]):
 
     config_model = CompactCompletedToolTurnsConfig
     kind = "view"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

@@ -267,14 +267,11 @@ def _diff(text: str, budget: RuleBudget) -> str:
     for line in text.splitlines():
         if line.startswith(("diff --git", "--- ", "+++ ")):
             in_hunk = False
-            kept.append(line)
         elif line.startswith("@@"):
             in_hunk = True
-            kept.append(line)
         elif (in_hunk and line.startswith((" ", "\\"))) or line.startswith("index "):
             continue
-        else:
-            kept.append(line)
+        kept.append(line)
     return "\n".join(kept)
 
 

@@ -18,7 +18,7 @@ from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,
     Rewrite,
@@ -143,11 +143,4 @@ class MessageOffloader(RuleProcessor[MessageOffloaderConfig]):
 
     config_model = MessageOffloaderConfig
     kind = "offloader"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

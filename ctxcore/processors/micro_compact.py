@@ -23,7 +23,7 @@ from ctxcore.markers import CLEARED_TOOL_RESULT
 from ctxcore.messages import AnyMessage, ToolMessage, message_text, replace_content
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.offload import find_offload_markers
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import (
     HeadroomBudget,
     Rewrite,
@@ -140,11 +140,4 @@ class MicroCompactProcessor(RuleProcessor[MicroCompactConfig]):
 
     config_model = MicroCompactConfig
     kind = "compressor"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

@@ -13,7 +13,9 @@ never persists; at add time and in active compression it does nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.base import C, ContextProcessor, HeadroomConfig
@@ -24,7 +26,24 @@ from ctxcore.window import ContextWindow
 if TYPE_CHECKING:
     from ctxcore.processors.base import ProcessorContext
 
-__all__ = ["RuleProcessor"]
+__all__ = ["RuleFunctions", "RuleProcessor"]
+
+R = TypeVar("R", contravariant=True)
+
+
+class _Apply(Protocol[R]):
+    def __call__(
+        self, messages: list[AnyMessage], config: R, env: RuleEnv, *, force: bool = False
+    ) -> RuleResult: ...
+
+
+@dataclass(frozen=True)
+class RuleFunctions(Generic[C]):
+    """A rule's two pure functions of (messages, config, env): the cheap passive check and
+    the rewrite (``force``: active compression, thresholds bypassed)."""
+
+    triggers: Callable[[list[AnyMessage], C, RuleEnv], bool]
+    apply: _Apply[C]
 
 
 def _ids(messages: list[AnyMessage]) -> frozenset[str]:
@@ -32,7 +51,10 @@ def _ids(messages: list[AnyMessage]) -> frozenset[str]:
 
 
 class RuleProcessor(ContextProcessor[C]):
-    """A processor whose work is one pure rule (``rule``) guarded by a cheap ``triggers``."""
+    """A processor whose work is one pure rule (``rule``) guarded by a cheap ``triggers``:
+    by default its ``functions``, called with the processor's config."""
+
+    functions: ClassVar[RuleFunctions[Any]]
 
     @property
     def headroom_aware(self) -> bool:
@@ -56,11 +78,11 @@ class RuleProcessor(ContextProcessor[C]):
 
     def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
         """Whether the rule would act on ``messages`` in passive mode (cheap)."""
-        raise NotImplementedError
+        return self.functions.triggers(messages, self.config, env)
 
     def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
         """Apply the rule (``force``: active compression, thresholds bypassed)."""
-        raise NotImplementedError
+        return self.functions.apply(messages, self.config, env, force=force)
 
     def _event(self, result: RuleResult) -> ContextEvent | None:
         return result.event(self.processor_type()) if result.changed else None

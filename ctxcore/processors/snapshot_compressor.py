@@ -113,10 +113,6 @@ def _fitting_steps(messages: list[AnyMessage], room: int, counter: TokenCounter)
     return max((e for e in _step_ends(messages) if counter.count_messages(messages[:e]) <= room), default=0)
 
 
-def _first_step(messages: list[AnyMessage]) -> int:
-    return next(iter(_step_ends(messages)), 0)
-
-
 class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
     """Base class; subclasses set the tag, meaning, prompt, sections, builders and ``span``."""
 
@@ -288,7 +284,9 @@ class SnapshotCompressor(ContextProcessor[SnapshotCompressorConfig]):
             # now, the rest stays raw for the next compaction (at least one step is kept:
             # request() trims it when it is alone too large).
             space = room(limits.context_window_tokens - limits.reserved(max_tokens))
-            keep = max(_fitting_steps(state["target"], space, counter), _first_step(state["target"]))
+            keep = max(
+                _fitting_steps(state["target"], space, counter), next(iter(_step_ends(state["target"])), 0)
+            )
             if 0 < keep < len(state["target"]):
                 keep_steps(keep)
                 contract = contract.model_copy(update={"source": state["target"]})

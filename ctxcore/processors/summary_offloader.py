@@ -31,7 +31,7 @@ from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.content_rules import ContentType, RuleBudget, compress, truncate_middle
 from ctxcore.processors.events import ContextEvent
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import (
     ProtectedTools,
     Rewrite,
@@ -229,14 +229,7 @@ class MessageSummaryOffloader(RuleProcessor[MessageSummaryOffloaderConfig]):
 
     config_model = MessageSummaryOffloaderConfig
     kind = "offloader"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)
 
     def on_compress(
         self, ctx: ProcessorContext, messages: list[AnyMessage], **kwargs: Any

@@ -25,7 +25,7 @@ from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, ToolMessage
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import (
     HeadroomBudget,
     Rewrite,
@@ -162,11 +162,4 @@ class ToolResultBudgetProcessor(RuleProcessor[ToolResultBudgetConfig]):
 
     config_model = ToolResultBudgetConfig
     kind = "offloader"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

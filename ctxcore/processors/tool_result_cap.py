@@ -26,7 +26,7 @@ from pydantic import Field
 
 from ctxcore.messages import AnyMessage, message_text
 from ctxcore.processors.base import HeadroomConfig
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
 
 __all__ = ["ToolResultCap", "ToolResultCapConfig", "apply", "capped_text", "triggers"]
@@ -125,11 +125,4 @@ class ToolResultCap(RuleProcessor[ToolResultCapConfig]):
 
     config_model = ToolResultCapConfig
     kind = "offloader"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

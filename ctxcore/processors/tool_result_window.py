@@ -16,7 +16,7 @@ from pydantic import NonNegativeInt, PositiveInt
 from ctxcore.messages import AnyMessage, ToolMessage, replace_content
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, tool_calls_of_results, tool_name
 from ctxcore.processors.tool_result_budget import persisted_output
 
@@ -98,11 +98,4 @@ class ToolResultWindowProcessor(RuleProcessor[ToolResultWindowConfig]):
 
     config_model = ToolResultWindowConfig
     kind = "offloader"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

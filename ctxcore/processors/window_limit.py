@@ -12,7 +12,7 @@ from pydantic import PositiveInt
 
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.base import ProcessorConfig
-from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import Rewrite, RuleEnv, RuleResult, anchor_indices, rounds
 
 __all__ = ["WindowLimit", "WindowLimitConfig", "apply", "triggers"]
@@ -75,11 +75,4 @@ class WindowLimit(RuleProcessor[WindowLimitConfig]):
 
     config_model = WindowLimitConfig
     kind = "view"
-
-    def triggers(self, messages: list[AnyMessage], env: RuleEnv) -> bool:
-        """See ``triggers``."""
-        return triggers(messages, self.config, env)
-
-    def rule(self, messages: list[AnyMessage], env: RuleEnv, *, force: bool = False) -> RuleResult:
-        """See ``apply``."""
-        return apply(messages, self.config, env, force=force)
+    functions = RuleFunctions(triggers, apply)

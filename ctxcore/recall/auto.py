@@ -71,10 +71,6 @@ def recall_query(intent: AnyMessage | None, tail: Sequence[AnyMessage], counter:
     return "\n".join(p for p in parts if p.strip())
 
 
-def _verbatim(passage: IndexedText, held: frozenset[str]) -> bool:
-    return passage.first_id in held and passage.last_id in held
-
-
 def recalled_message(
     auto: AutoRecall,
     query: str,
@@ -86,7 +82,11 @@ def recalled_message(
     started = time.perf_counter()
     words = query_words(query)
     chunks = auto.index.search(words, limit=BEST_CHUNKS)
-    candidates = [p for p in auto.index.passages(words, chunks) if not _verbatim(p, held_ids)]
+    candidates = [
+        p
+        for p in auto.index.passages(words, chunks)
+        if not (p.first_id in held_ids and p.last_id in held_ids)
+    ]
     elapsed = (time.perf_counter() - started) * 1000
     # Each passage's own count is stored: add the best while their sum (plus its range header)
     # fits, then count the one message built, dropping the last added while it is over.

@@ -1,37 +1,24 @@
-"""The Coordinator: the only writer of compaction state.
+"""``Coordinator``: loads a conversation's state, plans and runs one stage, saves with CAS.
 
-Each call loads the state, reads only the log after its cursor, runs one pure pipeline
-stage and saves with compare-and-swap. A lost race is ``outcome="conflict"`` (re-plan), a
-classified model failure (``ModelError``) ``"failed"`` with its ``kind`` and the previous
-state untouched, a result whose view breaks the chat protocol ``"rejected"``
-(``error_kind="invalid_summary"``, state untouched: it is deterministic, so retrying cannot
-help). Nothing else is caught: a bug in a stage, a summarizer or a model client
-(``TypeError``, ...), a store error or a cursor missing from the log
-(``CursorNotFoundError``) propagates, so it surfaces as a failed task with its traceback
-instead of degrading silently into truncation; the state is untouched then too, because a
-save is the last thing a stage does.
+The package docstring (``ctxcore.coordinator``) says which outcomes a call can have.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
+from ctxcore.coordinator.results import CoordinatorResult, TriggerInput, failed_result
+from ctxcore.coordinator.saving import save_result
 from ctxcore.counting import tolerant
-from ctxcore.errors import ConfigError, CursorNotFoundError, ErrorKind, ModelError
+from ctxcore.errors import ConfigError, CursorNotFoundError, ModelError
 from ctxcore.messages import AnyMessage
 from ctxcore.pipeline import PipelineConfig, Stage, StageResult, View, plan_next_stage, run_stage
-from ctxcore.pipeline.checks import rejected_view_error, view_violations
 from ctxcore.pipeline.fitted_client import FittedClient
 from ctxcore.pipeline.fitting import CallLimits
 from ctxcore.pipeline.sizing import ViewSizes, held_tokens, message_tokens, served_tokens
 from ctxcore.pipeline.targets import build_targets, eligible_raw
-from ctxcore.recall.archive import ChunkingConfig, archive_messages, fully_archived
-from ctxcore.recall.index import RecallIndex
-from ctxcore.recall.marking import is_verbatim, mark_archived
-from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore, SummaryBlock
-from ctxcore.state.archive import ArchiveWrite
+from ctxcore.recall.archive import ChunkingConfig
+from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.summarize.blocks import Summarizer
 from ctxcore.summarize.model import ModelClient
@@ -39,50 +26,9 @@ from ctxcore.summarize.strategies import model as model_strategy
 from ctxcore.tokens import TokenCounter
 from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, turns
 
-__all__ = ["INVALID_SUMMARY", "Coordinator", "CoordinatorResult", "Outcome", "TriggerInput"]
+__all__ = ["DEFAULT_BUDGET", "Coordinator"]
 
-Outcome = Literal["compressed", "skipped", "failed", "conflict", "rejected"]
-INVALID_SUMMARY = ErrorKind.INVALID_SUMMARY
-"""``error_kind`` of a ``rejected`` result: the stage's output would break the chat protocol."""
 DEFAULT_BUDGET = 128_000
-
-
-@dataclass(frozen=True)
-class TriggerInput:
-    """What a trigger sees when deciding whether ``compress`` should summarise now."""
-
-    pending_messages: Sequence[AnyMessage]
-    blocks: Sequence[object]
-    estimated_pending_tokens: int
-    pending_turn_count: int
-    state: CompressionState
-    window_tokens: int = 0
-    budget_tokens: int = 0
-
-
-@dataclass
-class CoordinatorResult:
-    """The view and state after a call, what happened, and the error if it failed.
-
-    ``exception`` is the classified ``ModelError`` of a ``failed`` call (``error`` is its
-    text, ``error_kind`` its kind).
-    """
-
-    view: View
-    state: CompressionState
-    outcome: Outcome
-    error: str | None = None
-    error_kind: str | None = None
-    retry_after: float | None = None
-    stage: Stage | None = None
-    tokens_before: int = 0
-    tokens_after: int = 0
-    model_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    detail: str = ""
-    extra: dict[str, object] = field(default_factory=dict)
-    exception: ModelError | None = None
 
 
 class Coordinator:
@@ -224,8 +170,8 @@ class Coordinator:
         try:
             result = run_stage(stage, view, self.model_for(key), self.counter, self.summarizer, config=config)
         except ModelError as exc:
-            return self._failed(view, state, stage, exc, before)
-        return self._finish(key, view, state, stage, result)
+            return failed_result(view, state, stage, exc, before)
+        return self._save(key, view, state, stage, result)
 
     def compress(self, key: ConversationKey) -> CoordinatorResult:
         """The incremental API: summarise the pending whole steps after the cursor into new L1 blocks.
@@ -297,102 +243,11 @@ class Coordinator:
         try:
             result = run_stage(stage, view, None, self.counter, summarizer, config=config)
         except ModelError as exc:
-            return self._failed(view, state, stage, exc, window)
-        return self._finish(key, view, state, stage, result)
+            return failed_result(view, state, stage, exc, window)
+        return self._save(key, view, state, stage, result)
 
-    def compress_with_retry(self, key: ConversationKey, attempts: int = 3) -> CoordinatorResult:
-        """``compress`` that reloads and re-decides after a lost race."""
-        result = self.compress(key)
-        for _ in range(attempts - 1):
-            if result.outcome != "conflict":
-                break
-            result = self.compress(key)
-        return result
-
-    # --- helpers ----------------------------------------------------------------------
-
-    def _finish(
+    def _save(
         self, key: ConversationKey, view: View, state: CompressionState, stage: Stage, result: StageResult
     ) -> CoordinatorResult:
-        """Save a stage's result with CAS (or report why not)."""
-        out = CoordinatorResult(
-            view,
-            state,
-            "skipped",
-            stage=stage,
-            tokens_before=result.tokens_before,
-            tokens_after=result.tokens_before,
-            model_calls=result.model_calls,
-            input_tokens=result.input_tokens,
-            output_tokens=result.output_tokens,
-            detail=result.detail,
-        )
-        if not result.changed:
-            return out
-        blocks, archive = self._archive(key, view, state, result)
-        new_view = view.with_blocks(blocks, result.covered_until, version=state.version + 1)
-        violations = view_violations(new_view)
-        if violations:
-            error = rejected_view_error(view, stage.kind, key, violations)
-            out.outcome, out.error, out.error_kind = "rejected", str(error), INVALID_SUMMARY
-            out.detail = f"{len(violations)} protocol violation(s); first: {violations[0].rule}"
-            return out
-        new_state = CompressionState(
-            blocks=blocks,
-            covered_until=result.covered_until,
-            pinned=result.pinned,
-            archive_version=archive.version if archive is not None else state.archive_version,
-        )
-        # A failed archive write fails the save (StoreError propagates): the state stays.
-        if not self.state_store.save(key, new_state, expected_version=state.version, archive=archive):
-            out.outcome, out.state, out.detail = "conflict", self.load(key), "another writer saved first"
-            return out
-        saved = new_state.model_copy(update={"version": state.version + 1})
-        out.view = new_view
-        out.state, out.outcome, out.tokens_after = saved, "compressed", result.tokens_after
-        return out
-
-    def _archive(
-        self, key: ConversationKey, view: View, state: CompressionState, result: StageResult
-    ) -> tuple[list[SummaryBlock], ArchiveWrite | None]:
-        """With recall on: archive what the stage folds (log messages the view held raw that
-        the new state covers) and mark each new block whose range is all archived."""
         chunking = self.recall_for(key) if self.recall_for is not None else None
-        if chunking is None:
-            return list(result.blocks), None
-        kept = {*result.pinned}
-        held = {m.context_message_id: m for m in (*view.pinned, *view.tail)}
-        covered = result.covered_until or ""
-        folded = [m for i, m in held.items() if i is not None and i <= covered and i not in kept]
-        stored = self.state_store.load_archive(key)
-        index = RecallIndex.from_bytes(stored) if stored is not None else None
-        index, archive = archive_messages(index, folded, self.counter, chunking)
-        old = {b.block_id for b in view.blocks}
-        pinned = frozenset(result.pinned)
-        # A verbatim block is raw messages, not a summary: nothing of it was lost to mark.
-        blocks = [
-            mark_archived(b)
-            if b.block_id not in old
-            and not is_verbatim(b)
-            and fully_archived(index, b.first_id, b.last_id, pinned)
-            else b
-            for b in result.blocks
-        ]
-        return blocks, archive
-
-    @staticmethod
-    def _failed(
-        view: View, state: CompressionState, stage: Stage, exc: ModelError, tokens: int
-    ) -> CoordinatorResult:
-        return CoordinatorResult(
-            view,
-            state,
-            "failed",
-            error=str(exc),
-            error_kind=exc.kind,
-            retry_after=exc.retry_after,
-            stage=stage,
-            tokens_before=tokens,
-            tokens_after=tokens,
-            exception=exc,
-        )
+        return save_result(self.state_store, key, view, state, stage, result, chunking, self.counter)
