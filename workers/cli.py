@@ -43,6 +43,8 @@ EVAL_POLICIES = (
     "full+recall",
 )
 
+_MODEL_HELP = "model name picking the tokenizer (default: engine.tokenizer_model, else cl100k_base)"
+
 
 def _check_eval_inputs(args: argparse.Namespace) -> int:
     """Everything that can be checked before the run, so it fails in a second, not after an
@@ -166,73 +168,97 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def command(name: str, text: str, func: Any) -> argparse.ArgumentParser:
+    def command(name: str, text: str, func: Any, *options: tuple[str, dict[str, Any]]) -> argparse.ArgumentParser:
+        """A subcommand with ``options``: each ``(flag, add_argument's keywords)``."""
         p = sub.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
         p.set_defaults(func=func)
         parser.commands.append((name, text))
+        for flag, spec in options:
+            p.add_argument(flag, **spec)
         return p
 
-    model_help = "model name picking the tokenizer (default: engine.tokenizer_model, else cl100k_base)"
-    count = command("count", "token counts of the conversations of a JSONL file", commands.cmd_count)
-    count.add_argument(
-        "file", nargs="?", help="JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"
+    model_option = ("--model", {"default": None, "help": _MODEL_HELP})
+    conversation = [("tenant", {"help": "tenant id"}), ("conversation", {"help": "conversation id"})]
+    command(
+        "count",
+        "token counts of the conversations of a JSONL file",
+        commands.cmd_count,
+        ("file", {"nargs": "?", "help": "JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"}),
+        model_option,
+        ("--json", {"action": "store_true", "help": "print JSON instead of a table"}),
     )
-    count.add_argument("--model", default=None, help=model_help)
-    count.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-    demo = command("demo", "run the distributed service on the bundled sample runs", commands.cmd_demo)
-    demo.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=100.0,
-        metavar="SECONDS",
-        help="seconds before the demo wraps up",
+    command(
+        "demo",
+        "run the distributed service on the bundled sample runs",
+        commands.cmd_demo,
+        (
+            "--timeout",
+            {
+                "type": positive_float,
+                "default": 100.0,
+                "metavar": "SECONDS",
+                "help": "seconds before the demo wraps up",
+            },
+        ),
     )
-
-    worker = command("worker", "start a Celery compaction worker", commands.cmd_worker)
-    worker.add_argument(
-        "--concurrency",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="worker pool size (default: worker.concurrency of the settings, 2)",
+    command(
+        "worker",
+        "start a Celery compaction worker",
+        commands.cmd_worker,
+        (
+            "--concurrency",
+            {
+                "type": positive_int,
+                "default": None,
+                "metavar": "N",
+                "help": "worker pool size (default: worker.concurrency of the settings, 2)",
+            },
+        ),
+        (
+            "--loglevel",
+            {"default": "INFO", "choices": ("DEBUG", "INFO", "WARNING", "ERROR"), "help": "Celery log level"},
+        ),
+        (
+            "--hostname",
+            {
+                "default": None,
+                "metavar": "NAME",
+                "help": "node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
+            },
+        ),
+        (
+            "--node",
+            {
+                "default": "all",
+                "choices": ("all", "stages", "drain"),
+                "help": "queues to consume: all (on RabbitMQ a stages node and a drain node, started "
+                "together), stages (worker.concurrency processes) or drain (new jobs, one process)",
+            },
+        ),
     )
-    worker.add_argument(
-        "--loglevel", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="Celery log level"
-    )
-    worker.add_argument(
-        "--hostname",
-        default=None,
-        metavar="NAME",
-        help="node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
-    )
-    worker.add_argument(
-        "--node",
-        default="all",
-        choices=("all", "stages", "drain"),
-        help="queues to consume: all (on RabbitMQ a stages node and a drain node, started "
-        "together), stages (worker.concurrency processes) or drain (new jobs, one process)",
-    )
-
-    flower = command(
+    command(
         "flower",
         "monitor the workers with Flower (the configured Redis and key prefix, on "
         "flower.host:flower.port, 127.0.0.1:5555; another address needs flower.basic_auth; "
         "Flower's other options after --, e.g. -- --persistent=True)",
         commands.cmd_flower,
+        (
+            "flower_args",
+            {
+                "nargs": argparse.REMAINDER,
+                "metavar": "-- FLOWER_OPTION",
+                "help": "Flower's own options, after '--' (not --address, --port or --basic-auth: the "
+                "flower.* settings set them)",
+            },
+        ),
     )
-    flower.add_argument(
-        "flower_args",
-        nargs=argparse.REMAINDER,
-        metavar="-- FLOWER_OPTION",
-        help="Flower's own options, after '--' (not --address, --port or --basic-auth: the flower.* settings set them)",
-    )
-
-    serve = command("serve", "serve the HTTP API", commands.cmd_serve)
-    serve.add_argument("--host", default=None, help="address to bind (default: http.host, 127.0.0.1)")
-    serve.add_argument("--port", type=port, default=None, help="port to bind (default: http.port, 8080)")
-    serve.add_argument(
-        "--workers", type=positive_int, help="API processes on the port (default: http.workers, 1)"
+    command(
+        "serve",
+        "serve the HTTP API",
+        commands.cmd_serve,
+        ("--host", {"default": None, "help": "address to bind (default: http.host, 127.0.0.1)"}),
+        ("--port", {"type": port, "default": None, "help": "port to bind (default: http.port, 8080)"}),
+        ("--workers", {"type": positive_int, "help": "API processes on the port (default: http.workers, 1)"}),
     )
 
     token = command("token", "manage bearer tokens of the HTTP API", None)
@@ -247,44 +273,63 @@ def build_parser() -> Parser:
     create.add_argument("tenant", help="the tenant id the token authenticates as")
     create.set_defaults(func=commands.cmd_token_create)
 
-    compact = command("compact", "offline batch compaction of a JSONL file", commands.cmd_compact)
-    compact.add_argument("file", help="JSONL of {'id', 'messages': [...]}, one conversation a line")
-    compact.add_argument(
-        "--out", required=True, help="where to write the windows (JSONL); replaced only when the batch ends"
+    command(
+        "compact",
+        "offline batch compaction of a JSONL file",
+        commands.cmd_compact,
+        ("file", {"help": "JSONL of {'id', 'messages': [...]}, one conversation a line"}),
+        (
+            "--out",
+            {"required": True, "help": "where to write the windows (JSONL); replaced only when the batch ends"},
+        ),
+        (
+            "--budget",
+            {"type": positive_int, "required": True, "metavar": "TOKENS", "help": "token budget of each window"},
+        ),
+        model_option,
+        (
+            "--continue-on-error",
+            {
+                "action": "store_true",
+                "help": "name each conversation that fails on stderr, write the others, exit 1",
+            },
+        ),
     )
-    compact.add_argument(
-        "--budget", type=positive_int, required=True, metavar="TOKENS", help="token budget of each window"
-    )
-    compact.add_argument("--model", default=None, help=model_help)
-    compact.add_argument(
-        "--continue-on-error",
-        action="store_true",
-        help="name each conversation that fails on stderr, write the others, exit 1",
-    )
-
-    ev = command("eval", "replay conversations through policies and score their windows", cmd_eval)
-    ev.add_argument("file", help="JSONL of {'id', 'messages': [...], 'qa'?: [...]}")
-    ev.add_argument(
-        "--policy",
-        required=True,
-        metavar="NAME,...",
-        help=f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
-    )
-    ev.add_argument(
-        "--baseline",
-        default="steps",
-        help="policy wins and losses are counted against, added when missing ('none': no baseline)",
-    )
-    ev.add_argument(
-        "--windows-out",
-        metavar="FILE",
-        help="write each conversation's final window per policy here, JSONL (default: not written)",
-    )
-    ev.add_argument(
-        "--recall",
-        choices=("off", "auto"),
-        default="off",
-        help="auto: every listed full also runs as full+recall (archive, recall tool, auto-recall)",
+    ev = command(
+        "eval",
+        "replay conversations through policies and score their windows",
+        cmd_eval,
+        ("file", {"help": "JSONL of {'id', 'messages': [...], 'qa'?: [...]}"}),
+        (
+            "--policy",
+            {
+                "required": True,
+                "metavar": "NAME,...",
+                "help": f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
+            },
+        ),
+        (
+            "--baseline",
+            {
+                "default": "steps",
+                "help": "policy wins and losses are counted against, added when missing ('none': no baseline)",
+            },
+        ),
+        (
+            "--windows-out",
+            {
+                "metavar": "FILE",
+                "help": "write each conversation's final window per policy here, JSONL (default: not written)",
+            },
+        ),
+        (
+            "--recall",
+            {
+                "choices": ("off", "auto"),
+                "default": "off",
+                "help": "auto: every listed full also runs as full+recall (archive, recall tool, auto-recall)",
+            },
+        ),
     )
     size = ev.add_mutually_exclusive_group(required=True)
     size.add_argument(
@@ -299,58 +344,69 @@ def build_parser() -> Parser:
         metavar="R",
         help="budget as a share of each conversation's tokens (or --budget)",
     )
-    ev.add_argument("--json", metavar="FILE", help="write the full JSON report here (default: not written)")
-    ev.add_argument(
-        "--plot",
-        metavar="PNG",
-        help="write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)",
-    )
-    ev.add_argument(
-        "--limit",
-        type=positive_int,
-        default=None,
-        metavar="K",
-        help="only the first K conversations (default: all)",
-    )
-    ev.add_argument(
-        "--ids",
-        default=None,
-        metavar="ID,...",
-        help="only these conversation ids, comma-separated (default: all)",
-    )
-    ev.add_argument(
-        "--step-stride",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="a window every N assistant steps without a user message",
-    )
-    ev.add_argument(
-        "--lag",
-        type=int,
-        default=0,
-        metavar="N",
-        help="full's compactions land N windows after they were asked for (a lagging worker; "
-        "the windows between are served by the fast path's rules); 0: before the window",
-    )
-    ev.add_argument("--model", default=None, help=model_help)
-    ev.add_argument("--quiet", action="store_true", help="print the overall row only")
-    ev.add_argument("--progress", action="store_true", help="print each conversation's time to stderr")
+    for flag, spec in (
+        ("--json", {"metavar": "FILE", "help": "write the full JSON report here (default: not written)"}),
+        (
+            "--plot",
+            {"metavar": "PNG", "help": "write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)"},
+        ),
+        (
+            "--limit",
+            {
+                "type": positive_int,
+                "default": None,
+                "metavar": "K",
+                "help": "only the first K conversations (default: all)",
+            },
+        ),
+        (
+            "--ids",
+            {
+                "default": None,
+                "metavar": "ID,...",
+                "help": "only these conversation ids, comma-separated (default: all)",
+            },
+        ),
+        (
+            "--step-stride",
+            {
+                "type": positive_int,
+                "default": 1,
+                "metavar": "N",
+                "help": "a window every N assistant steps without a user message",
+            },
+        ),
+        (
+            "--lag",
+            {
+                "type": int,
+                "default": 0,
+                "metavar": "N",
+                "help": "full's compactions land N windows after they were asked for (a lagging worker; "
+                "the windows between are served by the fast path's rules); 0: before the window",
+            },
+        ),
+        model_option,
+        ("--quiet", {"action": "store_true", "help": "print the overall row only"}),
+        ("--progress", {"action": "store_true", "help": "print each conversation's time to stderr"}),
+    ):
+        ev.add_argument(flag, **spec)
 
-    inspect = command(
-        "inspect", "show a conversation's compaction: status, blocks, journal", commands.cmd_inspect
+    command(
+        "inspect",
+        "show a conversation's compaction: status, blocks, journal",
+        commands.cmd_inspect,
+        *conversation,
+        ("--history", {"action": "store_true", "help": "also print the last 20 kept versions"}),
+        ("--json", {"action": "store_true", "help": "the whole compaction state as JSON"}),
     )
-    inspect.add_argument("tenant", help="tenant id")
-    inspect.add_argument("conversation", help="conversation id")
-    inspect.add_argument("--history", action="store_true", help="also print the last 20 kept versions")
-    inspect.add_argument("--json", action="store_true", help="the whole compaction state as JSON")
-
-    rollback = command(
-        "rollback", "restore an earlier state version (as a new version)", commands.cmd_rollback
+    command(
+        "rollback",
+        "restore an earlier state version (as a new version)",
+        commands.cmd_rollback,
+        *conversation,
+        ("version", {"type": positive_int, "help": "the kept version to make current again"}),
     )
-    rollback.add_argument("tenant", help="tenant id")
-    rollback.add_argument("conversation", help="conversation id")
-    rollback.add_argument("version", type=positive_int, help="the kept version to make current again")
 
     model = command("model", "a local summarisation model (the local-model extra)", None)
     local_model.add_model_parser(model, common, HelpFormatter)
