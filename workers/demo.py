@@ -150,11 +150,8 @@ def run_demo(
 def _delete_keys(url: str, prefix: str) -> int:
     from workers.keyspace import delete_prefixed_keys
 
-    client = redis.Redis.from_url(url)
-    try:
+    with contextlib.closing(redis.Redis.from_url(url)) as client:
         return delete_prefixed_keys(client, prefix)
-    finally:
-        client.close()
 
 
 def _run(
