@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxcore.errors import InvalidMessageError, StoreUnavailable
+from workers.bodylimit import CutOff
 from workers.api_common.auth import ADMITTED, tenant_for_token
 from workers.api_common.errors import ApiError, invalid_message_error
 from workers.api_common.state import ApiState
@@ -166,13 +167,11 @@ class AdmissionMiddleware:
         limit = self.api.settings.service.max_messages_per_append
         counter = _MessageCounter()
         parser: Any = ijson.parse_coro(counter)
-        refused = False
-        answered = False
-        started = False
+        run = CutOff(send)
 
         async def counted_receive() -> Message:
-            nonlocal parser, refused, answered
-            if refused:
+            nonlocal parser
+            if run.refused:
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] != "http.request" or parser is None:
@@ -192,28 +191,16 @@ class AdmissionMiddleware:
                 parser = None
                 return message
             if counter.count > limit:
-                refused = True
-                if not started:
+                run.refused = True
+                if not run.started:
                     error = invalid_message_error(
                         InvalidMessageError(-1, "messages", f"at most {limit} messages per append"),
                         "messages",
                     )
                     await self._answer(error, scope, receive, send)
-                    answered = True
+                    run.answered = True
                 return {"type": "http.disconnect"}
             return message
 
-        async def guarded_send(message: Message) -> None:
-            nonlocal started
-            if answered:
-                return  # our 422 is the response
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, guarded_send)
-        except Exception:
-            # The route may let the simulated disconnect escape: the 422 is already sent.
-            if not refused:
-                raise
+        # The route may let the simulated disconnect escape: the 422 is already sent.
+        await run.run(self.app, scope, counted_receive)

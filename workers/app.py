@@ -96,10 +96,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # dead-letter queue; Celery's quorum detection turns global QoS off and sends a
         # countdown through native delayed delivery (quorum queues have no ETA holding).
         # Publisher confirms: a send returns once the broker has the message.
-        config["task_queues"] = amqp_queues(settings)
-        config["worker_detect_quorum_queues"] = True
-        config["broker_native_delayed_delivery_queue_type"] = "quorum"
-        config["broker_transport_options"] = {"confirm_publish": True}
+        config.update(
+            task_queues=amqp_queues(settings),
+            worker_detect_quorum_queues=True,
+            broker_native_delayed_delivery_queue_type="quorum",
+            broker_transport_options={"confirm_publish": True},
+        )
     return config
 
 

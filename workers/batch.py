@@ -52,9 +52,8 @@ def read_batch(path: Path) -> list[BatchRecord]:
 
 @contextlib.contextmanager
 def _replace_on_success(target: Path) -> Iterator[TextIO]:
-    """A temporary file beside ``target``, renamed over it only when the block completes."""
-    if not target.parent.is_dir():
-        raise UsageError(f"--out {target}: directory {target.parent} does not exist")
+    """A temporary file beside ``target`` (its directory checked by the caller), renamed over
+    it only when the block completes."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as sink:
@@ -125,8 +124,6 @@ def compact_file(
 
     from workers.runtime import build_model
 
-    if budget <= 0:
-        raise UsageError(f"--budget must be a positive number of tokens, got {budget}")
     if not out_path.parent.is_dir():
         raise UsageError(f"--out {out_path}: directory {out_path.parent} does not exist")
     records = read_batch(path)

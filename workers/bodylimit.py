@@ -16,7 +16,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyLimitMiddleware"]
+__all__ = ["BodyLimitMiddleware", "CutOff"]
 
 
 # The proxy's routes answer in OpenAI's error shape (an SDK shows its message), the rest in ours.
@@ -80,37 +80,51 @@ class BodyLimitMiddleware:
             return
 
         received = 0
-        rejected = False  # the body went over the limit
-        answered = False  # ... and we sent the 413 (the application had not responded yet)
-        response_started = False
+        run = CutOff(send)
 
         async def limited_receive() -> Message:
-            nonlocal received, rejected, answered
-            if rejected:
+            nonlocal received
+            if run.refused:
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    rejected = True
-                    if not response_started:
+                    run.refused = True
+                    if not run.started:
                         await self._reject(send, 413, "body_too_large", too_large, scope)
-                        answered = True
+                        run.answered = True
                     # The application stops reading as if the client went away.
                     return {"type": "http.disconnect"}
             return message
 
-        async def guarded_send(message: Message) -> None:
-            nonlocal response_started
-            if answered:
-                return  # our 413 is the response; drop the application's
-            if message["type"] == "http.response.start":
-                response_started = True
-            await send(message)
+        await run.run(self.app, scope, limited_receive)
 
+
+class CutOff:
+    """One run of an application whose request body may be cut off mid-stream: once
+    ``refused``, the receive it is given reports a client disconnect; once ``answered`` (our
+    own error was sent before the application started its response) whatever the application
+    then sends is dropped, and an exception it lets the disconnect escape as is swallowed."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.refused = False  # the body was cut off
+        self.answered = False  # ... and our answer sent (the application had not responded yet)
+        self.started = False  # the application started its response
+
+    async def guarded_send(self, message: Message) -> None:
+        """``send``, but nothing once our own answer went out."""
+        if self.answered:
+            return
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
+
+    async def run(self, app: ASGIApp, scope: Scope, receive: Receive) -> None:
+        """Run ``app`` on ``receive`` and the guarded send."""
         try:
-            await self.app(scope, limited_receive, guarded_send)
+            await app(scope, receive, self.guarded_send)
         except Exception:
-            # The application may let our simulated disconnect escape: the 413 is already sent.
-            if not rejected:
+            if not self.refused:
                 raise

@@ -1,4 +1,4 @@
-"""The ``ctxcore`` command line: the parser, the ``eval`` command and ``main``.
+"""The ``ctxcore`` command line: the parser and ``main``.
 
 It stays on argparse on purpose: the standard library costs no dependency and no import
 time (each command imports what it needs when it runs), and ``main(argv)`` is what the tests
@@ -6,119 +6,28 @@ drive. Conventions: every option and positional has help and shows its default
 (``ArgumentDefaultsHelpFormatter``); the shared options (``--config``) come from one parent
 parser that every subcommand uses; the ``--help`` epilog lists every ``CTXCORE_*`` variable,
 generated from ``Settings``; an error is one line naming its input, and a non-zero exit.
-The other commands are in ``workers/commands.py``.
+The commands are in ``workers/commands.py`` (``eval`` in ``workers/eval_command.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ctxcore import __version__
 from ctxcore.config import environment_variables
-from ctxcore.errors import CtxcoreError, UsageError
+from ctxcore.errors import CtxcoreError
 from workers import commands, local_model
 from workers.cli_parser import Parser, missing_extra, port, positive_float, positive_int
-from workers.commands import bundled_sample, counter_for, settings_for
+from workers.commands import bundled_sample
+from workers.eval_command import EVAL_POLICIES, cmd_eval
 
 __all__ = ["EVAL_POLICIES", "build_parser", "bundled_sample", "main"]
 
 
-# ``ctxcore.eval.POLICIES`` by name: importing the harness for every command would cost ~0.7 s.
-EVAL_POLICIES = (
-    "truncate",
-    "steps",
-    "mask",
-    "lossless",
-    "rules",
-    "current_round",
-    "dialogue",
-    "round_level",
-    "full",
-    "full+recall",
-)
-
-
-def _check_eval_inputs(args: argparse.Namespace) -> int:
-    """Everything that can be checked before the run, so it fails in a second, not after an
-    hour; the number of conversations the run will evaluate."""
-    from ctxcore.eval.data import read_records
-
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib: pip install 'ctxcore[plot]'")
-    for option, value in (("--json", args.json), ("--plot", args.plot)):
-        if value and not Path(value).resolve().parent.is_dir():
-            raise UsageError(f"{option} {value}: directory {Path(value).resolve().parent} does not exist")
-    records = read_records(args.file)
-    if not records:
-        raise UsageError(f"{args.file}: no conversations (the file is empty)")
-    ids = [str(r["id"]) for r in records]
-    if not args.ids:
-        return min(len(ids), args.limit or len(ids))
-    wanted = [i for i in args.ids.split(",") if i]
-    unknown = [i for i in wanted if i not in set(ids)]
-    if unknown or not wanted:
-        shown = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
-        raise UsageError(
-            f"--ids {args.ids}: no conversation {', '.join(unknown)} in {args.file} (ids: {shown})"
-        )
-    selected = len(set(wanted) & set(ids))
-    return min(selected, args.limit or selected)
-
-
-def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
-    """Replay conversations through context policies and score every window (``ctxcore.eval``)."""
-    total = _check_eval_inputs(args)
-    from tqdm import tqdm
-
-    from ctxcore.eval import EvalConfig, evaluate_file
-    from ctxcore.eval.report import format_report, plot_report
-    from workers.runtime import build_model
-
-    settings = settings_for(args)
-    counter = counter_for(args, settings)
-    config = EvalConfig(
-        policies=[p.strip() for p in args.policy.split(",") if p.strip()],
-        baseline=None if args.baseline == "none" else args.baseline,
-        windows_out=args.windows_out,
-        recall=args.recall,
-        budget=args.budget,
-        budget_ratio=args.budget_ratio,
-        limit=args.limit,
-        ids=args.ids.split(",") if args.ids else None,
-        step_stride=args.step_stride,
-        settings=settings,
-        lag=args.lag,
-        model=build_model(settings.model, counter),
-        counter=counter,
-    )
-    # One step per (conversation, policy) replay, the unit of ``progress``.
-    runs = total * len(config.run_policies)
-    with tqdm(total=runs, unit="run", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
-
-        def progress(result: Any) -> None:
-            if args.progress:
-                bar.write(f"{result.id} {result.policy}: {result.elapsed_seconds:.1f}s", file=sys.stderr)
-            bar.update(1)
-
-        report = evaluate_file(args.file, config, progress=progress)
-    out.write(format_report(report, per_conversation=not args.quiet))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=1, ensure_ascii=False)
-            fh.write("\n")
-        out.write(f"wrote {args.json}\n")
-    if args.windows_out:
-        out.write(f"wrote {args.windows_out}\n")
-    if args.plot:
-        plot_report(report, args.plot)
-        out.write(f"wrote {args.plot}\n")
-    return 0
+_MODEL_HELP = "model name picking the tokenizer (default: engine.tokenizer_model, else cl100k_base)"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -166,73 +75,97 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def command(name: str, text: str, func: Any) -> argparse.ArgumentParser:
+    def command(name: str, text: str, func: Any, *options: tuple[str, dict[str, Any]]) -> argparse.ArgumentParser:
+        """A subcommand with ``options``: each ``(flag, add_argument's keywords)``."""
         p = sub.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
         p.set_defaults(func=func)
         parser.commands.append((name, text))
+        for flag, spec in options:
+            p.add_argument(flag, **spec)
         return p
 
-    model_help = "model name picking the tokenizer (default: engine.tokenizer_model, else cl100k_base)"
-    count = command("count", "token counts of the conversations of a JSONL file", commands.cmd_count)
-    count.add_argument(
-        "file", nargs="?", help="JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"
+    model_option = ("--model", {"default": None, "help": _MODEL_HELP})
+    conversation = [("tenant", {"help": "tenant id"}), ("conversation", {"help": "conversation id"})]
+    command(
+        "count",
+        "token counts of the conversations of a JSONL file",
+        commands.cmd_count,
+        ("file", {"nargs": "?", "help": "JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"}),
+        model_option,
+        ("--json", {"action": "store_true", "help": "print JSON instead of a table"}),
     )
-    count.add_argument("--model", default=None, help=model_help)
-    count.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-    demo = command("demo", "run the distributed service on the bundled sample runs", commands.cmd_demo)
-    demo.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=100.0,
-        metavar="SECONDS",
-        help="seconds before the demo wraps up",
+    command(
+        "demo",
+        "run the distributed service on the bundled sample runs",
+        commands.cmd_demo,
+        (
+            "--timeout",
+            {
+                "type": positive_float,
+                "default": 100.0,
+                "metavar": "SECONDS",
+                "help": "seconds before the demo wraps up",
+            },
+        ),
     )
-
-    worker = command("worker", "start a Celery compaction worker", commands.cmd_worker)
-    worker.add_argument(
-        "--concurrency",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="worker pool size (default: worker.concurrency of the settings, 2)",
+    command(
+        "worker",
+        "start a Celery compaction worker",
+        commands.cmd_worker,
+        (
+            "--concurrency",
+            {
+                "type": positive_int,
+                "default": None,
+                "metavar": "N",
+                "help": "worker pool size (default: worker.concurrency of the settings, 2)",
+            },
+        ),
+        (
+            "--loglevel",
+            {"default": "INFO", "choices": ("DEBUG", "INFO", "WARNING", "ERROR"), "help": "Celery log level"},
+        ),
+        (
+            "--hostname",
+            {
+                "default": None,
+                "metavar": "NAME",
+                "help": "node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
+            },
+        ),
+        (
+            "--node",
+            {
+                "default": "all",
+                "choices": ("all", "stages", "drain"),
+                "help": "queues to consume: all (on RabbitMQ a stages node and a drain node, started "
+                "together), stages (worker.concurrency processes) or drain (new jobs, one process)",
+            },
+        ),
     )
-    worker.add_argument(
-        "--loglevel", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="Celery log level"
-    )
-    worker.add_argument(
-        "--hostname",
-        default=None,
-        metavar="NAME",
-        help="node name shown in Flower, e.g. worker1@%%h (default: Celery's celery@<host>)",
-    )
-    worker.add_argument(
-        "--node",
-        default="all",
-        choices=("all", "stages", "drain"),
-        help="queues to consume: all (on RabbitMQ a stages node and a drain node, started "
-        "together), stages (worker.concurrency processes) or drain (new jobs, one process)",
-    )
-
-    flower = command(
+    command(
         "flower",
         "monitor the workers with Flower (the configured Redis and key prefix, on "
         "flower.host:flower.port, 127.0.0.1:5555; another address needs flower.basic_auth; "
         "Flower's other options after --, e.g. -- --persistent=True)",
         commands.cmd_flower,
+        (
+            "flower_args",
+            {
+                "nargs": argparse.REMAINDER,
+                "metavar": "-- FLOWER_OPTION",
+                "help": "Flower's own options, after '--' (not --address, --port or --basic-auth: the "
+                "flower.* settings set them)",
+            },
+        ),
     )
-    flower.add_argument(
-        "flower_args",
-        nargs=argparse.REMAINDER,
-        metavar="-- FLOWER_OPTION",
-        help="Flower's own options, after '--' (not --address, --port or --basic-auth: the flower.* settings set them)",
-    )
-
-    serve = command("serve", "serve the HTTP API", commands.cmd_serve)
-    serve.add_argument("--host", default=None, help="address to bind (default: http.host, 127.0.0.1)")
-    serve.add_argument("--port", type=port, default=None, help="port to bind (default: http.port, 8080)")
-    serve.add_argument(
-        "--workers", type=positive_int, help="API processes on the port (default: http.workers, 1)"
+    command(
+        "serve",
+        "serve the HTTP API",
+        commands.cmd_serve,
+        ("--host", {"default": None, "help": "address to bind (default: http.host, 127.0.0.1)"}),
+        ("--port", {"type": port, "default": None, "help": "port to bind (default: http.port, 8080)"}),
+        ("--workers", {"type": positive_int, "help": "API processes on the port (default: http.workers, 1)"}),
     )
 
     token = command("token", "manage bearer tokens of the HTTP API", None)
@@ -247,44 +180,63 @@ def build_parser() -> Parser:
     create.add_argument("tenant", help="the tenant id the token authenticates as")
     create.set_defaults(func=commands.cmd_token_create)
 
-    compact = command("compact", "offline batch compaction of a JSONL file", commands.cmd_compact)
-    compact.add_argument("file", help="JSONL of {'id', 'messages': [...]}, one conversation a line")
-    compact.add_argument(
-        "--out", required=True, help="where to write the windows (JSONL); replaced only when the batch ends"
+    command(
+        "compact",
+        "offline batch compaction of a JSONL file",
+        commands.cmd_compact,
+        ("file", {"help": "JSONL of {'id', 'messages': [...]}, one conversation a line"}),
+        (
+            "--out",
+            {"required": True, "help": "where to write the windows (JSONL); replaced only when the batch ends"},
+        ),
+        (
+            "--budget",
+            {"type": positive_int, "required": True, "metavar": "TOKENS", "help": "token budget of each window"},
+        ),
+        model_option,
+        (
+            "--continue-on-error",
+            {
+                "action": "store_true",
+                "help": "name each conversation that fails on stderr, write the others, exit 1",
+            },
+        ),
     )
-    compact.add_argument(
-        "--budget", type=positive_int, required=True, metavar="TOKENS", help="token budget of each window"
-    )
-    compact.add_argument("--model", default=None, help=model_help)
-    compact.add_argument(
-        "--continue-on-error",
-        action="store_true",
-        help="name each conversation that fails on stderr, write the others, exit 1",
-    )
-
-    ev = command("eval", "replay conversations through policies and score their windows", cmd_eval)
-    ev.add_argument("file", help="JSONL of {'id', 'messages': [...], 'qa'?: [...]}")
-    ev.add_argument(
-        "--policy",
-        required=True,
-        metavar="NAME,...",
-        help=f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
-    )
-    ev.add_argument(
-        "--baseline",
-        default="steps",
-        help="policy wins and losses are counted against, added when missing ('none': no baseline)",
-    )
-    ev.add_argument(
-        "--windows-out",
-        metavar="FILE",
-        help="write each conversation's final window per policy here, JSONL (default: not written)",
-    )
-    ev.add_argument(
-        "--recall",
-        choices=("off", "auto"),
-        default="off",
-        help="auto: every listed full also runs as full+recall (archive, recall tool, auto-recall)",
+    ev = command(
+        "eval",
+        "replay conversations through policies and score their windows",
+        cmd_eval,
+        ("file", {"help": "JSONL of {'id', 'messages': [...], 'qa'?: [...]}"}),
+        (
+            "--policy",
+            {
+                "required": True,
+                "metavar": "NAME,...",
+                "help": f"comma-separated policies to replay side by side: {', '.join(EVAL_POLICIES)}",
+            },
+        ),
+        (
+            "--baseline",
+            {
+                "default": "steps",
+                "help": "policy wins and losses are counted against, added when missing ('none': no baseline)",
+            },
+        ),
+        (
+            "--windows-out",
+            {
+                "metavar": "FILE",
+                "help": "write each conversation's final window per policy here, JSONL (default: not written)",
+            },
+        ),
+        (
+            "--recall",
+            {
+                "choices": ("off", "auto"),
+                "default": "off",
+                "help": "auto: every listed full also runs as full+recall (archive, recall tool, auto-recall)",
+            },
+        ),
     )
     size = ev.add_mutually_exclusive_group(required=True)
     size.add_argument(
@@ -299,58 +251,69 @@ def build_parser() -> Parser:
         metavar="R",
         help="budget as a share of each conversation's tokens (or --budget)",
     )
-    ev.add_argument("--json", metavar="FILE", help="write the full JSON report here (default: not written)")
-    ev.add_argument(
-        "--plot",
-        metavar="PNG",
-        help="write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)",
-    )
-    ev.add_argument(
-        "--limit",
-        type=positive_int,
-        default=None,
-        metavar="K",
-        help="only the first K conversations (default: all)",
-    )
-    ev.add_argument(
-        "--ids",
-        default=None,
-        metavar="ID,...",
-        help="only these conversation ids, comma-separated (default: all)",
-    )
-    ev.add_argument(
-        "--step-stride",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="a window every N assistant steps without a user message",
-    )
-    ev.add_argument(
-        "--lag",
-        type=int,
-        default=0,
-        metavar="N",
-        help="full's compactions land N windows after they were asked for (a lagging worker; "
-        "the windows between are served by the fast path's rules); 0: before the window",
-    )
-    ev.add_argument("--model", default=None, help=model_help)
-    ev.add_argument("--quiet", action="store_true", help="print the overall row only")
-    ev.add_argument("--progress", action="store_true", help="print each conversation's time to stderr")
+    for flag, spec in (
+        ("--json", {"metavar": "FILE", "help": "write the full JSON report here (default: not written)"}),
+        (
+            "--plot",
+            {"metavar": "PNG", "help": "write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)"},
+        ),
+        (
+            "--limit",
+            {
+                "type": positive_int,
+                "default": None,
+                "metavar": "K",
+                "help": "only the first K conversations (default: all)",
+            },
+        ),
+        (
+            "--ids",
+            {
+                "default": None,
+                "metavar": "ID,...",
+                "help": "only these conversation ids, comma-separated (default: all)",
+            },
+        ),
+        (
+            "--step-stride",
+            {
+                "type": positive_int,
+                "default": 1,
+                "metavar": "N",
+                "help": "a window every N assistant steps without a user message",
+            },
+        ),
+        (
+            "--lag",
+            {
+                "type": int,
+                "default": 0,
+                "metavar": "N",
+                "help": "full's compactions land N windows after they were asked for (a lagging worker; "
+                "the windows between are served by the fast path's rules); 0: before the window",
+            },
+        ),
+        model_option,
+        ("--quiet", {"action": "store_true", "help": "print the overall row only"}),
+        ("--progress", {"action": "store_true", "help": "print each conversation's time to stderr"}),
+    ):
+        ev.add_argument(flag, **spec)
 
-    inspect = command(
-        "inspect", "show a conversation's compaction: status, blocks, journal", commands.cmd_inspect
+    command(
+        "inspect",
+        "show a conversation's compaction: status, blocks, journal",
+        commands.cmd_inspect,
+        *conversation,
+        ("--history", {"action": "store_true", "help": "also print the last 20 kept versions"}),
+        ("--json", {"action": "store_true", "help": "the whole compaction state as JSON"}),
     )
-    inspect.add_argument("tenant", help="tenant id")
-    inspect.add_argument("conversation", help="conversation id")
-    inspect.add_argument("--history", action="store_true", help="also print the last 20 kept versions")
-    inspect.add_argument("--json", action="store_true", help="the whole compaction state as JSON")
-
-    rollback = command(
-        "rollback", "restore an earlier state version (as a new version)", commands.cmd_rollback
+    command(
+        "rollback",
+        "restore an earlier state version (as a new version)",
+        commands.cmd_rollback,
+        *conversation,
+        ("version", {"type": positive_int, "help": "the kept version to make current again"}),
     )
-    rollback.add_argument("tenant", help="tenant id")
-    rollback.add_argument("conversation", help="conversation id")
-    rollback.add_argument("version", type=positive_int, help="the kept version to make current again")
 
     model = command("model", "a local summarisation model (the local-model extra)", None)
     local_model.add_model_parser(model, common, HelpFormatter)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from ctxcore.config import FlowerSettings, Settings, hash_token
 from ctxcore.errors import ConfigError
 from ctxcore.messages import from_openai
-from ctxcore.state.keys import validate_id
+from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window import check_window
 from workers.table_cells import cell
@@ -247,7 +247,6 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     """Print a conversation's overview for people (``--json``: its compaction state, and
     with ``--history`` the kept versions, as JSON)."""
-    from ctxcore.state import ConversationKey
     from workers.holds import status_of
     from workers.inspect_view import InspectView, render_overview
     from workers.runtime import Runtime
@@ -299,7 +298,6 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
     """Make an earlier kept version of the state current again (as a new version)."""
-    from ctxcore.state import ConversationKey
     from workers.rollback import rollback_conversation
     from workers.runtime import Runtime
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 import redis
 
 from ctxcore.config import Settings
-from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai
 from ctxcore.state import ConversationKey
 from ctxcore.turns import anchors
@@ -122,9 +121,7 @@ def run_demo(
     was valid, 1 otherwise, 128 + the signal number when stopped by SIGTERM (143) or SIGINT
     (130). Every key it writes, Celery's included, carries a ``demo<hex>`` prefix and is
     deleted at the end; an embedded redis-server it started is stopped and its directory
-    removed, on a signal too."""
-    if not timeout > 0:
-        raise ConfigError(f"the demo's timeout must be greater than 0 seconds, got {timeout}")
+    removed, on a signal too. ``timeout`` (seconds, above 0) is checked by the parser."""
     with StopSignals() as stop:
         from workers.embedded import ensure_redis
 
@@ -158,11 +155,8 @@ def run_demo(
 def _delete_keys(url: str, prefix: str) -> int:
     from workers.keyspace import delete_prefixed_keys
 
-    client = redis.Redis.from_url(url)
-    try:
+    with contextlib.closing(redis.Redis.from_url(url)) as client:
         return delete_prefixed_keys(client, prefix)
-    finally:
-        client.close()
 
 
 def _run(

@@ -178,23 +178,31 @@ def add_model_parser(
         parents=[common],
         formatter_class=formatter,
     )
-    serve.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
-    serve.add_argument("--port", type=port, default=DEFAULT_PORT, help="port to bind")
-    serve.add_argument(
-        "--context",
-        type=positive_int,
-        default=DEFAULT_CONTEXT,
-        metavar="TOKENS",
-        help="the model's context; set model.context_window_tokens to half of it (ctxcore counts "
-        "with cl100k_base; Gemma's tokenizer counted 1.2x more on a log of paths and numbers)",
-    )
-    serve.add_argument(
-        "--threads", type=positive_int, default=os.cpu_count() or 1, metavar="N", help="CPU threads"
-    )
-    serve.add_argument(
-        "--model-path",
-        default=None,
-        metavar="FILE",
-        help="another GGUF file to serve (default: the bundled model, assembled into ~/.cache)",
-    )
+    for flag, spec in (
+        ("--host", {"default": "127.0.0.1", "help": "loopback address to bind"}),
+        ("--port", {"type": port, "default": DEFAULT_PORT, "help": "port to bind"}),
+        (
+            "--context",
+            {
+                "type": positive_int,
+                "default": DEFAULT_CONTEXT,
+                "metavar": "TOKENS",
+                "help": "the model's context; set model.context_window_tokens to half of it (ctxcore counts "
+                "with cl100k_base; Gemma's tokenizer counted 1.2x more on a log of paths and numbers)",
+            },
+        ),
+        (
+            "--threads",
+            {"type": positive_int, "default": os.cpu_count() or 1, "metavar": "N", "help": "CPU threads"},
+        ),
+        (
+            "--model-path",
+            {
+                "default": None,
+                "metavar": "FILE",
+                "help": "another GGUF file to serve (default: the bundled model, assembled into ~/.cache)",
+            },
+        ),
+    ):
+        serve.add_argument(flag, **spec)
     serve.set_defaults(func=cmd_model_serve)

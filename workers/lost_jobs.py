@@ -23,9 +23,9 @@ from ctxcore.errors import StoreUnavailable
 from workers.broker import queue_names, uses_amqp
 from workers.broker_queues import queue_ready
 from workers.failures import LOST_TASK
+from workers.jobs import send_drain_tokens
 from workers.prom_worker import stage_metrics
 from workers.runtime import Runtime
-from workers.tasks import send_drain_tokens
 
 __all__ = ["requeue_lost_jobs"]
 

@@ -16,7 +16,7 @@ the rings that are not stuck are taken off the waiting count first. (Subtracting
 died with a killed worker for as long as a busy ring kept its tokens in the queue.) On RabbitMQ each pass also logs the dead letters not reported before
 (``workers.dead_letters``). The step registers itself on the app when this module is
 imported: it is in the app's ``include``, which a worker imports before it builds its
-bootsteps, so the app never imports this module (nor, through it, the tasks).
+bootsteps, so the app never imports this module (nor, through it, ``workers.jobs``).
 
 Each pass also queues again the running jobs that lost their stage (no heartbeat and no
 pending stage for ``2 x worker.heartbeat_seconds``: ``workers.lost_jobs``).
@@ -40,10 +40,10 @@ from workers.app import app, runtime, settings
 from workers.broker import declare_queues, queue_names, uses_amqp
 from workers.broker_queues import broker_channel, queue_ready
 from workers.dead_letters import report_dead_letters
+from workers.jobs import send_drain_tokens
 from workers.lost_jobs import requeue_lost_jobs
 from workers.retention import SWEEP_EVERY_SECONDS, sweep_if_due
 from workers.runtime import Runtime, retention_of
-from workers.tasks import send_drain_tokens
 
 __all__ = ["Reconciler", "reconcile", "reconcile_once"]
 

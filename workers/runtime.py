@@ -246,8 +246,7 @@ class Runtime:
 
     def call_limits_for(self, key: ConversationKey) -> CallLimits:
         """The context and output cap ``key``'s summariser calls are fitted to."""
-        model = self.settings.model_for_tenant(key.tenant_id)
-        return CallLimits.of(model)
+        return CallLimits.of(self.settings.model_for_tenant(key.tenant_id))
 
     def chunking_for(self, key: ConversationKey) -> ChunkingConfig | None:
         """How ``key``'s compactions archive for recall (None: recall off for its tenant)."""

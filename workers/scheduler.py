@@ -138,8 +138,7 @@ class FairScheduler:
         liveness_seconds: float = 20.0,
         on_request: Callable[[ConversationKey], None] | None = None,
     ) -> None:
-        if rings < 1 or ring_tokens < 1:
-            raise ConfigError(f"scheduler rings and ring_tokens must be >= 1, got {rings}, {ring_tokens}")
+        # Both counts are validated once, by the settings (worker.scheduler_rings, ring_tokens: >= 1).
         self.client = client
         self._mirror_key = mirror
         # The mirror's expiry (the conversation's), with a retention.
@@ -153,16 +152,8 @@ class FairScheduler:
         self.requeue_after_seconds = requeue_after_seconds
         # Twice the heartbeat interval: how long a running job may go without news.
         self.liveness_seconds = liveness_seconds
-        self._enqueue = client.register_script(lua.ENQUEUE)
-        self._rotate = client.register_script(lua.ROTATE)
-        self._pop = client.register_script(lua.POP)
-        self._renew = client.register_script(lua.RENEW)
-        self._finish = client.register_script(lua.FINISH)
-        self._forget = client.register_script(lua.FORGET)
-        self._stuck = client.register_script(lua.STUCK)
-        self._mirror = client.register_script(lua.MIRROR)
-        self._beat = client.register_script(lua.BEAT)
-        self._requeue_lost = client.register_script(lua.REQUEUE_LOST)
+        # Each script of ``workers.scheduler_scripts`` by its name there (``_call`` runs them).
+        self._scripts = {name: client.register_script(getattr(lua, name)) for name in lua.__all__}
         # Told of every request before it reaches a job (queued, absorbed, or a running
         # job's follow-up): the next job to start links to it (workers.telemetry.jobs).
         self._on_request = on_request
@@ -192,15 +183,16 @@ class FairScheduler:
     def _member(key: ConversationKey) -> str:
         return f"{key.tenant_id}/{key.conversation_id}"
 
-    def _call(self, fn: Any, keys: list[str], args: list[Any]) -> Any:
-        self._check_meta()
+    def _call(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        self.check()
         try:
-            return fn(keys=keys, args=args)
+            return self._scripts[script](keys=keys, args=args)
         except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
 
-    def _check_meta(self) -> None:
-        """Record the ring count at first start; refuse a different one later."""
+    def check(self) -> None:
+        """Record the ring count at first start; refuse a different one later (``ConfigError``):
+        the start-up check, and done before the first use."""
         if self._meta_checked:
             return
         try:
@@ -216,20 +208,22 @@ class FairScheduler:
             )
         self._meta_checked = True
 
-    def check(self) -> None:
-        """The start-up check: ``ConfigError`` when the stored ring count differs."""
-        self._check_meta()
-
     def request(self, key: ConversationKey) -> Requested:
         """Ask for a compaction of ``key``; see ``Requested`` for whether to send a token."""
         if self._on_request is not None:  # before: a job popped meanwhile links to it
             self._on_request(key)
         ring = self.ring_of(key.tenant_id)
-        args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
         got = self._call(
-            self._enqueue,
+            "ENQUEUE",
             self._keys(ring, key.tenant_id),
-            [*args, self.requeue_after_seconds, self.ring_tokens],
+            [
+                self._member(key),
+                key.tenant_id,
+                key.conversation_id,
+                repr(time.time()),
+                self.requeue_after_seconds,
+                self.ring_tokens,
+            ],
         )
         code = int(self._mirrored(key, got))
         return Requested(created=code in (1, 3), token=ring if code in (1, 2) else None)
@@ -250,7 +244,7 @@ class FairScheduler:
         # try a few more before moving on.
         for attempt in range(4):
             tenant = self._call(
-                self._rotate,
+                "ROTATE",
                 self._ring_keys(ring),
                 ["1" if consume and attempt == 0 else "0", repr(time.time())],
             )
@@ -258,7 +252,7 @@ class FairScheduler:
                 return None
             name = tenant.decode() if isinstance(tenant, bytes) else str(tenant)
             got = self._call(
-                self._pop,
+                "POP",
                 self._keys(ring, name),
                 [name, repr(time.time()), self.lease_seconds, self.ring_tokens, self.liveness_seconds],
             )
@@ -269,14 +263,12 @@ class FairScheduler:
                 return job
         return None
 
-    def _status_key(self, key: ConversationKey) -> str:
-        return f"{self.tags[self.ring_of(key.tenant_id)]}:status"
-
     def renew(self, key: ConversationKey) -> bool:
         """Extend a running job's lease (called by each stage)."""
+        tag = self.tags[self.ring_of(key.tenant_id)]
         deadline = time.time() + self.lease_seconds
-        keys = [self._status_key(key), f"{self.tags[self.ring_of(key.tenant_id)]}:seq"]
-        return bool(self._mirrored(key, self._call(self._renew, keys, [self._member(key), deadline])))
+        got = self._call("RENEW", [f"{tag}:status", f"{tag}:seq"], [self._member(key), deadline])
+        return bool(self._mirrored(key, got))
 
     def beat(self, key: ConversationKey, seconds_ahead: float | None = None) -> bool:
         """The running job of ``key`` shows life for ``seconds_ahead`` more seconds (default
@@ -284,8 +276,8 @@ class FairScheduler:
         False when it is not running (nothing written)."""
         ahead = self.liveness_seconds if seconds_ahead is None else seconds_ahead
         tag = self.tags[self.ring_of(key.tenant_id)]
-        keys = [f"{tag}:status", f"{tag}:beat"]
-        return bool(self._call(self._beat, keys, [self._member(key), repr(time.time() + ahead)]))
+        args = [self._member(key), repr(time.time() + ahead)]
+        return bool(self._call("BEAT", [f"{tag}:status", f"{tag}:beat"], args))
 
     def requeue_lost(self) -> list[Job]:
         """Queue again every running job whose beat deadline passed (its stage was lost);
@@ -294,7 +286,7 @@ class FairScheduler:
         now = time.time()
         lost: list[Job] = []
         for ring in range(self.rings):
-            self._check_meta()
+            self.check()
             try:
                 beats = self.client.hgetall(f"{self.tags[ring]}:beat")
             except _ERRORS as exc:
@@ -306,7 +298,7 @@ class FairScheduler:
                 tenant, _, conversation = member.partition("/")
                 key = ConversationKey(tenant, conversation)
                 got = self._call(
-                    self._requeue_lost,
+                    "REQUEUE_LOST",
                     self._keys(ring, tenant),
                     [member, tenant, conversation, repr(now), self.ring_tokens],
                 )
@@ -320,12 +312,17 @@ class FairScheduler:
         1 finished and its follow-up queued (send one drain token to ``ring_of(tenant)``),
         2 finished and its follow-up queued behind its ring's tokens. ``follow_up=False``
         drops the follow-up a request during the run asked for (the run failed: back off)."""
-        ring = self.ring_of(key.tenant_id)
-        args = [self._member(key), key.tenant_id, key.conversation_id, repr(time.time())]
         got = self._call(
-            self._finish,
-            self._keys(ring, key.tenant_id),
-            [*args, "1" if follow_up else "0", self.ring_tokens],
+            "FINISH",
+            self._keys(self.ring_of(key.tenant_id), key.tenant_id),
+            [
+                self._member(key),
+                key.tenant_id,
+                key.conversation_id,
+                repr(time.time()),
+                "1" if follow_up else "0",
+                self.ring_tokens,
+            ],
         )
         return int(self._mirrored(key, got))
 
@@ -345,7 +342,7 @@ class FairScheduler:
         now = repr(time.time())
         for ring in range(self.rings):
             revived, outstanding = self._call(
-                self._stuck, self._ring_keys(ring), [now, self.requeue_after_seconds]
+                "STUCK", self._ring_keys(ring), [now, self.requeue_after_seconds]
             )
             if int(revived):
                 stuck[ring] = int(revived)
@@ -355,19 +352,18 @@ class FairScheduler:
     def status(self, key: ConversationKey) -> Status:
         """``idle``, ``queued`` or ``running`` (a dirty run counts as running), from the
         ring's slot (the fast path reads the mirror in the compaction hash instead)."""
-        self._check_meta()
+        self.check()
         try:
-            raw = self.client.hget(self._status_key(key), self._member(key))
+            raw = self.client.hget(f"{self.tags[self.ring_of(key.tenant_id)]}:status", self._member(key))
         except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
         return parse_status(raw)
 
     def forget(self, key: ConversationKey) -> None:
         """Drop a conversation's queued work and status (on delete)."""
-        ring = self.ring_of(key.tenant_id)
+        keys = self._keys(self.ring_of(key.tenant_id), key.tenant_id)
         args = [self._member(key), key.tenant_id, key.conversation_id]
-        keys = self._keys(ring, key.tenant_id)
-        self._mirrored(key, self._call(self._forget, [*keys[:4], keys[6], keys[7]], args))
+        self._mirrored(key, self._call("FORGET", [*keys[:4], keys[6], keys[7]], args))
 
     def _mirrored(self, key: ConversationKey, got: list[Any]) -> Any:
         """Mirror a script's status change (its last two values: status, ring seq) into the
@@ -376,7 +372,7 @@ class FairScheduler:
         if self._mirror_key is not None and seq > 0:
             status = got[-2].decode() if isinstance(got[-2], bytes) else str(got[-2])
             keys = [self._mirror_key(key), self._retention.name(key, "log:seq")]
-            self._call(self._mirror, keys, [status, seq, self._retention.ttl_ms(key)])
+            self._call("MIRROR", keys, [status, seq, self._retention.ttl_ms(key)])
         return got[0]
 
     def depth(self) -> int:

@@ -14,8 +14,8 @@ import pytest
 
 from ctxcore.config import ModelSettings, ProxySettings, RecallSettings, Settings, TenantSettings
 from tests.datasets import require_data
-from workers import cli
 from workers import commands as cli_commands
+from workers import eval_command
 from workers.cli import build_parser, main
 
 
@@ -369,9 +369,9 @@ def test_eval_input_errors_come_before_the_run(
 def test_eval_plot_needs_the_plot_extra_and_says_so_first(
     no_run: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real = cli.importlib.util.find_spec
+    real = eval_command.importlib.util.find_spec
     monkeypatch.setattr(
-        cli.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name)
+        eval_command.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name)
     )
     data = str(require_data("dialogue_qa.jsonl"))
     code = main(["eval", data, "--policy", "truncate", "--budget", "500", "--plot", str(tmp_path / "p.png")])

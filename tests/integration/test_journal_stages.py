@@ -78,11 +78,11 @@ def _conversation(rt: Any, name: str) -> ConversationKey:
 
 def _run_job(rt: Any, key: ConversationKey, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Drain the job and apply its stages one by one; (stage, Celery state) of each."""
-    from workers import tasks
+    from workers import jobs, tasks
 
     sent: list[tuple[str, dict[str, Any], list[str]]] = []
     monkeypatch.setattr(
-        tasks,
+        jobs,
         "send_stage",
         lambda k, stage, exhausted: sent.append((stage.kind, stage.model_dump(mode="json"), list(exhausted))),
     )

@@ -86,8 +86,8 @@ class Harness:
 @pytest.fixture()
 def harness(redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     from workers import app as app_module
+    from workers import jobs
     from workers import runtime as runtime_module
-    from workers import tasks
 
     saved = (app_module._state.settings, app_module._state.runtime)
     settings = Settings.load(
@@ -108,9 +108,9 @@ def harness(redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch) 
         h.tokens.extend([ring] * count)
         return count
 
-    monkeypatch.setattr(tasks, "send_drain_tokens", record_tokens)
+    monkeypatch.setattr(jobs, "send_drain_tokens", record_tokens)
     monkeypatch.setattr(
-        tasks,
+        jobs,
         "send_stage",
         lambda k, stage, exhausted: h.stages.append(
             (stage.kind, stage.model_dump(mode="json"), list(exhausted))

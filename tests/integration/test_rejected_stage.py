@@ -66,7 +66,7 @@ def test_a_rejected_stage_fails_without_retry_shows_failing_and_planning_moves_o
     configured: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ctxcore.window import check_window
-    from workers import tasks
+    from workers import jobs, tasks
     from workers.failures import StageFailedError
     from workers.runtime import build_service
 
@@ -84,7 +84,7 @@ def test_a_rejected_stage_fails_without_retry_shows_failing_and_planning_moves_o
     rt.coordinator.summarizer = OrphanSummarizer()
     sent: list[tuple[str, dict[str, Any], list[str]]] = []
     monkeypatch.setattr(
-        tasks,
+        jobs,
         "send_stage",
         lambda k, stage, exhausted: sent.append((stage.kind, stage.model_dump(mode="json"), list(exhausted))),
     )

@@ -96,8 +96,8 @@ def deploy(
     redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[[dict[str, Any]], Deployment]]:
     from workers import app as app_module
+    from workers import jobs
     from workers import runtime as runtime_module
-    from workers import tasks
 
     saved = (app_module._state.settings, app_module._state.runtime)
     made: list[Deployment] = []
@@ -122,9 +122,9 @@ def deploy(
             d.tokens.extend([ring] * count)
             return count
 
-        monkeypatch.setattr(tasks, "send_drain_tokens", record_tokens)
+        monkeypatch.setattr(jobs, "send_drain_tokens", record_tokens)
         monkeypatch.setattr(
-            tasks,
+            jobs,
             "send_stage",
             lambda k, stage, exhausted: d.stages.append(
                 (k, stage.kind, stage.model_dump(mode="json"), list(exhausted))

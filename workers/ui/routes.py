@@ -8,6 +8,8 @@ Forms that change something (rollback, sign-out) carry the session's CSRF token:
 it the answer is 403 and nothing changes.
 """
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -64,6 +66,29 @@ def _redirect(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303, headers=SECURITY_HEADERS)
 
 
+class _Answer(Exception):
+    """What a page's route answers instead (sign in, 429, the 404 page), raised by the
+    checks it shares with the other routes."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def _answering(route: Callable[..., Response]) -> Callable[..., Response]:
+    """``route`` answering an ``_Answer`` raised in it with its response (FastAPI reads the
+    route's own parameters through ``functools.wraps``)."""
+
+    @functools.wraps(route)
+    def answered(*args: Any, **kwargs: Any) -> Response:
+        try:
+            return route(*args, **kwargs)
+        except _Answer as answer:
+            return answer.response
+
+    return answered
+
+
 def ui_router(api: ApiState) -> APIRouter:
     """The inspector's pages over ``api`` (not in the OpenAPI document: they are HTML)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -72,18 +97,18 @@ def ui_router(api: ApiState) -> APIRouter:
     attempts = RateLimiter(api.runtime.redis, f"{api.settings.redis.key_prefix}:ui-login")
     Session = Annotated[str | None, Cookie(alias=COOKIE)]
 
-    def signed_in(cookie: str | None) -> UiSession | Response:
+    def signed_in(cookie: str | None) -> UiSession:
         """The cookie's session, charged to its tenant's request rate like the API's
-        requests; else the answer: sign in (again, saying why, when a cookie came), or 429."""
+        requests; else ``_Answer``: sign in (again, saying why, when a cookie came), or 429."""
         session = sessions.get(cookie)
         if session is None:
             response = _redirect("/ui/login?expired=1" if cookie else "/ui/login")
             response.delete_cookie(COOKIE, path="/ui")
-            return response
+            raise _Answer(response)
         try:
             rate_limit(api, session.tenant)
         except ApiError as exc:
-            return _page("limited.html", 429, session, error=exc.detail, headers=exc.headers)
+            raise _Answer(_page("limited.html", 429, session, error=exc.detail, headers=exc.headers)) from None
         return session
 
     def conversation(session: UiSession, cid: str) -> ConversationKey:
@@ -95,16 +120,14 @@ def ui_router(api: ApiState) -> APIRouter:
             raise NotFoundError("conversation not found")
         return key
 
-    def open_conversation(cookie: str | None, cid: str) -> tuple[UiSession, ConversationKey] | Response:
-        """The signed-in session and the conversation ``cid`` of its tenant; else the answer
+    def open_conversation(cookie: str | None, cid: str) -> tuple[UiSession, ConversationKey]:
+        """The signed-in session and the conversation ``cid`` of its tenant; else ``_Answer``
         (sign in, 429, or the same 404 for an unknown or another tenant's conversation)."""
         session = signed_in(cookie)
-        if not isinstance(session, UiSession):
-            return session
         try:
             return session, conversation(session, cid)
         except NotFoundError:
-            return not_found(session)
+            raise _Answer(not_found(session)) from None
 
     def not_found(session: UiSession) -> HTMLResponse:
         return _page(
@@ -163,28 +186,26 @@ def ui_router(api: ApiState) -> APIRouter:
         return response
 
     @router.get("/")
+    @_answering
     def conversations(
         ctxcore_ui: Session = None,
         after: Annotated[str | None, Query(max_length=128)] = None,
         prefix: Annotated[str, Query(max_length=128)] = "",
     ) -> Response:
         session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
         rows, following = conversation_rows(api, session.tenant, after or None, prefix)
         return _page("conversations.html", session=session, rows=rows, next=following, prefix=prefix)
 
     @router.get("/c/{cid}")
+    @_answering
     def conversation_view(
         cid: str, ctxcore_ui: Session = None, budget: Annotated[int | None, Query(ge=1, le=10_000_000)] = None
     ) -> Response:
-        opened = open_conversation(ctxcore_ui, cid)
-        if isinstance(opened, Response):
-            return opened
-        session, key = opened
+        session, key = open_conversation(ctxcore_ui, cid)
         return _page("conversation.html", session=session, **conversation_page(api, key, budget))
 
     @router.get("/c/{cid}/range")
+    @_answering
     def sources(
         cid: str,
         first: Annotated[str, Query(max_length=12)],
@@ -192,8 +213,6 @@ def ui_router(api: ApiState) -> APIRouter:
         ctxcore_ui: Session = None,
     ) -> Response:
         session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
         try:
             key = conversation(session, cid)
             messages = api.runtime.log.read_range(key, first, last)
@@ -204,10 +223,9 @@ def ui_router(api: ApiState) -> APIRouter:
         )
 
     @router.get("/c/{cid}/offload/{handle}")
+    @_answering
     def offload(cid: str, handle: str, ctxcore_ui: Session = None) -> Response:
         session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
-            return session
         try:
             key = conversation(session, cid)
             validate_handle(handle)
@@ -222,13 +240,11 @@ def ui_router(api: ApiState) -> APIRouter:
         )
 
     @router.get("/c/{cid}/history")
+    @_answering
     def history(
         cid: str, ctxcore_ui: Session = None, notice: Annotated[str, Query(max_length=200)] = ""
     ) -> Response:
-        opened = open_conversation(ctxcore_ui, cid)
-        if isinstance(opened, Response):
-            return opened
-        session, key = opened
+        session, key = open_conversation(ctxcore_ui, cid)
         versions = api.runtime.state_store.history(key)
         journal = [
             {**e.as_dict(), "at": e.at.strftime("%Y-%m-%d %H:%M:%S")}
@@ -239,13 +255,11 @@ def ui_router(api: ApiState) -> APIRouter:
         )
 
     @router.get("/c/{cid}/diff")
+    @_answering
     def diff(
         cid: str, a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        opened = open_conversation(ctxcore_ui, cid)
-        if isinstance(opened, Response):
-            return opened
-        session, key = opened
+        session, key = open_conversation(ctxcore_ui, cid)
         kept = {s.version: s for s in api.runtime.state_store.history(key)}
         if a not in kept or b not in kept:
             return _page(
@@ -261,13 +275,12 @@ def ui_router(api: ApiState) -> APIRouter:
         return _page("diff.html", session=session, **diff_page(key, kept[a], kept[b]))
 
     @router.get("/c/{cid}/rollback")
+    @_answering
     def confirm_rollback(
         cid: str, version: Annotated[int, Query(ge=1)], ctxcore_ui: Session = None
     ) -> Response:
-        opened = open_conversation(ctxcore_ui, cid)
-        if isinstance(opened, Response):
-            return opened
-        return _page("confirm.html", session=opened[0], cid=cid, version=version)
+        session, _ = open_conversation(ctxcore_ui, cid)
+        return _page("confirm.html", session=session, cid=cid, version=version)
 
     @router.post("/c/{cid}/rollback")
     def rollback(
@@ -276,8 +289,9 @@ def ui_router(api: ApiState) -> APIRouter:
         csrf: Annotated[str | None, Form()] = None,
         ctxcore_ui: Session = None,
     ) -> Response:
-        session = signed_in(ctxcore_ui)
-        if not isinstance(session, UiSession):
+        try:
+            session = signed_in(ctxcore_ui)
+        except _Answer:
             return _page(
                 "login.html", 401, error=f"{EXPIRED if ctxcore_ui else 'sign in first'}; nothing changed"
             )
@@ -303,13 +317,11 @@ def ui_router(api: ApiState) -> APIRouter:
         )
 
     @router.get("/c/{cid}/recall")
+    @_answering
     def recall(
         cid: str, ctxcore_ui: Session = None, q: Annotated[str, Query(max_length=2000)] = ""
     ) -> Response:
-        opened = open_conversation(ctxcore_ui, cid)
-        if isinstance(opened, Response):
-            return opened
-        session, key = opened
+        session, key = open_conversation(ctxcore_ui, cid)
         answer: RecallAnswer | None = None
         error = None
         if q.strip():
