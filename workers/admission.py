@@ -35,10 +35,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxcore.errors import InvalidMessageError, StoreUnavailable
-from workers.bodylimit import CutOff
 from workers.api_common.auth import ADMITTED, tenant_for_token
 from workers.api_common.errors import ApiError, invalid_message_error
 from workers.api_common.state import ApiState
+from workers.bodylimit import CutOff
 from workers.ratelimit import Admission
 
 __all__ = ["AdmissionMiddleware"]
