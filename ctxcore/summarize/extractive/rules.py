@@ -29,7 +29,10 @@ class Rules:
     line; kept for the eval's last-exception check, bench/README issue 33c),
     ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
     writes, competes as a line of the agent's own). Weight:
-    ``category_priors`` (a prior per kind of line, else one flat prior). Rules measured and
+    ``category_priors`` (a prior per kind of line, else one flat prior), ``summary_bonus``
+    (an earlier summary's line +1, its request +3), ``date_bonus`` (a short system note, a
+    session's date line, +2), ``question_weight`` (a dialogue question half a statement's
+    weight). Rules measured and
     removed for not paying on both halves (bench/README, issue 33): the first and newest
     failure lines, the files written and the files looked at, the line features, the
     discount of lines the context holds, the files' reserved share, a tool output's path or
@@ -44,6 +47,9 @@ class Rules:
     output_errors: bool = True
     script_lines: bool = True
     category_priors: bool = True
+    summary_bonus: bool = True
+    date_bonus: bool = True
+    question_weight: bool = True
 
 
 ALL_RULES: Final = Rules()
