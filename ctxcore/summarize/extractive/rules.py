@@ -28,7 +28,8 @@ class Rules:
     taken as they are), ``output_errors`` (a tool output's error lines beyond its first
     line; kept for the eval's last-exception check, bench/README issue 33c),
     ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
-    writes, competes as a line of the agent's own). Weight:
+    writes, competes as a line of the agent's own), ``viewed_code`` (each line of a numbered
+    code listing a tool printed, ``nl -ba`` or ``cat -n``, competes with its number). Weight:
     ``category_priors`` (a prior per kind of line, else one flat prior), ``summary_bonus``
     (an earlier summary's line +1, its request +3), ``date_bonus`` (a short system note, a
     session's date line, +2), ``question_weight`` (a dialogue question half a statement's
@@ -46,6 +47,7 @@ class Rules:
     bare_joined: bool = True
     output_errors: bool = True
     script_lines: bool = True
+    viewed_code: bool = True
     category_priors: bool = True
     summary_bonus: bool = True
     date_bonus: bool = True
