@@ -26,15 +26,12 @@ from ctxcore.summarize.extractive.features import (
     words_of,
 )
 from ctxcore.summarize.extractive.items import BASE_SCORE, Item
-from ctxcore.summarize.extractive.listings import numbered_lines
 from ctxcore.summarize.extractive.rules import ALL_RULES, Rules
 from ctxcore.summarize.extractive.tools import result_line
 from ctxcore.turns import is_real_user, tool_callers
 
 __all__ = ["Candidates", "extract"]
 
-# A listing's lines are ordered after the output's error lines (``Extractor.tool_output``).
-_LISTING_ORDER = 100_000
 _MUST_FIRST = 1e9
 _MUST_LAST = 1e8
 # A summary that is nothing but a long task statement has lost the work; the anchors are
@@ -156,7 +153,7 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
         if isinstance(message, SystemMessage):
             # Short system notes in a log are markers such as a session's date line.
             if len(message.text) <= MAX_LINE_CHARS:
-                ex.add((index, 0), "fact", collapse(message.text), tag="", bonus=2.0 if ex.rules.date_bonus else 0.0)
+                ex.add((index, 0), "fact", collapse(message.text), tag="")
         elif isinstance(message, UserMessage):
             _user(ex, shape, index, message)
         elif isinstance(message, AssistantMessage):
@@ -166,10 +163,6 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
             if index not in shape.callers:
                 ex.add((index, 0), "tool", result_line(ex.scanned(index, message)), tag=tag)
             ex.tool_output(index, message, used_lines.get(index, ""), tag)
-            if ex.rules.viewed_code:
-                # Code the agent viewed competes line by line, each with its number.
-                for sub, code in enumerate(numbered_lines(message.text), start=_LISTING_ORDER):
-                    ex.add((index, sub), "work", code, tag=tag)
 
 
 def _latest(ex: Extractor) -> list[Item]:
