@@ -222,7 +222,7 @@ class Extractor:
                 section=section,
                 speaker=prefix if text.startswith(prefix) else "",
                 trimmed=text != whole,
-                decay=_QUESTION_WEIGHT if piece.endswith("?") else 1.0,
+                decay=_QUESTION_WEIGHT if self.rules.question_weight and piece.endswith("?") else 1.0,
             )
         )
 
@@ -286,7 +286,7 @@ class Extractor:
                 continue
             # Lines of an earlier summary were already chosen once; requests carried over
             # from it outrank ordinary facts.
-            bonus = 3.0 if category == "request" else 1.0
+            bonus = (3.0 if category == "request" else 1.0) if self.rules.summary_bonus else 0.0
             self.add(
                 (index, sub),
                 category,

@@ -153,7 +153,7 @@ def _walk(ex: Extractor, source: Sequence[AnyMessage], shape: _Shape) -> None:
         if isinstance(message, SystemMessage):
             # Short system notes in a log are markers such as a session's date line.
             if len(message.text) <= MAX_LINE_CHARS:
-                ex.add((index, 0), "fact", collapse(message.text), tag="", bonus=2.0)
+                ex.add((index, 0), "fact", collapse(message.text), tag="")
         elif isinstance(message, UserMessage):
             _user(ex, shape, index, message)
         elif isinstance(message, AssistantMessage):

@@ -28,14 +28,19 @@ class Rules:
     taken as they are), ``output_errors`` (a tool output's error lines beyond its first
     line; kept for the eval's last-exception check, bench/README issue 33c),
     ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
-    writes, competes as a line of the agent's own). Weight:
-    ``category_priors`` (a prior per kind of line, else one flat prior). Rules measured and
+    writes, competes as a line of the agent's own). Weights:
+    ``category_priors`` (a prior per kind of line, else one flat prior), ``summary_bonus``
+    (an earlier summary's line +1, its request +3), ``question_weight`` (a dialogue question
+    half a statement's weight; moves no next-step reference, kept for LoCoMo's c_hit goal,
+    bench/README issue 33d). Rules measured and
     removed for not paying on both halves (bench/README, issue 33): the first and newest
     failure lines, the files written and the files looked at, the line features, the
     discount of lines the context holds, the files' reserved share, a tool output's path or
     date lines, fenced code left out, and (issue 33c) the newest call kept whatever
     competes, each further line of one message worth less (0.6 per line) and later lines
-    worth more (2.0 over the span).
+    worth more (2.0 over the span), and (issue 33d) a short system note's (a session's date
+    line) +2 and each numbered line of a code listing a tool printed competing with its
+    number.
     """
 
     commands_whole: bool = True
@@ -44,6 +49,8 @@ class Rules:
     output_errors: bool = True
     script_lines: bool = True
     category_priors: bool = True
+    summary_bonus: bool = True
+    question_weight: bool = True
 
 
 ALL_RULES: Final = Rules()
