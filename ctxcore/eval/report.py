@@ -50,17 +50,15 @@ def policy_reports(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _qa_columns(overall: Mapping[str, Any]) -> dict[str, str]:
-    control = overall.get("control") or {}
-    cols = {
+    control = overall.get("control")
+    return {
         "hit": _fmt(overall.get("substring_hit_rate")),
         "recall": _fmt(overall.get("answer_recall")),
         "compacted_q": _fmt(overall.get("compacted_questions")),
         "c_hit": _fmt(overall.get("compacted_substring_hit_rate")),
         "c_recall": _fmt(overall.get("compacted_answer_recall")),
+        **(_control_columns(control, "ctrl") if control else {}),
     }
-    if control:
-        cols.update(_control_columns(control, "ctrl"))
-    return cols
 
 
 def _control_columns(control: Mapping[str, Any], prefix: str) -> dict[str, str]:
