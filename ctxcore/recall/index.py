@@ -224,15 +224,16 @@ class RecallIndex:
 
     def _texts(self, table: str, ranked: Sequence[tuple[int, float]]) -> list[IndexedText]:
         # Under ``_lock``; ``table`` is one of the two literal names above, never input.
-        return [
-            IndexedText(
-                *self._db.execute(
+        rows = [
+            (
+                self._db.execute(
                     f"SELECT first_id, last_id, part, tokens, text FROM {table} WHERE rowid = ?", (rowid,)
                 ).fetchone(),
-                -float(score),
+                score,
             )
             for rowid, score in ranked
         ]
+        return [IndexedText(r[0], r[1], r[2], r[3], r[4], -float(score)) for r, score in rows]
 
 
 def _match(words: Sequence[str]) -> str:
