@@ -30,12 +30,9 @@ __all__ = [
     "anchors",
     "compile_patterns",
     "count_turns",
-    "intent_anchor",
     "is_real_user",
     "newest_step_start",
-    "protect_tool_call_boundary",
     "steps",
-    "task_anchor",
     "tool_callers",
     "turns",
 ]
@@ -186,16 +183,6 @@ def anchors(messages: Sequence[AnyMessage], detector: UserDetector | None = None
     if not real:
         return Anchors(None, None)
     return Anchors(real[0], real[-1])
-
-
-def task_anchor(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> int | None:
-    """Index of the first real user message, or None."""
-    return anchors(messages, detector).task
-
-
-def intent_anchor(messages: Sequence[AnyMessage], detector: UserDetector | None = None) -> int | None:
-    """Index of the last real user message, or None."""
-    return anchors(messages, detector).intent
 
 
 # --- tool-call matching -----------------------------------------------------------------
@@ -375,20 +362,3 @@ def adjust_keep_recent_for_tool_boundaries(messages: Sequence[AnyMessage], keep:
         if earliest is None:
             return n - start
         start = earliest
-
-
-def protect_tool_call_boundary(messages: Sequence[AnyMessage], start: int, end: int) -> int:
-    """Move an inclusive range end back so no assistant in ``[start, end]`` loses results after it.
-
-    ``[U, A(call-1), T(call-1), A]``: ``(0, 1) -> 0`` and ``(0, 3) -> 3``.
-    """
-    callers = tool_callers(messages)
-    answered_after = {
-        callers[i] for i in range(end + 1, len(messages)) if i in callers and start <= callers[i] <= end
-    }
-    if not answered_after:
-        return end - 1 if _has_calls(messages[end]) else end
-    protected = min(answered_after) - 1
-    if protected == end and _has_calls(messages[end]):
-        return end - 1
-    return protected

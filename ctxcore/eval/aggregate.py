@@ -60,15 +60,13 @@ def _control(pairs: Sequence[tuple[QATally, QATally]]) -> dict[str, Any]:
 
 def win_loss(mine: ConversationResult, base: ConversationResult) -> str:
     """``win``, ``loss`` or ``tie``: more final-window probes above the baseline's, or below."""
-    beats = trails = 0
-    for name, score in mine.probes_final.items():
-        other = base.probes_final.get(name)
-        if other is None:
-            continue
-        if score > other + _EPSILON:
-            beats += 1
-        elif score < other - _EPSILON:
-            trails += 1
+    pairs = [
+        (score, base.probes_final[name])
+        for name, score in mine.probes_final.items()
+        if name in base.probes_final
+    ]
+    beats = sum(score > other + _EPSILON for score, other in pairs)
+    trails = sum(score < other - _EPSILON for score, other in pairs)
     return "win" if beats > trails else "loss" if trails > beats else "tie"
 
 

@@ -87,12 +87,7 @@ class Probes:
 
     def present(self) -> dict[str, str | frozenset[str]]:
         """The probes this run has, by name."""
-        out: dict[str, str | frozenset[str]] = {}
-        for name in PROBES:
-            value = getattr(self, name)
-            if value:
-                out[name] = value
-        return out
+        return {name: value for name in PROBES if (value := getattr(self, name))}
 
 
 def _decoded(call: ToolCall) -> dict[str, Any] | None:
@@ -106,11 +101,8 @@ def _decoded(call: ToolCall) -> dict[str, Any] | None:
 def _flatten(value: Any) -> Iterable[str]:
     if isinstance(value, str):
         yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _flatten(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
+    elif isinstance(value, Mapping | list | tuple):
+        for item in value.values() if isinstance(value, Mapping) else value:
             yield from _flatten(item)
     elif value is not None:
         yield str(value)

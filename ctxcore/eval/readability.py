@@ -127,8 +127,7 @@ def vocabulary(history: Iterable[AnyMessage]) -> frozenset[str]:
         words.update(_WORDS.findall(message.text))
         if isinstance(message, AssistantMessage):
             for call in message.tool_calls:
-                words.update(_WORDS.findall(call.name))
-                words.update(_WORDS.findall(call.arguments))
+                words.update(_WORDS.findall(f"{call.name} {call.arguments}"))
     return frozenset(words)
 
 

@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal
 
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage, message_text
@@ -308,14 +309,8 @@ def checkpoints(messages: Sequence[AnyMessage], system: Sequence[AnyMessage]) ->
                 candidates.setdefault(text, kind)
         # The earlier messages as one text (the task left out), each message's start noted,
         # so each candidate is one scan rather than one per message.
-        starts: list[int] = []
-        pieces: list[str] = []
-        offset = 0
-        for j in range(index):
-            starts.append(offset)
-            piece = "" if j == first_user else texts[j]
-            pieces.append(piece)
-            offset += len(piece) + 1
+        pieces = ["" if j == first_user else texts[j] for j in range(index)]
+        starts = list(accumulate((len(piece) + 1 for piece in pieces[:-1]), initial=0))
         earlier = "\n".join(pieces)
         refs: list[Reference] = []
         for text, kind in candidates.items():

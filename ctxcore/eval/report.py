@@ -50,17 +50,15 @@ def policy_reports(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _qa_columns(overall: Mapping[str, Any]) -> dict[str, str]:
-    control = overall.get("control") or {}
-    cols = {
+    control = overall.get("control")
+    return {
         "hit": _fmt(overall.get("substring_hit_rate")),
         "recall": _fmt(overall.get("answer_recall")),
         "compacted_q": _fmt(overall.get("compacted_questions")),
         "c_hit": _fmt(overall.get("compacted_substring_hit_rate")),
         "c_recall": _fmt(overall.get("compacted_answer_recall")),
+        **(_control_columns(control, "ctrl") if control else {}),
     }
-    if control:
-        cols.update(_control_columns(control, "ctrl"))
-    return cols
 
 
 def _control_columns(control: Mapping[str, Any], prefix: str) -> dict[str, str]:
@@ -202,10 +200,11 @@ def format_row(rows: Sequence[Mapping[str, str]]) -> str:
         return ""
     columns = list(dict.fromkeys(c for r in rows for c in r))
     widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in columns}
-    lines = ["| " + " | ".join(c.ljust(widths[c]) for c in columns) + " |"]
-    lines.append("|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|")
-    for row in rows:
-        lines.append("| " + " | ".join(row.get(c, "").ljust(widths[c]) for c in columns) + " |")
+    lines = [
+        "| " + " | ".join(c.ljust(widths[c]) for c in columns) + " |",
+        "|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|",
+        *("| " + " | ".join(row.get(c, "").ljust(widths[c]) for c in columns) + " |" for row in rows),
+    ]
     return "\n".join(lines)
 
 
@@ -250,22 +249,24 @@ def format_report(report: Mapping[str, Any], *, per_conversation: bool = True) -
         if matched:
             refs.append((f"steps at {rep['policy']}'s fill", reference_columns({"references": matched})))
     ref_rows = [{"policy": str(name), **cols} for name, cols in refs if cols]
-    if ref_rows:
-        out.append(
+    spend_rows = [
+        {"policy": str(rep["policy"]), **cols} for rep in reports if (cols := spend_columns(rep["overall"]))
+    ]
+    # Each section only when it has rows.
+    sections = (
+        (
             "next-step references held (share; W/L: runs whose share beats / trails the baseline's, "
-            f"sign test p)\n{format_row(ref_rows)}\n"
-        )
-    spend = [(rep["policy"], spend_columns(rep["overall"])) for rep in reports]
-    spend_rows = [{"policy": str(name), **cols} for name, cols in spend if cols]
-    if spend_rows:
-        out.append(
+            "sign test p)",
+            ref_rows,
+        ),
+        (
             "where the budget goes (mean share over windows whose run exceeds the budget by a step), "
-            "prompt-cache share, run cost "
-            f"(cached input x0.1, summariser output x4)\n{format_row(spend_rows)}\n"
-        )
-    failures = _failure_rows(reports)
-    if failures:
-        out.append(f"failure rows (windows that raised)\n{format_row(failures)}\n")
+            "prompt-cache share, run cost (cached input x0.1, summariser output x4)",
+            spend_rows,
+        ),
+        ("failure rows (windows that raised)", _failure_rows(reports)),
+    )
+    out += [f"{title}\n{format_row(rows)}\n" for title, rows in sections if rows]
     return "\n".join(out)
 
 
@@ -300,12 +301,14 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> None:
     labels: list[str] = []
     for n, rep in enumerate(reports):
         overall = rep["overall"]
-        rates: dict[str, float] = {}
-        for key in ("anchor_rate", "substring_hit_rate", "answer_recall", "compacted_answer_recall"):
-            if isinstance(overall.get(key), float | int):
-                rates[key] = float(overall[key])
-        for key, figures in (overall.get("probes") or {}).items():
-            rates[PROBE_COLUMNS.get(key, key)] = float(figures["final"])
+        rates = {
+            **{
+                key: float(overall[key])
+                for key in ("anchor_rate", "substring_hit_rate", "answer_recall", "compacted_answer_recall")
+                if isinstance(overall.get(key), float | int)
+            },
+            **{PROBE_COLUMNS.get(k, k): float(f["final"]) for k, f in (overall.get("probes") or {}).items()},
+        }
         labels = labels or list(rates)
         right.barh(
             [i + n * width for i in range(len(labels))],

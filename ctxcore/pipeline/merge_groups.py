@@ -10,6 +10,7 @@ sends the steps twice, where one merge over the blocks and the steps costs one.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 
 from ctxcore.messages import AnyMessage
@@ -75,18 +76,14 @@ def _merge_runs(
     level = {b.block_id: max(b.level, 1) for b in blocks}
     while True:
         levels = sorted(set(level.values()))
-        promoted = False
         for lower, higher in itertools.pairwise(levels):
             members = [bid for bid, lv in level.items() if lv == lower]
             if len(members) == 1:
                 level[members[0]] = higher
-                promoted = True
                 break
-        if not promoted:
+        else:  # no level was promoted
             break
-    counts: dict[int, int] = {}
-    for lv in level.values():
-        counts[lv] = counts.get(lv, 0) + 1
+    counts = Counter(level.values())
     candidates = sorted(lv for lv, n in counts.items() if n >= 2)
     if not candidates:
         return []

@@ -145,11 +145,6 @@ def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(t.lower()) for t in sorted(terms, key=len, reverse=True)))
 
 
-def _mentions(line: str, terms: tuple[str, ...]) -> bool:
-    pattern = _terms_pattern(terms)
-    return pattern is not None and pattern.search(line.lower()) is not None
-
-
 def _matching(lines: Sequence[str], terms: tuple[str, ...]) -> list[int]:
     """Indices of the lines that mention a term (case-insensitive)."""
     pattern = _terms_pattern(terms)
@@ -208,7 +203,7 @@ def _shrink(value: Any, items: int, terms: tuple[str, ...], depth: int = 0) -> A
         keep += [
             i
             for i in range(len(keep), len(value))
-            if terms and _mentions(json.dumps(value[i], ensure_ascii=False), terms)
+            if terms and _matching([json.dumps(value[i], ensure_ascii=False)], terms)
         ][:items]
         out = [_shrink(value[i], items, terms, depth + 1) for i in keep]
         if len(keep) < len(value):
@@ -219,10 +214,11 @@ def _shrink(value: Any, items: int, terms: tuple[str, ...], depth: int = 0) -> A
 
 def _json(text: str, budget: RuleBudget) -> str:
     value = _parse_json(text)
-    if isinstance(value, list):
-        header = f"JSON array of {len(value)} items\n"
-    else:
-        header = f"JSON object with {len(value) if isinstance(value, dict) else 0} keys\n"
+    header = (
+        f"JSON array of {len(value)} items\n"
+        if isinstance(value, list)
+        else f"JSON object with {len(value) if isinstance(value, dict) else 0} keys\n"
+    )
     best = ""
     for items in (5, 3, 2, 1, 0):
         best = header + json.dumps(

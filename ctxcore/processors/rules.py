@@ -31,7 +31,6 @@ __all__ = [
     "RuleResult",
     "anchor_indices",
     "id_ranges",
-    "message_tokens",
     "query_terms",
     "rounds",
     "tool_calls_of_results",
@@ -40,11 +39,6 @@ __all__ = [
 
 
 _SUMS_KEPT = 64  # lists whose sums an env remembers (a chain sizes a handful)
-
-
-def message_tokens(counter: TokenCounter, message: AnyMessage) -> int:
-    """Tokens of one message (without the per-request priming)."""
-    return counter.count_message(message)
 
 
 @dataclass(frozen=True)
@@ -90,8 +84,8 @@ class RuleEnv:
         return self.originals.get(log_id, message) if log_id else message
 
     def tokens(self, message: AnyMessage) -> int:
-        """Tokens of one message."""
-        return message_tokens(self.counter, message)
+        """Tokens of one message (without the per-request priming)."""
+        return self.counter.count_message(message)
 
     def tail_tokens(self, messages: Sequence[AnyMessage]) -> int:
         """What ``messages`` cost in the window (the sum of their tokens)."""

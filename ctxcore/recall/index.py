@@ -199,13 +199,7 @@ class RecallIndex:
                 "WHERE chunks_fts MATCH ? ORDER BY s, rowid DESC LIMIT ?",
                 (_match(words), limit),
             ).fetchall()
-            found = []
-            for rowid, score in ranked:
-                r = self._db.execute(
-                    "SELECT first_id, last_id, part, tokens, text FROM chunks WHERE rowid = ?", (rowid,)
-                ).fetchone()
-                found.append(IndexedText(r[0], r[1], r[2], r[3], r[4], -float(score)))
-        return found
+            return self._texts("chunks", ranked)
 
     def passages(
         self, words: Sequence[str], within: Sequence[IndexedText], limit: int = 32
@@ -226,13 +220,20 @@ class RecallIndex:
                 f"WHERE passages_fts MATCH ? AND ({ranges}) ORDER BY s, p.last_id DESC, p.part LIMIT ?",
                 (_match(words), *bounds, limit),
             ).fetchall()
-            found = []
-            for rowid, score in ranked:
-                r = self._db.execute(
-                    "SELECT first_id, last_id, part, tokens, text FROM passages WHERE rowid = ?", (rowid,)
-                ).fetchone()
-                found.append(IndexedText(r[0], r[1], r[2], r[3], r[4], -float(score)))
-        return found
+            return self._texts("passages", ranked)
+
+    def _texts(self, table: str, ranked: Sequence[tuple[int, float]]) -> list[IndexedText]:
+        # Under ``_lock``; ``table`` is one of the two literal names above, never input.
+        rows = [
+            (
+                self._db.execute(
+                    f"SELECT first_id, last_id, part, tokens, text FROM {table} WHERE rowid = ?", (rowid,)
+                ).fetchone(),
+                score,
+            )
+            for rowid, score in ranked
+        ]
+        return [IndexedText(r[0], r[1], r[2], r[3], r[4], -float(score)) for r, score in rows]
 
 
 def _match(words: Sequence[str]) -> str:

@@ -116,11 +116,12 @@ def _as_status(value: Any) -> int | None:
 def status_code_of(exc: BaseException) -> int | None:
     """The first HTTP status code found on the exception or its causes, else None."""
     for current in _chain(exc):
-        for attr in ("status_code", "status"):
-            code = _as_status(_field(current, attr))
-            if code is not None:
-                return code
-        code = _as_status(_field(_field(current, "response"), "status_code"))
+        # A status is 100-599, never 0: ``or`` moves on only when a field holds none.
+        code = (
+            _as_status(_field(current, "status_code"))
+            or _as_status(_field(current, "status"))
+            or _as_status(_field(_field(current, "response"), "status_code"))
+        )
         if code is not None:
             return code
     return None
@@ -130,8 +131,7 @@ def _error_text(exc: BaseException) -> str:
     """The chain's messages and descriptive fields, casefolded, for marker matching."""
     parts: list[str] = []
     for current in _chain(exc):
-        parts.append(type(current).__name__)
-        parts.append(str(current))
+        parts += [type(current).__name__, str(current)]
         for attr in ("code", "type", "param", "errmsg", "details", "body"):
             value = _field(current, attr)
             if value is not None and not callable(value):
@@ -202,23 +202,16 @@ def _texts(value: Any, depth: int, seen: set[int]) -> Iterator[str]:
     """Text pieces of an exception and the fields of spec 3.5, depth-limited and cycle-safe."""
     if depth > _MATCH_DEPTH or value is None:
         return
-    if isinstance(value, str):
-        yield value[:20000]
-        return
-    if isinstance(value, bytes):
-        yield value[:20000].decode("utf-8", "replace")
+    if isinstance(value, str | bytes):
+        yield value[:20000] if isinstance(value, str) else value[:20000].decode("utf-8", "replace")
         return
     if isinstance(value, int | float):
         return
     if id(value) in seen:
         return
     seen.add(id(value))
-    if isinstance(value, dict):
-        for item in list(value.values())[:50]:
-            yield from _texts(item, depth + 1, seen)
-        return
-    if isinstance(value, list | tuple):
-        for item in value[:50]:
+    if isinstance(value, dict | list | tuple):
+        for item in (list(value.values()) if isinstance(value, dict) else value)[:50]:
             yield from _texts(item, depth + 1, seen)
         return
     if isinstance(value, BaseException):
@@ -235,10 +228,10 @@ def is_context_overflow_error(exc: BaseException) -> bool:
     Walks the exception, its descriptive fields and its causes (depth <= 6, cycle-safe).
     False for billing/quota errors, output-token limits and network timeouts.
     """
-    for current in _chain(exc):
-        if isinstance(current, ModelError) and current.kind == ErrorKind.CONTEXT_OVERFLOW:
-            return True
-    return any(_text_is_overflow(_normalise(piece)) for piece in _texts(exc, 0, set()))
+    return any(
+        isinstance(current, ModelError) and current.kind == ErrorKind.CONTEXT_OVERFLOW
+        for current in _chain(exc)
+    ) or any(_text_is_overflow(_normalise(piece)) for piece in _texts(exc, 0, set()))
 
 
 # --- classification (spec 5.1) ----------------------------------------------------------------

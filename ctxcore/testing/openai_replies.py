@@ -78,6 +78,41 @@ def estimate_tokens(text: str) -> int:
     return max(len(text) // 4, 1) if text else 0
 
 
+# Faults that are one error body: status, default message, error type, code and param.
+_ERROR_REPLIES: Final[dict[str, tuple[int, str, str, str | None, str | None]]] = {
+    "server_error": (
+        500,
+        "The server had an error while processing your request.",
+        "server_error",
+        None,
+        None,
+    ),
+    "unavailable": (
+        503,
+        "The engine is currently overloaded, please try again later.",
+        "server_error",
+        None,
+        None,
+    ),
+    "too_large": (413, "Request entity too large.", "invalid_request_error", None, None),
+    "overflow": (
+        400,
+        "This model's maximum context length is 8192 tokens. However, your messages "
+        "resulted in 9100 tokens. Please reduce the length of the messages.",
+        "invalid_request_error",
+        "context_length_exceeded",
+        "messages",
+    ),
+    "auth": (
+        401,
+        "Incorrect API key provided. You can find your API key in your account settings.",
+        "invalid_request_error",
+        "invalid_api_key",
+        None,
+    ),
+}
+
+
 def fault_reply(
     kind: str,
     delay: float | None,
@@ -94,25 +129,9 @@ def fault_reply(
             "rate_limit_exceeded",
         )
         return Reply(429, body=body, headers={"Retry-After": str(retry_after)}, delay=wait)
-    if kind == "server_error":
-        text = message or "The server had an error while processing your request."
-        return Reply(500, body=error_body(text, "server_error", None), delay=wait)
-    if kind == "unavailable":
-        text = message or "The engine is currently overloaded, please try again later."
-        return Reply(503, body=error_body(text, "server_error", None), delay=wait)
-    if kind == "too_large":
-        text = message or "Request entity too large."
-        return Reply(413, body=error_body(text, "invalid_request_error", None), delay=wait)
-    if kind == "overflow":
-        text = message or (
-            "This model's maximum context length is 8192 tokens. However, your messages "
-            "resulted in 9100 tokens. Please reduce the length of the messages."
-        )
-        body = error_body(text, "invalid_request_error", "context_length_exceeded", "messages")
-        return Reply(400, body=body, delay=wait)
-    if kind == "auth":
-        text = message or "Incorrect API key provided. You can find your API key in your account settings."
-        return Reply(401, body=error_body(text, "invalid_request_error", "invalid_api_key"), delay=wait)
+    if kind in _ERROR_REPLIES:
+        status, text, type_, code, param = _ERROR_REPLIES[kind]
+        return Reply(status, body=error_body(message or text, type_, code, param), delay=wait)
     if kind == "bad_request":
         # The "500" inside the request id is a trap for substring-based classifiers.
         text = message or "Invalid value for 'temperature': expected a number. (request id req_500abc)"

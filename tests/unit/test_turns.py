@@ -12,11 +12,8 @@ from ctxcore.turns import (
     adjust_keep_recent_for_tool_boundaries,
     anchors,
     count_turns,
-    intent_anchor,
     is_real_user,
-    protect_tool_call_boundary,
     steps,
-    task_anchor,
     turns,
 )
 from ctxcore.window import check_window
@@ -65,8 +62,6 @@ def test_anchors() -> None:
         T("c1"),
         U(content="<system-reminder> r"),
     ]
-    assert task_anchor(msgs) == 1
-    assert intent_anchor(msgs) == 3
     assert anchors(msgs).indices() == (1, 3)
     assert anchors([A(content="x")]).indices() == ()
 
@@ -140,23 +135,6 @@ def test_keep_recent_matches_ids_within_step_only() -> None:
     # The same id "c1" in two steps: the tail's result belongs to the later call only.
     msgs: list[AnyMessage] = [U(content="q"), A("c1"), T("c1"), A("c1"), T("c1"), A(content="done")]
     assert adjust_keep_recent_for_tool_boundaries(msgs, 2) == 3
-
-
-def test_protect_tool_call_boundary_pinned_cases() -> None:
-    msgs: list[AnyMessage] = [U(content="q"), A("call-1"), T("call-1"), A(content="done")]
-    assert protect_tool_call_boundary(msgs, 0, 1) == 0
-    assert protect_tool_call_boundary(msgs, 0, 3) == 3
-    assert protect_tool_call_boundary(msgs, 0, 2) == 2
-    parallel: list[AnyMessage] = [U(content="q"), A("a", "b"), T("a"), T("b"), A(content="x")]
-    assert protect_tool_call_boundary(parallel, 0, 2) == 0
-    dangling: list[AnyMessage] = [U(content="q"), A("a")]
-    assert protect_tool_call_boundary(dangling, 0, 1) == 0
-
-
-def test_protect_ignores_reused_ids_of_earlier_steps() -> None:
-    msgs: list[AnyMessage] = [U(content="q"), A("c1"), T("c1"), A("c1"), T("c1")]
-    # The result after index 2 answers the call at 3, not the one at 1.
-    assert protect_tool_call_boundary(msgs, 0, 2) == 2
 
 
 @given(conversations(), st.integers(min_value=0, max_value=40))
