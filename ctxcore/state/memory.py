@@ -19,7 +19,6 @@ from ctxcore.state.base import (
     LogOverview,
     MessageLog,
     append_conflict,
-    check_budget,
     check_loggable,
     decode_log_messages,
     encode_log_message,
@@ -31,6 +30,7 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
+from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey, validate_id
 from ctxcore.state.memory_offload import MemoryOffloadStore
 from ctxcore.state.models import CompressionState
@@ -120,7 +120,7 @@ class MemoryStateStore:
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (no version bump)."""
-        check_budget(budget_tokens)
+        budget_tokens = check_budget(budget_tokens)
         with self._lock:
             self._budgets[key] = budget_tokens
 

@@ -26,7 +26,8 @@ from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.state.base import check_budget, read_pinned
+from ctxcore.state.base import read_pinned
+from ctxcore.state.budget import BudgetTokens, check_budget
 from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
@@ -177,7 +178,9 @@ class ContextService:
             counter = self._counters.setdefault(encoding, TiktokenCounter(model))
         return counter
 
-    def _rules(self, key: ConversationKey, budget_tokens: int, counter: TokenCounter) -> RuleFn | None:
+    def _rules(
+        self, key: ConversationKey, budget_tokens: BudgetTokens, counter: TokenCounter
+    ) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
         # One per window: keeping chains by budget saved 1-5% of an agent step at a 51-message
@@ -188,7 +191,7 @@ class ContextService:
     def _window_reads(
         self,
         key: ConversationKey,
-        budget_tokens: int,
+        budget_tokens: BudgetTokens,
         counter: WindowCounter,
         require_existing: bool,
         recall_index: bool,
@@ -301,7 +304,8 @@ class ContextService:
         conversation with neither log nor state is ``NotFoundError`` (checked in the same
         read on Redis), and nothing is recorded for it, nor with ``preview`` (no compaction either).
         """
-        check_budget(budget_tokens)
+        # The one check of the budget; the stores take what it returns (ctxcore.state.budget).
+        budget_tokens = check_budget(budget_tokens)
         for i, message in enumerate(system_messages):
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
@@ -333,7 +337,8 @@ class ContextService:
             pinned=pinned,
             detector=self.detector,
             auto_recall=auto,
-            rule_chunk_tokens=self.settings.service.chunk_tokens(budget_tokens),
+            # ServiceSettings.chunk_tokens, inline: the budget goes through no settings method.
+            rule_chunk_tokens=int(budget_tokens * self.settings.service.chunk_ratio),
         )
         if read.elided:
             # The older tail was left unread behind markers: the fallback applied, and the

@@ -8,7 +8,8 @@ from typing import Any
 import redis
 
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, MessageLog, check_budget, encode_state, rollback_by_save
+from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, rollback_by_save
+from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis.common import RedisBackend as _RedisBackend
@@ -136,7 +137,7 @@ class RedisStateStore(_RedisBackend):
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (a plain SET, no version bump)."""
-        check_budget(budget_tokens)
+        budget_tokens = check_budget(budget_tokens)
         name, ttl = self._key(key, "budget"), self._retention.ttl_ms(key)
         with translated(f"set_budget {key}"):
             if ttl == 0:
