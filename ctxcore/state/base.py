@@ -85,6 +85,11 @@ class StateStore(Protocol):
         """The current state, or None if nothing was saved."""
         ...
 
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The current state's ``covered_until`` without the state (an append validates its
+        messages against the log after it): None without a state or when it covers nothing."""
+        ...
+
     def save(
         self,
         key: ConversationKey,
@@ -161,6 +166,11 @@ class MessageLog(Protocol):
         self, key: ConversationKey, cursor: str | None, limit: int | None = None
     ) -> list[AnyMessage]:
         """Messages with log id > ``cursor`` (all when None), oldest first, ids set."""
+        ...
+
+    def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        """The newest ``limit`` messages with log id > ``cursor`` (all when None), oldest first:
+        what an append is validated after, in one read (no ``last_id`` first)."""
         ...
 
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:

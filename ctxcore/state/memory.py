@@ -59,6 +59,11 @@ class MemoryStateStore:
             data = kept[0][1] if kept else None
         return CompressionState.model_validate_json(data) if data is not None else None
 
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The current state's ``covered_until`` (decoded: in process it costs no round trip)."""
+        state = self.load(key)
+        return state.covered_until if state is not None else None
+
     def save(
         self,
         key: ConversationKey,
@@ -268,6 +273,17 @@ class MemoryMessageLog:
         """Messages after ``cursor`` (from the start when None), oldest first."""
         start = parse_log_id(cursor) if cursor is not None else 0
         return self._page(key, start + 1, None, limit)
+
+    def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        """The newest ``limit`` messages after ``cursor``, oldest first."""
+        start = parse_log_id(cursor) if cursor is not None else 0
+        with self._lock:
+            log = self._logs.get(key)
+            if log is None or limit < 1:
+                return []
+            first = max(bisect.bisect_right(log.seqs, start), len(log.seqs) - limit)
+            rows = list(zip(log.seqs[first:], log.entries[first:], strict=True))
+        return decode_log_messages([(format_log_id(seq), data) for seq, data in rows])
 
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
         """Messages with ``first <= log id <= last``."""

@@ -56,6 +56,20 @@ class RedisStateStore(_RedisBackend):
             data = self._client.lindex(self._key(key, "state:history"), 0)
         return CompressionState.model_validate_json(data) if data is not None else None
 
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The cursor from the head the saves write (``cursor|pinned|archive version``): a few
+        bytes instead of the state's JSON (10.7 kB in bench/fast_path.py, 63 us to decode), in
+        one round trip; a state saved before heads existed is loaded instead."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(self._key(key, "state:head"))
+        pipe.exists(self._key(key, "state:history"))
+        with translated(f"cursor {key}"):
+            head, saved = pipe.execute()
+        if head is not None:
+            return text(head).split("|", 1)[0] or None
+        state = self.load(key) if saved else None
+        return state.covered_until if state is not None else None
+
     def save(
         self,
         key: ConversationKey,

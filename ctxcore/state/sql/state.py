@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ctxcore.errors import StoreError
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, rollback_by_save
+from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, format_log_id, rollback_by_save
 from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
@@ -47,6 +47,20 @@ class SqlStateStore(SqlBackend):
         with self._read(f"load {key}") as conn:
             data = conn.execute(query).scalar_one_or_none()
         return CompressionState.model_validate_json(data) if data is not None else None
+
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The cursor from the head row (``covered_seq``, 0: none), without the state's JSON; a
+        state whose head row holds no cursor (saved before it did, or with ids that are not
+        log ids) is loaded instead."""
+        head = self._t.state
+        with self._read(f"cursor {key}") as conn:
+            row = conn.execute(select(head.c.covered_seq).where(self._where(head, key))).first()
+        if row is None:
+            return None
+        if row.covered_seq is None:
+            state = self.load(key)
+            return state.covered_until if state is not None else None
+        return format_log_id(int(row.covered_seq)) if row.covered_seq else None
 
     def save(
         self,
