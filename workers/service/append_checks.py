@@ -71,7 +71,7 @@ def _tail(
 ) -> list[AnyMessage]:
     if expected_last_id is None:
         # The log's end is wherever it is: one read, newest first, and no last_id before it
-        # (an append's round trips were four: the cursor, last_id, the read, the write).
+        # (with StateStore.cursor: an agent step 8.8-14.2% shorter at tail 51, bench/README).
         newest = log.read_newest(key, cursor, VALIDATION_SPAN + 1)
         if len(newest) > VALIDATION_SPAN:
             # A long tail (workers behind): new messages follow its end, from a step start.
