@@ -67,7 +67,7 @@ def run_file(path: Path, context_window: int, counter: TiktokenCounter) -> dict[
         system, rest = split(record)
         key = ConversationKey("bench", f"{path.stem}-{n}")
         started = time.perf_counter()
-        out = apply_rules(rest, chain, counter, MemoryOffloadStore(), key, context_max=context_window)
+        out = apply_rules(rest, chain, counter, MemoryOffloadStore(), key, budget_tokens=context_window)
         timings.append((time.perf_counter() - started) * 1000)
         before += counter.count_messages([*system, *rest])
         after += counter.count_messages([*system, *out])

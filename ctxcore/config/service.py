@@ -37,11 +37,17 @@ class ServiceSettings(BaseModel):
     # (None: never). Tenants may override it.
     retention_days: int | None = Field(default=None, gt=0)
 
-    def chunk_tokens(self, budget: int) -> int:
-        """What one re-base frees at ``budget``: the room between trigger and target. The fast
-        path's rules free room in chunks of this size too while a worker lags (0: one result
-        at a time, as far as needed)."""
-        return int(budget * (self.trigger_ratio - self.target_ratio))
+    @property
+    def chunk_ratio(self) -> float:
+        """What one re-base frees, as a share of the budget: the room between trigger and
+        target. The fast path's rules free room in chunks of ``int(budget_tokens *
+        chunk_ratio)`` tokens too while a worker lags (0: one result at a time, as far as
+        needed)."""
+        return self.trigger_ratio - self.target_ratio
+
+    def chunk_tokens(self, budget_tokens: int) -> int:
+        """What one re-base frees at ``budget_tokens`` (``chunk_ratio`` of it)."""
+        return int(budget_tokens * self.chunk_ratio)
 
     @model_validator(mode="after")
     def _ratios(self) -> Self:

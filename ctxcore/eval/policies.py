@@ -78,7 +78,7 @@ def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadSt
             setup.counter,
             offloads,
             key,
-            context_max=setup.budget,
+            budget_tokens=setup.budget,
             detector=setup.detector,
             tail_budget_tokens=tail_budget_tokens,
         )

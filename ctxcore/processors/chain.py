@@ -49,20 +49,21 @@ DEFAULT_MAX_RESULT_RATIO = 0.25
 
 
 def default_rule_chain(
-    context_window_tokens: int = DEFAULT_CONTEXT_MAX_TOKENS,
+    budget_tokens: int = DEFAULT_CONTEXT_MAX_TOKENS,
     *,
     max_result_ratio: float = DEFAULT_MAX_RESULT_RATIO,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The default chain as (name, config) pairs, scaled to the model's window: headroom first.
+    """The default chain as (name, config) pairs, scaled to the window's budget (an engine's
+    context passes its model's window): headroom first.
 
     ``ToolResultBudgetProcessor -> MicroCompactProcessor -> CompactCompletedToolTurns ->
     ToolResultCap``, all with ``act_only_over_budget``: while the messages fit
     ``RuleEnv.tail_budget_tokens`` they are served verbatim, and once over, each rule works
     oldest first and stops as soon as they fit (large results offloaded to a preview, then
     results cleared one at a time, then old completed tool turns reduced to request and
-    answer, then results over ``max_result_ratio`` of the window cut to their head and tail,
+    answer, then results over ``max_result_ratio`` of the budget cut to their head and tail,
     the original offloaded). Only the cap touches the newest step, and only when the rest
-    could not free enough. Pass the same window to ``apply_rules(context_max=...)`` and the
+    could not free enough. Pass the same budget to ``apply_rules(budget_tokens=...)`` and the
     room the messages have as ``tail_budget_tokens``; without it the chain does nothing.
 
     Raises:
@@ -70,7 +71,7 @@ def default_rule_chain(
     """
     if not 0 < max_result_ratio <= 1:
         raise ConfigError(f"default_rule_chain: max_result_ratio must be in (0, 1], got {max_result_ratio}")
-    m = context_window_tokens
+    m = budget_tokens
     large = max(m // 20, 2)
     return [
         (
@@ -141,7 +142,7 @@ class WindowRules:
             counter,
             offloads,
             key,
-            context_max=self.budget_tokens,
+            budget_tokens=self.budget_tokens,
             detector=detector,
             tail_budget_tokens=tail_budget_tokens,
         ).messages
@@ -164,7 +165,7 @@ def apply_rules_result(
     offloads: OffloadStore | None,
     key: ConversationKey,
     *,
-    context_max: int = DEFAULT_CONTEXT_MAX_TOKENS,
+    budget_tokens: int = DEFAULT_CONTEXT_MAX_TOKENS,
     detector: UserDetector = DEFAULT_DETECTOR,
     originals: Mapping[str, AnyMessage] | None = None,
     tail_budget_tokens: int | None = None,
@@ -173,6 +174,7 @@ def apply_rules_result(
 
     ``originals`` maps log ids to the messages as logged; by default the input messages
     are taken as the originals (the fast path passes raw log messages).
+    ``budget_tokens`` is the window's (the rules' ``RuleEnv.context_max``);
     ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
     the reference behaviour; headroom-aware rules then do nothing).
     """
@@ -189,7 +191,7 @@ def apply_rules_result(
         offloads=offloads,
         detector=detector,
         originals=originals,
-        context_max=context_max,
+        context_max=budget_tokens,
         tail_budget_tokens=tail_budget_tokens,
     )
     if offloads is None or isinstance(offloads, DeferredOffloads):

@@ -11,12 +11,12 @@ from ctxcore.errors import (
     ConflictError,
     CursorNotFoundError,
     InvalidMessageError,
-    InvalidRequestError,
     StoreError,
     TruncateRefused,
 )
 from ctxcore.messages import AnyMessage, messages_from_json
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite
+from ctxcore.state.budget import MAX_BUDGET_TOKENS, BudgetTokens, check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.log_ids import LOG_ID_WIDTH, expected_seq, format_log_id, parse_log_id, replayed_ids
 from ctxcore.state.models import CompressionState
@@ -32,6 +32,7 @@ __all__ = [
     "LOG_ID_WIDTH",
     "MAX_BUDGET_TOKENS",
     "ArchiveKeeper",
+    "BudgetTokens",
     "FileKeeper",
     "LogOverview",
     "MessageLog",
@@ -84,6 +85,11 @@ class StateStore(Protocol):
         """The current state, or None if nothing was saved."""
         ...
 
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The current state's ``covered_until`` without the state (an append validates its
+        messages against the log after it): None without a state or when it covers nothing."""
+        ...
+
     def save(
         self,
         key: ConversationKey,
@@ -124,7 +130,8 @@ class StateStore(Protocol):
         ...
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
-        """Record the budget a client asked for (a plain write, no version bump)."""
+        """Record the budget a client asked for (a plain write, no version bump);
+        ``InvalidRequestError`` for an ``int`` that is no budget (``check_budget``)."""
         ...
 
     def window_reader(self, log: MessageLog) -> WindowReader | None:
@@ -159,6 +166,11 @@ class MessageLog(Protocol):
         self, key: ConversationKey, cursor: str | None, limit: int | None = None
     ) -> list[AnyMessage]:
         """Messages with log id > ``cursor`` (all when None), oldest first, ids set."""
+        ...
+
+    def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        """The newest ``limit`` messages with log id > ``cursor`` (all when None), oldest first:
+        what an append is validated after, in one read (no ``last_id`` first)."""
         ...
 
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
@@ -327,22 +339,6 @@ def decode_log_messages(rows: Sequence[tuple[str, str | bytes]]) -> list[AnyMess
 def encode_state(state: CompressionState, version: int) -> str:
     """JSON of ``state`` as stored under ``version`` (the store, not the caller, numbers versions)."""
     return state.model_copy(update={"version": version}).model_dump_json()
-
-
-MAX_BUDGET_TOKENS = 1_000_000_000
-"""The largest budget: it is stored beside the state (a BIGINT column on SQL backends), and
-no model has a billion-token window."""
-
-
-def check_budget(budget_tokens: int) -> None:
-    """``InvalidRequestError`` unless ``budget_tokens`` is a whole number of tokens in
-    1..``MAX_BUDGET_TOKENS``: the one check of a window's budget (the service and the stores
-    that record it call it)."""
-    if type(budget_tokens) is not int or not 0 < budget_tokens <= MAX_BUDGET_TOKENS:
-        raise InvalidRequestError(
-            "budget_tokens",
-            f"must be a positive number of tokens up to {MAX_BUDGET_TOKENS:,}, got {budget_tokens!r}",
-        )
 
 
 def check_pinned(key: ConversationKey, state: CompressionState | None, found: Sequence[AnyMessage]) -> None:

@@ -19,7 +19,6 @@ from ctxcore.state.base import (
     LogOverview,
     MessageLog,
     append_conflict,
-    check_budget,
     check_loggable,
     decode_log_messages,
     encode_log_message,
@@ -31,6 +30,7 @@ from ctxcore.state.base import (
     rollback_by_save,
     truncate_moved,
 )
+from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey, listing_wanted
 from ctxcore.state.memory_offload import MemoryOffloadStore
 from ctxcore.state.models import CompressionState
@@ -56,6 +56,11 @@ class MemoryStateStore:
         """The current state (the newest kept version), or None."""
         kept = self.history(key, 1)
         return kept[0] if kept else None
+
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The current state's ``covered_until`` (decoded: in process it costs no round trip)."""
+        state = self.load(key)
+        return state.covered_until if state is not None else None
 
     def save(
         self,
@@ -118,7 +123,7 @@ class MemoryStateStore:
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (no version bump)."""
-        check_budget(budget_tokens)
+        budget_tokens = check_budget(budget_tokens)
         with self._lock:
             self._budgets[key] = budget_tokens
 
@@ -266,6 +271,17 @@ class MemoryMessageLog:
         """Messages after ``cursor`` (from the start when None), oldest first."""
         start = parse_log_id(cursor) if cursor is not None else 0
         return self._page(key, start + 1, None, limit)
+
+    def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        """The newest ``limit`` messages after ``cursor``, oldest first."""
+        start = parse_log_id(cursor) if cursor is not None else 0
+        with self._lock:
+            log = self._logs.get(key)
+            if log is None or limit < 1:
+                return []
+            first = max(bisect.bisect_right(log.seqs, start), len(log.seqs) - limit)
+            rows = list(zip(log.seqs[first:], log.entries[first:], strict=True))
+        return decode_log_messages([(format_log_id(seq), data) for seq, data in rows])
 
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
         """Messages with ``first <= log id <= last``."""

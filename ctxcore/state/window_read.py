@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ctxcore.messages import AnyMessage
+from ctxcore.state.budget import BudgetTokens
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.tail import TailRead
@@ -43,9 +44,14 @@ class WindowReader(Protocol):
     """Reads windows of one store (see the module docstring)."""
 
     def read(
-        self, key: ConversationKey, budget_tokens: int, encoding: str, index_version: int | None = None
+        self,
+        key: ConversationKey,
+        budget_tokens: BudgetTokens,
+        encoding: str,
+        index_version: int | None = None,
     ) -> WindowRead:
-        """The window's reads, counts under ``encoding``; ``index_version``: the recall index
+        """The window's reads, counts under ``encoding``, recording ``budget_tokens`` (checked:
+        ``ctxcore.state.budget``); ``index_version``: the recall index
         version the caller holds (None: recall off)."""
         ...
 

@@ -424,3 +424,17 @@ def test_redis_replies_are_parsed_by_hiredis() -> None:
     import redis.utils
 
     assert redis.utils.HIREDIS_AVAILABLE
+
+
+def test_read_newest_is_the_end_of_the_log_after_the_cursor(log: MessageLog, conv_key: ConversationKey) -> None:
+    assert log.read_newest(conv_key, None, 3) == []
+    ids = log.append(conv_key, users("a", "b", "c", "d", "e"))
+    log.truncate_after(conv_key, ids[3])  # a gap: the next id is not ids[4]
+    ids = ids[:4] + log.append(conv_key, users("f"))
+    newest = log.read_newest(conv_key, None, 3)
+    assert [m.context_message_id for m in newest] == ids[-3:]
+    assert [m.content for m in newest] == ["c", "d", "f"]
+    assert [m.context_message_id for m in log.read_newest(conv_key, ids[2], 10)] == ids[3:]
+    assert log.read_newest(conv_key, ids[-1], 10) == []
+    assert log.read_newest(conv_key, None, 0) == []
+    assert log.read_newest(conv_key, ids[0], 100) == log.read_after(conv_key, ids[0])

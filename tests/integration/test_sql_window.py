@@ -111,6 +111,7 @@ def test_a_state_saved_before_the_head_row_held_its_cursor_is_read_the_old_way(s
     assert windows_match(window, plain.get_window(sql.key, 50_000, SYSTEM))
     assert str(window.messages[1].content).startswith("Fix the failing build")
     assert sql.reader(service).tail_reads == 1
+    assert sql.state.cursor(sql.key) == ids[8]  # from the state, as the window reads it
     assert sql.state.save(sql.key, CompressionState(covered_until=ids[10], pinned=[ids[0]]), 1)
     window = service.get_window(sql.key, 50_000, SYSTEM)  # saved again: the one statement
     assert windows_match(window, plain.get_window(sql.key, 50_000, SYSTEM))

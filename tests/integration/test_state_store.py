@@ -134,6 +134,22 @@ def test_budget_is_a_plain_write_without_version_bump(store: StateStore, conv_ke
         store.set_budget(conv_key, 0)
 
 
+def test_cursor_is_the_current_states_covered_until(store: StateStore, conv_key: ConversationKey) -> None:
+    assert store.cursor(conv_key) is None  # no state
+    assert store.save(conv_key, CompressionState(), 0)
+    assert store.cursor(conv_key) is None  # a state that covers nothing
+    assert store.save(conv_key, rich_state("000000000004"), 1)
+    assert store.cursor(conv_key) == "000000000004"
+    assert store.save(conv_key, rich_state("000000000009"), 2)
+    assert (
+        store.cursor(conv_key) == "000000000009" == (store.load(conv_key) or CompressionState()).covered_until
+    )
+    assert store.rollback(conv_key, to_version=2, expected_version=3)
+    assert store.cursor(conv_key) == "000000000004"
+    store.delete(conv_key)
+    assert store.cursor(conv_key) is None
+
+
 def test_delete_removes_state_history_and_budget(store: StateStore, conv_key: ConversationKey) -> None:
     other = ConversationKey(conv_key.tenant_id, "conv-2")
     for k in (conv_key, other):

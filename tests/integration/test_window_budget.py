@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -64,13 +65,18 @@ def history(steps: int) -> list[Any]:
     return out
 
 
+def _held(found: object, value: int) -> bool:
+    return isinstance(found, int) and not isinstance(found, bool) and found == value
+
+
 class Walk:
     """Records, while installed, ``module -> {function(parameter)}`` for every ctxcore call
-    that received ``budget_tokens``."""
+    that received ``budget_tokens``, and how often each such function was called."""
 
     def __init__(self) -> None:
         self.budget_tokens = 0
         self.seen: dict[str, set[str]] = {}
+        self.calls: Counter[str] = Counter()
 
     def profile(self, frame: FrameType, event: str, _: Any) -> None:
         code = frame.f_code
@@ -78,10 +84,12 @@ class Walk:
             return
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         value = self.budget_tokens
-        held = [n for n in names if type(frame.f_locals.get(n)) is int and frame.f_locals[n] == value]
+        # ``BudgetTokens`` (the checked budget) is an int too; a bool is not a budget.
+        held = [n for n in names if _held(frame.f_locals.get(n), value)]
         if held:
             module = Path(code.co_filename).relative_to(ROOT).as_posix()
             self.seen.setdefault(module, set()).update(f"{code.co_name}({n})" for n in held)
+            self.calls[f"{module}:{code.co_name}"] += 1
 
     def window(self, client: TestClient, budget_tokens: int) -> dict[str, set[str]]:
         self.budget_tokens, self.seen = budget_tokens, {}
@@ -110,31 +118,37 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
     sql = runtime.settings.database.url is not None
     reader = "ctxcore/state/sql/window.py" if sql else "ctxcore/state/redis/window.py"
     expected = {
+        # The route's span; the service checks the budget once (``BudgetTokens``) and hands it
+        # to the reader (which records it, SQL's write in the reader's own module too), to
+        # the chain and to assemble.
         "workers/telemetry/spans.py": {"window_span(budget_tokens)"},
         "workers/service/context_service.py": {
             "get_window(budget_tokens)",
             "_window_reads(budget_tokens)",
             "_rules(budget_tokens)",
         },
-        "ctxcore/state/base.py": {"check_budget(budget_tokens)"},
-        reader: {"read(budget_tokens)"},
-        "ctxcore/config/service.py": {"chunk_tokens(budget)"},
+        # Checked once: making the ``BudgetTokens`` (its ``__new__``) is the check.
+        "ctxcore/state/budget.py": {"check_budget(budget_tokens)", "__new__(budget_tokens)"},
+        reader: {"read(budget_tokens)"} | ({"write_budget(budget_tokens)"} if sql else set()),
         "ctxcore/assemble.py": {"assemble_window(budget_tokens)"},
         # The chain gets it once (``WindowRules``); it builds its rules only when the tail
         # is over its room.
         "ctxcore/processors/chain.py": {"__init__(budget_tokens)"},
     }
-    if sql:  # the reader records a changed budget through the store's own write
-        expected["ctxcore/state/sql/state.py"] = {"set_budget(budget_tokens)"}
+    assert len(expected) <= 6
     assert fits == expected
     # Over the budget the rules run with it as their window and the fallback shapes the
-    # window: the same modules.
+    # window: the same modules, the same name.
     assert set(over) == set(expected)
-    assert over["ctxcore/processors/chain.py"] >= {
-        "default_rule_chain(context_window_tokens)",
-        "apply_rules_result(context_max)",
+    assert over["ctxcore/processors/chain.py"] == {
+        "__init__(budget_tokens)",
+        "default_rule_chain(budget_tokens)",
+        "apply_rules_result(budget_tokens)",
     }
+    assert {name.split("(")[1] for names in over.values() for name in names} == {"budget_tokens)"}
     assert "fit_to_budget(budget_tokens)" in over["ctxcore/assemble.py"]
+    # Checked once per window: the stores take the checked value and do not check it again.
+    assert walk.calls["ctxcore/state/budget.py:__new__"] == 2
 
 
 def test_a_bad_budget_is_one_error_naming_the_field(runtime: Runtime) -> None:

@@ -88,9 +88,25 @@ def test_the_head_key_and_states_saved_before_it(
     assert state.save(conv_key, CompressionState(covered_until=ids[6], pinned=[ids[0]]), 0)
     expected = plain.get_window(conv_key, 50_000, SYSTEM)
     assert service.get_window(conv_key, 50_000, SYSTEM).messages == expected.messages
+    assert state.cursor(conv_key) == ids[6]
     client.delete(f"{redis_prefix}:{conv_key.hash_tag}:state:head")
     assert service.get_window(conv_key, 50_000, SYSTEM).messages == expected.messages
+    assert state.cursor(conv_key) == ids[6]  # from the state, as the window reads it
     assert str(expected.messages[1].content).startswith("Fix the failing build")
+
+
+def test_an_append_is_three_round_trips(
+    client: Recording, redis_prefix: str, conv_key: ConversationKey
+) -> None:
+    state, log = RedisStateStore(client, redis_prefix), RedisMessageLog(client, redis_prefix)
+    service = ContextService(Settings(), state, log, None, InlineQueue())
+    batches = agent_run(20)
+    for batch in batches[:-1]:
+        service.append(conv_key, batch)
+    client.sent = []
+    service.append(conv_key, batches[-1])
+    # The cursor (head key, and whether a state exists), the validation tail, the append.
+    assert client.sent == ["GET+EXISTS", "XREVRANGE", "ZADD+EVALSHA"]
 
 
 def test_the_budget_is_written_only_when_it_changes(

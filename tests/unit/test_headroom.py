@@ -50,7 +50,7 @@ def rules(budget: int, store: MemoryOffloadStore):  # type: ignore[no-untyped-de
 
     def apply(messages: list[AnyMessage], room: int | None) -> list[AnyMessage]:
         return apply_rules_result(
-            messages, chain, COUNTER, store, KEY, context_max=budget, tail_budget_tokens=room
+            messages, chain, COUNTER, store, KEY, budget_tokens=budget, tail_budget_tokens=room
         ).messages
 
     return apply

@@ -160,11 +160,11 @@ def test_same_input_twice_gives_the_same_window_and_writes_once() -> None:
     counter = TiktokenCounter()
     room = 16_000 - counter.count_messages(messages[:1])
     first = apply_rules_result(
-        messages, chain, counter, store, KEY, context_max=16_000, tail_budget_tokens=room
+        messages, chain, counter, store, KEY, budget_tokens=16_000, tail_budget_tokens=room
     )
     writes = store.writes
     second = apply_rules_result(
-        messages, chain, counter, store, KEY, context_max=16_000, tail_budget_tokens=room
+        messages, chain, counter, store, KEY, budget_tokens=16_000, tail_budget_tokens=room
     )
     assert first.changed and writes > 0
     assert messages_to_json(first.messages) == messages_to_json(second.messages)
@@ -177,7 +177,13 @@ def _default_chain_on(messages: list[AnyMessage], store: Any) -> Any:
     counter = TiktokenCounter()
     room = 16_000 - counter.count_messages(messages[:1])
     return apply_rules_result(
-        messages, default_rule_chain(16_000), counter, store, KEY, context_max=16_000, tail_budget_tokens=room
+        messages,
+        default_rule_chain(16_000),
+        counter,
+        store,
+        KEY,
+        budget_tokens=16_000,
+        tail_budget_tokens=room,
     )
 
 
@@ -246,7 +252,7 @@ def test_originals_come_from_the_log_not_from_a_processed_input() -> None:
         TiktokenCounter(),
         store,
         KEY,
-        context_max=16_000,
+        budget_tokens=16_000,
         originals=originals,
     )
     assert_sound(messages, out, store, KEY)
@@ -256,7 +262,7 @@ def test_removed_ranges_and_handles_cover_everything_left_out() -> None:
     messages = swe_run()
     store = MemoryOffloadStore()
     result = apply_rules_result(
-        messages, default_rule_chain(16_000), TiktokenCounter(), store, KEY, context_max=16_000
+        messages, default_rule_chain(16_000), TiktokenCounter(), store, KEY, budget_tokens=16_000
     )
     shown = {m.context_message_id: m for m in result.messages}
     for message in messages:
@@ -338,10 +344,12 @@ def test_default_chain_never_breaks_the_protocol_or_drops_an_anchor(
 ) -> None:
     assert check_window(messages) == []
     store = MemoryOffloadStore()
-    out = apply_rules(messages, default_rule_chain(window), EstimateCounter(), store, KEY, context_max=window)
+    out = apply_rules(
+        messages, default_rule_chain(window), EstimateCounter(), store, KEY, budget_tokens=window
+    )
     assert_sound(messages, out, store, KEY)
     assert (
-        apply_rules(messages, default_rule_chain(window), EstimateCounter(), store, KEY, context_max=window)
+        apply_rules(messages, default_rule_chain(window), EstimateCounter(), store, KEY, budget_tokens=window)
         == out
     )
 
@@ -402,7 +410,7 @@ def test_any_chain_of_tight_rules_keeps_the_protocol_and_the_anchors(
     messages: list[AnyMessage], chain: list[tuple[str, dict[str, object]]]
 ) -> None:
     store = MemoryOffloadStore()
-    out = apply_rules(messages, chain, EstimateCounter(), store, KEY, context_max=300)
+    out = apply_rules(messages, chain, EstimateCounter(), store, KEY, budget_tokens=300)
     assert_sound(messages, out, store, KEY)
 
 

@@ -142,16 +142,16 @@ def test_an_append_after_a_long_tail_reads_only_its_end() -> None:
     s = service(log)
     fill(s, steps=600)  # 1,201 entries, nothing compacted (workers down)
     reads: list[int] = []
-    original = log.read_range
+    original = log.read_newest
 
-    def spied(key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
-        found = original(key, first, last)
+    def spied(key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        found = original(key, cursor, limit)
         reads.append(len(found))
         return found
 
-    log.read_range = spied  # type: ignore[method-assign]
+    log.read_newest = spied  # type: ignore[method-assign]
     s.append(KEY, [AssistantMessage(content="", tool_calls=[ToolCall(id="z", name="bash")])])
     s.append(KEY, [ToolMessage(content="done", tool_call_id="z")])
     with pytest.raises(InvalidMessageError):
         s.append(KEY, [ToolMessage(content="orphan", tool_call_id="nope")])
-    assert reads and max(reads) <= 512
+    assert reads and max(reads) <= 513  # VALIDATION_SPAN, and one more: the tail is longer

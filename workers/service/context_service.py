@@ -26,7 +26,8 @@ from ctxcore.recall.archive import RecallAnswer, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
-from ctxcore.state.base import check_budget, read_pinned
+from ctxcore.state.base import read_pinned
+from ctxcore.state.budget import BudgetTokens, check_budget
 from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
@@ -92,8 +93,9 @@ class ContextService:
         check_batch(messages, self.settings.service)
         # The message contract (ctxcore.contract), before anything is read or stored.
         check_messages_contract(messages)
-        state = self.state_store.load(key)
-        tail = validation_tail(self.log, key, state.covered_until if state else None, expected_last_id)
+        # The cursor alone: loading the state (10.7 kB of JSON in bench/fast_path.py) for
+        # nothing but its cursor cost 2-4% of an agent step's CPU at tail 51 (issue 41).
+        tail = validation_tail(self.log, key, self.state_store.cursor(key), expected_last_id)
         logged_ids = {t.message_id for t in tail if t.message_id}
         fresh = [(i, m) for i, m in enumerate(messages) if not (m.message_id and m.message_id in logged_ids)]
         found = append_violation(tail, [m for _, m in fresh])
@@ -177,7 +179,9 @@ class ContextService:
             counter = self._counters.setdefault(encoding, TiktokenCounter(model))
         return counter
 
-    def _rules(self, key: ConversationKey, budget_tokens: int, counter: TokenCounter) -> RuleFn | None:
+    def _rules(
+        self, key: ConversationKey, budget_tokens: BudgetTokens, counter: TokenCounter
+    ) -> RuleFn | None:
         if self.settings.engine.rule_chain == "none":
             return None
         # One per window: keeping chains by budget saved 1-5% of an agent step at a 51-message
@@ -188,7 +192,7 @@ class ContextService:
     def _window_reads(
         self,
         key: ConversationKey,
-        budget_tokens: int,
+        budget_tokens: BudgetTokens,
         counter: WindowCounter,
         require_existing: bool,
         recall_index: bool,
@@ -301,7 +305,8 @@ class ContextService:
         conversation with neither log nor state is ``NotFoundError`` (checked in the same
         read on Redis), and nothing is recorded for it, nor with ``preview`` (no compaction either).
         """
-        check_budget(budget_tokens)
+        # The one check of the budget; the stores take what it returns (ctxcore.state.budget).
+        budget_tokens = check_budget(budget_tokens)
         for i, message in enumerate(system_messages):
             if not isinstance(message, SystemMessage):
                 raise InvalidMessageError(i, "system_messages", "only system messages belong here")
@@ -333,7 +338,8 @@ class ContextService:
             pinned=pinned,
             detector=self.detector,
             auto_recall=auto,
-            rule_chunk_tokens=self.settings.service.chunk_tokens(budget_tokens),
+            # ServiceSettings.chunk_tokens, inline: the budget goes through no settings method.
+            rule_chunk_tokens=int(budget_tokens * self.settings.service.chunk_ratio),
         )
         if read.elided:
             # The older tail was left unread behind markers: the fallback applied, and the

@@ -183,6 +183,21 @@ class RedisMessageLog(_RedisBackend):
             return []
         return self._xrange(key, start, "+", limit)
 
+    def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        """The newest ``limit`` messages after ``cursor``, oldest first (one ``XREVRANGE``)."""
+        if limit < 1:
+            return []
+        stop = f"{parse_log_id(cursor) + 1}-0" if cursor is not None else "-"
+        with translated(f"read {key}"):
+            entries: list[tuple[bytes | str, dict[Any, Any]]] = self._client.xrevrange(  # type: ignore[assignment]
+                self._key(key, "log"), "+", stop, count=limit
+            )
+        rows = [
+            (int(text(entry_id).partition("-")[0]), as_bytes(field(fields, "m")))
+            for entry_id, fields in reversed(entries)
+        ]
+        return self.decoded.decode(rows, decoded_rows)
+
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
         """Messages with ``first <= log id <= last``."""
         start, stop = parse_log_id(first), parse_log_id(last)

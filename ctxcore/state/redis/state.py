@@ -8,7 +8,8 @@ from typing import Any
 import redis
 
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, MessageLog, check_budget, encode_state, rollback_by_save
+from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, rollback_by_save
+from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.redis.common import RedisBackend as _RedisBackend
@@ -53,6 +54,20 @@ class RedisStateStore(_RedisBackend):
         """The current state (the newest kept version), or None."""
         kept = self.history(key, 1)
         return kept[0] if kept else None
+
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The cursor from the head the saves write (``cursor|pinned|archive version``): a few
+        bytes instead of the state's JSON (10.7 kB in bench/fast_path.py, 63 us to decode), in
+        one round trip; a state saved before heads existed is loaded instead."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(self._key(key, "state:head"))
+        pipe.exists(self._key(key, "state:history"))
+        with translated(f"cursor {key}"):
+            head, saved = pipe.execute()
+        if head is not None:
+            return text(head).split("|", 1)[0] or None
+        state = self.load(key) if saved else None
+        return state.covered_until if state is not None else None
 
     def save(
         self,
@@ -135,7 +150,7 @@ class RedisStateStore(_RedisBackend):
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (a plain SET, no version bump)."""
-        check_budget(budget_tokens)
+        budget_tokens = check_budget(budget_tokens)
         name, ttl = self._key(key, "budget"), self._retention.ttl_ms(key)
         with translated(f"set_budget {key}"):
             if ttl == 0:

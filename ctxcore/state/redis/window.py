@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from ctxcore.state.base import check_pinned, format_log_id
+from ctxcore.state.budget import BudgetTokens
 from ctxcore.state.decoded import DecodedEntries
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
@@ -61,7 +62,11 @@ class RedisWindowReader:
         return [f"{self.prefix}:{key.hash_tag}:{s}" for s in WINDOW_KEY_SUFFIXES]
 
     def read(
-        self, key: ConversationKey, budget_tokens: int, encoding: str, index_version: int | None = None
+        self,
+        key: ConversationKey,
+        budget_tokens: BudgetTokens,
+        encoding: str,
+        index_version: int | None = None,
     ) -> WindowRead:
         """The window's reads; the budget recorded when it differs from the stored one.
         ``index_version``: the recall index version the caller holds (None: recall off)."""

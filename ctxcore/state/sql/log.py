@@ -168,6 +168,22 @@ class SqlMessageLog(SqlBackend):
             return []
         return self._select(key, self._t.log.c.seq > after, limit=limit)
 
+    def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
+        """The newest ``limit`` messages after ``cursor``, oldest first (one statement)."""
+        if limit < 1:
+            return []
+        log = self._t.log
+        after = parse_log_id(cursor) if cursor is not None else 0
+        query = (
+            select(log.c.seq, log.c.data)
+            .where(self._where(log, key), log.c.seq > after)
+            .order_by(log.c.seq.desc())
+            .limit(limit)
+        )
+        with self._read(f"read {key}") as conn:
+            rows = conn.execute(query).all()
+        return decode_log_messages([(format_log_id(row.seq), row.data) for row in reversed(rows)])
+
     def read_range(self, key: ConversationKey, first: str, last: str) -> list[AnyMessage]:
         """Messages with ``first <= log id <= last``."""
         seq = self._t.log.c.seq

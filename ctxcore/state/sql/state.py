@@ -8,13 +8,14 @@ from sqlalchemy.exc import IntegrityError
 
 from ctxcore.errors import StoreError
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, MessageLog, check_budget, encode_state, rollback_by_save
+from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, format_log_id, rollback_by_save
+from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
 from ctxcore.state.sql.engine import SqlBackend
 from ctxcore.state.sql.log import SqlMessageLog
 from ctxcore.state.sql.schema import window_head
-from ctxcore.state.sql.window import SqlWindowReader
+from ctxcore.state.sql.window import SqlWindowReader, write_budget
 from ctxcore.state.window_read import WindowReader
 
 __all__ = ["SqlStateStore"]
@@ -30,6 +31,20 @@ class SqlStateStore(SqlBackend):
         """The current state (the newest kept version), or None."""
         kept = self.history(key, 1)
         return kept[0] if kept else None
+
+    def cursor(self, key: ConversationKey) -> str | None:
+        """The cursor from the head row (``covered_seq``, 0: none), without the state's JSON; a
+        state whose head row holds no cursor (saved before it did, or with ids that are not
+        log ids) is loaded instead."""
+        head = self._t.state
+        with self._read(f"cursor {key}") as conn:
+            row = conn.execute(select(head.c.covered_seq).where(self._where(head, key))).first()
+        if row is None:
+            return None
+        if row.covered_seq is None:
+            state = self.load(key)
+            return state.covered_until if state is not None else None
+        return format_log_id(int(row.covered_seq)) if row.covered_seq else None
 
     def save(
         self,
@@ -147,27 +162,7 @@ class SqlStateStore(SqlBackend):
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (an upsert beside the state, no version bump) and the window's
         activity (``last_active_at``, for the retention sweep)."""
-        check_budget(budget_tokens)
-        budget, now = self._t.budget, self._clock()
-        with self._write(f"set_budget {key}") as conn:
-            conn.execute(
-                self._insert(conn, budget)
-                .values(
-                    tenant_id=key.tenant_id,
-                    conversation_id=key.conversation_id,
-                    budget_tokens=budget_tokens,
-                    last_active_at=now,
-                )
-                .on_conflict_do_update(
-                    index_elements=[budget.c.tenant_id, budget.c.conversation_id],
-                    # Each window records its budget here: the retention sweep's clock too,
-                    # in the statement a window runs anyway.
-                    set_={
-                        "budget_tokens": budget_tokens,
-                        "last_active_at": self._stamp(budget.c.last_active_at, now),
-                    },
-                )
-            )
+        write_budget(self, key, check_budget(budget_tokens))
 
     def window_reader(self, log: MessageLog) -> WindowReader | None:
         """A ``SqlWindowReader`` when ``log`` is the ``SqlMessageLog`` of this database and prefix."""
@@ -177,4 +172,4 @@ class SqlStateStore(SqlBackend):
             and log.table_prefix == self.table_prefix
         ):
             return None
-        return SqlWindowReader(self, self, log, log.counted())
+        return SqlWindowReader(self, log, log.counted())

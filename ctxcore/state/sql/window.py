@@ -10,7 +10,7 @@ retention's activity stamp is due (``ACTIVITY_RESOLUTION_SECONDS``).
 
 The page stands for the tail when it holds all of it under the run's encoding (the usual
 case: workers keep up). Otherwise, as on Redis, the tail is read again newest first until
-the stored counts fill the budget (``CountedSqlLog.read_tail``): a tail longer than a page,
+the stored counts fill the budget (``SqlCountedLog.read_tail``): a tail longer than a page,
 counts under another encoding, or a state saved before its head row held the cursor.
 """
 
@@ -39,7 +39,8 @@ from sqlalchemy import (
 )
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.base import MessageLog, StateStore, check_pinned, format_log_id, read_pinned
+from ctxcore.state.base import MessageLog, check_pinned, format_log_id, read_pinned
+from ctxcore.state.budget import BudgetTokens
 from ctxcore.state.decoded import DecodedEntries, Row, decoded_rows
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
@@ -48,7 +49,7 @@ from ctxcore.state.sql.engine import SqlBackend, translated_errors
 from ctxcore.state.tail import TAIL_PAGE, CountedLog, TailRead
 from ctxcore.state.window_read import WindowRead
 
-__all__ = ["SqlWindowReader"]
+__all__ = ["SqlWindowReader", "write_budget"]
 
 # The kinds of rows the statement returns (its first column).
 _STATE, _BUDGET, _COUNTER, _PINNED, _PAGE, _INDEX = range(6)
@@ -56,19 +57,18 @@ _STATE, _BUDGET, _COUNTER, _PINNED, _PAGE, _INDEX = range(6)
 
 class SqlWindowReader:
     """Reads windows for a ``SqlStateStore`` and ``SqlMessageLog`` of one database and prefix
-    (``SqlStateStore.window_reader``): ``state`` is the store's tables, ``budgets`` the store,
-    ``log`` and ``tails`` the log."""
+    (``SqlStateStore.window_reader``): ``state`` is the store (its tables, and the budget row
+    the reader writes), ``log`` and ``tails`` the log."""
 
     def __init__(
         self,
         state: SqlBackend,
-        budgets: StateStore,
         log: MessageLog,
         tails: CountedLog,
         decoded: DecodedEntries | None = None,
     ) -> None:
+        self._state = state
         self._tables = state._t
-        self._budgets = budgets
         self._log = log
         self._tails = tails
         self._engine = state.engine
@@ -170,7 +170,11 @@ class SqlWindowReader:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def read(
-        self, key: ConversationKey, budget_tokens: int, encoding: str, index_version: int | None = None
+        self,
+        key: ConversationKey,
+        budget_tokens: BudgetTokens,
+        encoding: str,
+        index_version: int | None = None,
     ) -> WindowRead:
         """The window's reads; the budget recorded when it differs from the stored one (or
         the activity stamp is due). ``index_version``: the recall index version the caller
@@ -190,7 +194,7 @@ class SqlWindowReader:
             return WindowRead(None, [], TailRead([], []))  # no such conversation: nothing written
         budget = found.get(_BUDGET, [None])[0]
         if budget is None or budget.n != budget_tokens or _stamp_due(budget.f, self._clock()):
-            self._budgets.set_budget(key, budget_tokens)
+            write_budget(self._state, key, budget_tokens)
         state = CompressionState.model_validate_json(state_row.data) if state_row is not None else None
         if state is not None and state_row.n is None:
             # Saved before the head row held the cursor: read the way it was written.
@@ -227,6 +231,32 @@ class SqlWindowReader:
 
     def _decoded(self, rows: list[Any]) -> list[AnyMessage]:
         return self.decoded.decode([(int(r.seq), r.data.encode()) for r in rows], decoded_rows)
+
+
+def write_budget(state: SqlBackend, key: ConversationKey, budget_tokens: BudgetTokens) -> None:
+    """Record ``budget_tokens`` for ``key`` (an upsert beside the state, no version bump) and
+    the window's activity (``last_active_at``, for the retention sweep): the reader's write
+    when the budget changed, and ``SqlStateStore.set_budget``."""
+    budget, now = state._t.budget, state._clock()
+    with state._write(f"set_budget {key}") as conn:
+        conn.execute(
+            state._insert(conn, budget)
+            .values(
+                tenant_id=key.tenant_id,
+                conversation_id=key.conversation_id,
+                budget_tokens=budget_tokens,
+                last_active_at=now,
+            )
+            .on_conflict_do_update(
+                index_elements=[budget.c.tenant_id, budget.c.conversation_id],
+                # Each window records its budget here: the retention sweep's clock too,
+                # in the statement a window runs anyway.
+                set_={
+                    "budget_tokens": budget_tokens,
+                    "last_active_at": state._stamp(budget.c.last_active_at, now),
+                },
+            )
+        )
 
 
 def _stamp_due(stamp: float | None, now: float) -> bool:
