@@ -107,7 +107,6 @@ class ProxyError(CtxcoreError):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
         self.status_code = status
         self.code = code
         self.message = message
