@@ -50,9 +50,14 @@ def window_span(
     adds ``ctxcore.rules_applied`` (the rules that changed the window) while it is current."""
     if not tracer.enabled:
         return tracer.span(WINDOW_SPAN)
-    attributes = conversation_attributes(key)
-    attributes.update({"ctxcore.window.budget_tokens": budget_tokens, "ctxcore.window.source": source})
-    return tracer.span(WINDOW_SPAN, attributes)
+    return tracer.span(
+        WINDOW_SPAN,
+        {
+            **conversation_attributes(key),
+            "ctxcore.window.budget_tokens": budget_tokens,
+            "ctxcore.window.source": source,
+        },
+    )
 
 
 def describe_window(span: Span, result: WindowResult) -> None:
@@ -76,9 +81,7 @@ def append_span(tracer: Tracer, key: ConversationKey, messages: int) -> Abstract
     """The span of one append of ``messages`` messages."""
     if not tracer.enabled:
         return tracer.span(APPEND_SPAN)
-    attributes = conversation_attributes(key)
-    attributes["ctxcore.append.messages"] = messages
-    return tracer.span(APPEND_SPAN, attributes)
+    return tracer.span(APPEND_SPAN, {**conversation_attributes(key), "ctxcore.append.messages": messages})
 
 
 def describe_append(span: Span, ids: Sequence[str], replay: bool) -> None:
@@ -97,10 +100,11 @@ def traced_stage(
     summariser calls and tokens, duration (the summariser calls are its child spans)."""
     if not tracer.enabled:
         return run(key, stage)
-    attributes = conversation_attributes(key)
-    attributes.update(
-        {"ctxcore.stage.kind": stage.kind, "ctxcore.stage.based_on_version": stage.based_on_version}
-    )
+    attributes = {
+        **conversation_attributes(key),
+        "ctxcore.stage.kind": stage.kind,
+        "ctxcore.stage.based_on_version": stage.based_on_version,
+    }
     with tracer.span(STAGE_SPAN, attributes) as span:
         started = time.perf_counter()
         result = run(key, stage)
