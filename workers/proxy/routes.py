@@ -214,8 +214,8 @@ def proxy_router(api: ApiState) -> APIRouter:
                 replay_completion(prepared.replay, body["model"], prepared.reply_id), headers=replayed
             )
         outgoing = {**body, "messages": [*system_raw, *prepared.window]}
-        key_name = proxy.upstream_api_key_env
-        api_key = keys.get(key_name) if key_name else None
+        # api_keys() holds no empty name: an unset key env finds no key.
+        api_key = keys.get(proxy.upstream_api_key_env or "")
         timing = ", ".join(f"{name};dur={ms:.3f}" for name, ms in prepared.timings.items())
         started = time.perf_counter()
         deadline_at = asyncio.get_running_loop().time() + proxy.upstream_deadline

@@ -194,13 +194,11 @@ def upstream_error(
     ``error`` object's code, type and param when it sent one, and its message (or the start
     of a body that is not OpenAI's error JSON) with ``secrets`` (the upstream keys), bearer
     tokens and credential-shaped strings redacted; the allow-listed headers but its type."""
-    error: Any = None
     try:
         parsed = json.loads(content)
     except ValueError:  # not JSON (UnicodeDecodeError is a ValueError)
         parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
+    error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, Mapping) and isinstance(error.get("message"), str):
         message = error["message"]
         code, kind, param = (error.get(k) for k in ("code", "type", "param"))
