@@ -185,8 +185,7 @@ class CircuitBreaker:
 
     def failures(self, tenant: str, endpoint: str) -> int:
         """Failed calls counted since the circuit last closed."""
-        raw = self.client.hget(self.key(tenant, endpoint), "failures")
-        return int(raw or 0)
+        return int(self.client.hget(self.key(tenant, endpoint), "failures") or 0)
 
 
 class CircuitBreakerClient:

@@ -20,10 +20,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from workers.prom_worker import node_registry
 
 __all__ = ["CONTENT_TYPE", "WINDOW_BUCKETS", "ApiMetrics", "RequestMetricsMiddleware"]
 
@@ -44,10 +46,7 @@ class ApiMetrics:
         # Several API processes: /metrics serves the sum of the directory's files (the
         # series above still record there: the value class follows $PROMETHEUS_MULTIPROC_DIR,
         # set before the processes started).
-        self._exposed = r
-        if multiprocess_dir is not None:
-            self._exposed = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self._exposed, path=multiprocess_dir)  # type: ignore[no-untyped-call]  # untyped upstream
+        self._exposed = r if multiprocess_dir is None else node_registry(multiprocess_dir)
         self.fast_path_seconds = Histogram(
             "ctxcore_fast_path_seconds",
             "Wall time of the service's get_window (the fast path), by route (window: POST "

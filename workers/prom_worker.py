@@ -124,8 +124,7 @@ def enable_multiprocess(directory: str | None = None) -> str:
         for stale in Path(path).glob("*.db"):
             stale.unlink(missing_ok=True)
     else:
-        path = tempfile.mkdtemp(prefix="ctxcore-metrics-")
-        atexit.register(shutil.rmtree, path, True)
+        path = _node_directory(None, "")
     os.environ[ENV] = path
     # prometheus-client chooses its value class once, at import; the choice must follow the
     # directory set now (series built from here on write to it; children inherit both).
@@ -200,8 +199,7 @@ def start_node_metrics(settings: Settings, node: str = "all") -> int | None:
             raise ConfigError(
                 f"worker.metrics_host {host} port {port}: cannot serve the worker's metrics: {exc}"
             ) from exc
-        name = node if port == ports[0] else f"{node}-{port}"
-        directory = _node_directory(base, name)
+        directory = _node_directory(base, node if port == ports[0] else f"{node}-{port}")
         # After the bind: a node refused for its port leaves another node's files alone.
         enable_multiprocess(directory)
         multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]  # untyped upstream

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from ctxcore.errors import StoreUnavailable
-from ctxcore.state.redis.common import UNAVAILABLE
+from ctxcore.state.redis.common import UNAVAILABLE, text
 
 __all__ = ["Admission", "RateDecision", "RateLimiter"]
 
@@ -151,8 +151,7 @@ class RateLimiter:
             allowed, wait = self._take(keys=[self.key(tenant_id)], args=[repr(float(rate)), burst, cost])
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"rate limiter unavailable: {exc}") from exc
-        text = wait.decode() if isinstance(wait, bytes) else str(wait)
-        return RateDecision(allowed=bool(int(allowed)), wait_seconds=float(text))
+        return RateDecision(allowed=bool(int(allowed)), wait_seconds=float(text(wait)))
 
     def admit(
         self,
@@ -178,9 +177,7 @@ class RateLimiter:
             verdict, wait = self._admit(keys=[key, f"{key}:inflight"], args=args)
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"rate limiter unavailable: {exc}") from exc
-        text = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
-        seconds = wait.decode() if isinstance(wait, bytes) else str(wait)
-        return Admission(text, float(seconds))
+        return Admission(text(verdict), float(text(wait)))
 
     def release(self, tenant_id: str, request_id: str) -> None:
         """Give back the place ``admit`` took (the response was sent)."""

@@ -132,15 +132,18 @@ def create_app(
     install_proxy_error_handler(app)
 
     current_tenant = tenant_dependency(api)
-    app.include_router(log_router(api, current_tenant))
-    app.include_router(recall_router(api, current_tenant))
-    app.include_router(proxy_router(api))
-    app.include_router(window_router(api, current_tenant))
-    app.include_router(state_router(api, current_tenant))
-    app.include_router(history_router(api, current_tenant))
-    app.include_router(ui_router(api))
-    app.include_router(conversations_router(api, current_tenant))
-    app.include_router(operations_router(runtime, api.metrics))
+    for router in (
+        log_router(api, current_tenant),
+        recall_router(api, current_tenant),
+        proxy_router(api),
+        window_router(api, current_tenant),
+        state_router(api, current_tenant),
+        history_router(api, current_tenant),
+        ui_router(api),
+        conversations_router(api, current_tenant),
+        operations_router(runtime, api.metrics),
+    ):
+        app.include_router(router)
     return app
 
 

@@ -17,8 +17,7 @@ def parse_if_match(value: str | None) -> str | None:
     """The log id in an ``If-Match`` header: a bare id or an entity tag (``"id"``, ``W/"id"``)."""
     if value is None:
         return None
-    text = value.strip()
-    text = text.removeprefix("W/")
+    text = value.strip().removeprefix("W/")
     if len(text) >= 2 and text[0] == text[-1] == '"':
         text = text[1:-1]
     return text

@@ -44,17 +44,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
 
 
-def _ctxcore_response(request: Request, exc: CtxcoreError) -> JSONResponse:
-    entry = error_status(exc)
-    if entry.logged:
-        log.warning("%s %s: %s %s: %s", request.method, request.url.path, entry.status, entry.code, exc)
-    return JSONResponse(
-        {"error": entry.code, "detail": entry.detail(exc), **entry.fields(exc)},
-        status_code=entry.status,
-        headers=entry.headers(exc),
-    )
-
-
 def _unreadable_body(exc: StarletteHTTPException) -> tuple[str, str] | None:
     """``(type, rule)`` when FastAPI could not parse a JSON body for a reason it does not
     name (its 400 "There was an error parsing the body" carries the cause)."""
@@ -80,7 +69,14 @@ def install_error_handlers(app: FastAPI) -> None:
     # One handler, one table: Starlette picks it for every subclass by the error's MRO.
     @app.exception_handler(CtxcoreError)
     async def ctxcore_error(request: Request, exc: CtxcoreError) -> JSONResponse:
-        return _ctxcore_response(request, exc)
+        entry = error_status(exc)
+        if entry.logged:
+            log.warning("%s %s: %s %s: %s", request.method, request.url.path, entry.status, entry.code, exc)
+        return JSONResponse(
+            {"error": entry.code, "detail": entry.detail(exc), **entry.fields(exc)},
+            status_code=entry.status,
+            headers=entry.headers(exc),
+        )
 
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("store unavailable during %s %s: %s", request.method, request.url.path, exc)

@@ -72,25 +72,24 @@ def proxy_responses() -> dict[int | str, dict[str, Any]]:
         503: "A store is unavailable (see Retry-After)",
         504: "The upstream did not answer within proxy.upstream_timeout",
     }
-    out: dict[int | str, dict[str, Any]] = {
-        code: {"model": OpenAIErrorResponse, "description": about} for code, about in text.items()
-    }
-    out[200] = {
-        "description": "The upstream's chat completion (a JSON body, or server-sent events when streamed)",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
+    return {
+        **{code: {"model": OpenAIErrorResponse, "description": about} for code, about in text.items()},
+        200: {
+            "description": "The upstream's chat completion (a JSON body, or server-sent events when streamed)",
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        },
+        413: {
+            "model": OpenAIErrorResponse,
+            "description": "Request body over http.max_body_bytes (checked before any parsing; the limit in the message)",
+        },
+        "default": {
+            "model": OpenAIErrorResponse,
+            "description": "An upstream error: its status, code, type and param, its message redacted",
         },
     }
-    out[413] = {
-        "model": OpenAIErrorResponse,
-        "description": "Request body over http.max_body_bytes (checked before any parsing; the limit in the message)",
-    }
-    out["default"] = {
-        "model": OpenAIErrorResponse,
-        "description": "An upstream error: its status, code, type and param, its message redacted",
-    }
-    return out
 
 
 class ProxyError(CtxcoreError):
@@ -107,7 +106,6 @@ class ProxyError(CtxcoreError):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
         self.status_code = status
         self.code = code
         self.message = message

@@ -109,12 +109,15 @@ class ProxyFlow:
                     exc.field,
                     param=f"messages[{at}]",
                 ) from None
-            new = [
-                IndexEntry(i, m.metadata[PROXY_HASH_KEY], m.message_id or "")
-                for i, m in zip(ids, fresh, strict=True)
-                if last is None or i > last
-            ]
-            self.index.extend(key, last, new)
+            self.index.extend(
+                key,
+                last,
+                [
+                    IndexEntry(i, m.metadata[PROXY_HASH_KEY], m.message_id or "")
+                    for i, m in zip(ids, fresh, strict=True)
+                    if last is None or i > last
+                ],
+            )
             last = max([last or "", *ids]) or None
         appended, cpu_appended = time.perf_counter(), time.thread_time()
         with window_span(self.tracer, key, budget, "proxy") as span:

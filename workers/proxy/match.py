@@ -87,16 +87,6 @@ class Match:
         return self.offset + request_length
 
 
-def _agreeing(log_hashes: Sequence[str], request_hashes: Sequence[str], k: int) -> int:
-    """How many request messages agree with the log from offset ``k``, in order."""
-    n = 0
-    for a, b in zip(log_hashes[k:], request_hashes, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 def match_request(
     log_ids: Sequence[str], log_hashes: Sequence[str], request_hashes: Sequence[str]
 ) -> Match | Divergence:
@@ -110,8 +100,11 @@ def match_request(
     for k in range(total):
         if log_hashes[k] != first:
             continue
-        agreeing = _agreeing(log_hashes, request_hashes, k)
-        if agreeing == min(len(request_hashes), total - k):
+        # How many request messages agree with the log from offset k, in order.
+        common = min(len(request_hashes), total - k)
+        pairs = enumerate(zip(log_hashes[k:], request_hashes, strict=False))
+        agreeing = next((i for i, (a, b) in pairs if a != b), common)
+        if agreeing == common:
             return Match(offset=k, new_from=min(total - k, len(request_hashes)))
         if agreeing > best[0]:
             best = (agreeing, k)

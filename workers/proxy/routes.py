@@ -57,21 +57,14 @@ ERROR_BODY_BYTES = 64 * 1024
 def _tenant(api: ApiState, request: Request) -> str:
     """Authenticate by the bearer token (a ctxcore token) and charge the rate limit."""
     scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    challenge = {"WWW-Authenticate": 'Bearer realm="ctxcore"'}
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ProxyError(
-            401,
-            "missing bearer token: the api_key must be a ctxcore token",
-            "unauthorized",
-            headers=challenge,
-        )
-    tenant = tenant_for_token(api.settings, token.strip())
+    missing = scheme.lower() != "bearer" or not token.strip()
+    tenant = None if missing else tenant_for_token(api.settings, token.strip())
     if tenant is None:
         raise ProxyError(
             401,
-            "invalid bearer token: the api_key must be a ctxcore token",
-            "invalid_api_key",
-            headers=challenge,
+            f"{'missing' if missing else 'invalid'} bearer token: the api_key must be a ctxcore token",
+            "unauthorized" if missing else "invalid_api_key",
+            headers={"WWW-Authenticate": 'Bearer realm="ctxcore"'},
         )
     rate_limit(api, tenant)
     return tenant
@@ -100,7 +93,7 @@ def proxy_router(api: ApiState) -> APIRouter:
 
     def prepare(
         request: Request, body: Any
-    ) -> tuple[ConversationKey, ProxySettings, Prepared, list[dict[str, Any]]]:
+    ) -> tuple[ConversationKey, ProxySettings, str, Prepared, list[dict[str, Any]]]:
         tenant = _tenant(api, request)
         proxy = api.settings.proxy_for_tenant(tenant)
         tenant_scoped = api.settings.tenant(tenant).proxy is not None
@@ -135,8 +128,7 @@ def proxy_router(api: ApiState) -> APIRouter:
             raise ProxyError(400, "model must be a non-empty string", "invalid_value", param="model")
         if not isinstance(messages, list) or not messages:
             raise ProxyError(400, "messages must be a non-empty list", "invalid_value", param="messages")
-        n = body.get("n")
-        if n is not None and n != 1:
+        if body.get("n") not in (None, 1):
             raise ProxyError(
                 400, "n must be 1: the log holds one reply per request", "invalid_value", param="n"
             )
@@ -158,7 +150,7 @@ def proxy_router(api: ApiState) -> APIRouter:
         if "window" in prepared.timings:  # a replay serves no window
             api.metrics.window_served(prepared.timings["window"] / 1000, prepared.fallback, route="proxy")
         prepared.timings = {"parse": parse_ms, "parse-cpu": parse_cpu_ms, **prepared.timings}
-        return key, proxy, prepared, system_raw
+        return key, proxy, proxy.upstream_base_url, prepared, system_raw
 
     @router.post(
         "/v1/chat/completions",
@@ -192,8 +184,7 @@ def proxy_router(api: ApiState) -> APIRouter:
                 raise ProxyError(
                     400, f"request body{path}: {rule}", "invalid_request", param=path[1:] or None
                 )
-            key, proxy, prepared, system_raw = await run_in_threadpool(prepare, request, body)
-            return await _answer(key, proxy, prepared, system_raw, body)
+            return await _answer(*await run_in_threadpool(prepare, request, body), body)
         except Exception as exc:
             response = openai_error(exc)
             if response is None:
@@ -203,6 +194,7 @@ def proxy_router(api: ApiState) -> APIRouter:
     async def _answer(
         key: ConversationKey,
         proxy: ProxySettings,
+        base_url: str,
         prepared: Prepared,
         system_raw: list[dict[str, Any]],
         body: dict[str, Any],
@@ -217,16 +209,13 @@ def proxy_router(api: ApiState) -> APIRouter:
         if prepared.replay is not None:
             if stream:
                 chunks = replay_chunks(prepared.replay, body["model"], prepared.reply_id, include_usage)
-                return StreamingResponse(_iterate(chunks), media_type="text/event-stream", headers=replayed)
+                return StreamingResponse(iter(chunks), media_type="text/event-stream", headers=replayed)
             return JSONResponse(
                 replay_completion(prepared.replay, body["model"], prepared.reply_id), headers=replayed
             )
-        base_url = proxy.upstream_base_url
-        if base_url is None:  # prepare() refused it already; this keeps the type honest
-            raise ProxyError(404, "no upstream is configured for this tenant", "proxy_not_configured")
         outgoing = {**body, "messages": [*system_raw, *prepared.window]}
-        key_name = proxy.upstream_api_key_env
-        api_key = keys.get(key_name) if key_name else None
+        # api_keys() holds no empty name: an unset key env finds no key.
+        api_key = keys.get(proxy.upstream_api_key_env or "")
         timing = ", ".join(f"{name};dur={ms:.3f}" for name, ms in prepared.timings.items())
         started = time.perf_counter()
         deadline_at = asyncio.get_running_loop().time() + proxy.upstream_deadline
@@ -244,15 +233,14 @@ def proxy_router(api: ApiState) -> APIRouter:
             reply_ms = 0.0
             if answer.status_code != 200:
                 return upstream_error(answer.status_code, answer.content, answer.headers, secrets).response()
-            if answer.status_code == 200:
-                reply = _reply_of(answer.content)
-                if reply is not None:
-                    logged = await run_in_threadpool(flow().record_reply, key, prepared, reply)
-                    reply_ms = (time.perf_counter() - started) * 1000 - forward_ms
-                    if logged is not None:
-                        return JSONResponse(
-                            replay_completion(logged, body["model"], prepared.reply_id), headers=replayed
-                        )
+            reply = _reply_of(answer.content)
+            if reply is not None:
+                logged = await run_in_threadpool(flow().record_reply, key, prepared, reply)
+                reply_ms = (time.perf_counter() - started) * 1000 - forward_ms
+                if logged is not None:
+                    return JSONResponse(
+                        replay_completion(logged, body["model"], prepared.reply_id), headers=replayed
+                    )
             # Server-Timing: what the proxy spent (ms), so a client can split the overhead.
             timing += f", upstream;dur={forward_ms:.3f}, reply;dur={reply_ms:.3f}"
             headers = {**answer.headers, "server-timing": timing}
@@ -318,11 +306,6 @@ def proxy_router(api: ApiState) -> APIRouter:
         ).response()
 
     return router
-
-
-async def _iterate(chunks: list[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
 
 
 def _stream_error(message: str, code: str = "upstream_stream_cut") -> bytes:

@@ -138,8 +138,12 @@ def replay_completion(message: Mapping[str, Any], model: str, reply_id: str) -> 
 
 def replay_chunks(message: Mapping[str, Any], model: str, reply_id: str, include_usage: bool) -> list[bytes]:
     """A logged reply as ``chat.completion.chunk`` events, then ``[DONE]``."""
-    head = {"id": f"chatcmpl-{reply_id}", "object": "chat.completion.chunk", "created": int(time.time())}
-    head["model"] = model
+    head = {
+        "id": f"chatcmpl-{reply_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}

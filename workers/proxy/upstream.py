@@ -108,33 +108,27 @@ class Upstream:
         when unreachable."""
         request = self._request(base_url, body, api_key, timeout)
         with upstream_span(self.tracer, request, body, key) as span:
-            answer = await self._post(request, timeout, deadline_at, max_bytes)
-            span.set("http.response.status_code", answer.status_code)
-        return answer
-
-    async def _post(
-        self, request: httpx.Request, timeout: float, deadline_at: float, max_bytes: int
-    ) -> Answer:
-        try:
-            async with asyncio.timeout_at(deadline_at):
-                response = await self.client().send(request, stream=True)
-                try:
-                    declared = response.headers.get("content-length", "")
-                    if declared.isdigit() and int(declared) > max_bytes:
-                        raise reply_too_large(max_bytes)
-                    chunks: list[bytes] = []
-                    size = 0
-                    async for chunk in response.aiter_bytes():  # decoded: a compressed bomb counts whole
-                        size += len(chunk)
-                        if size > max_bytes:
+            try:
+                async with asyncio.timeout_at(deadline_at):
+                    response = await self.client().send(request, stream=True)
+                    try:
+                        declared = response.headers.get("content-length", "")
+                        if declared.isdigit() and int(declared) > max_bytes:
                             raise reply_too_large(max_bytes)
-                        chunks.append(chunk)
-                finally:
-                    await response.aclose()
-        except TimeoutError:
-            raise deadline_passed() from None
-        except httpx.HTTPError as exc:
-            raise _failure(exc, timeout) from exc
+                        chunks: list[bytes] = []
+                        size = 0
+                        async for chunk in response.aiter_bytes():  # decoded: a compressed bomb counts whole
+                            size += len(chunk)
+                            if size > max_bytes:
+                                raise reply_too_large(max_bytes)
+                            chunks.append(chunk)
+                    finally:
+                        await response.aclose()
+            except TimeoutError:
+                raise deadline_passed() from None
+            except httpx.HTTPError as exc:
+                raise _failure(exc, timeout) from exc
+            span.set("http.response.status_code", response.status_code)
         return Answer(response.status_code, b"".join(chunks), self.relayed_headers(response.headers))
 
     async def open_stream(
@@ -200,13 +194,11 @@ def upstream_error(
     ``error`` object's code, type and param when it sent one, and its message (or the start
     of a body that is not OpenAI's error JSON) with ``secrets`` (the upstream keys), bearer
     tokens and credential-shaped strings redacted; the allow-listed headers but its type."""
-    error: Any = None
     try:
         parsed = json.loads(content)
     except ValueError:  # not JSON (UnicodeDecodeError is a ValueError)
         parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
+    error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, Mapping) and isinstance(error.get("message"), str):
         message = error["message"]
         code, kind, param = (error.get(k) for k in ("code", "type", "param"))

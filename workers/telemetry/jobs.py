@@ -112,13 +112,11 @@ class JobTraces:
         except _ERRORS as exc:
             log.debug("trace contexts of the job of %s not read: %s", key, exc)
             linked, count, expired = [], 0, 0
-        attributes = conversation_attributes(key)
-        attributes.update(
-            {
-                "ctxcore.job.ring": ring,
-                "ctxcore.job.requests": count,
-                "ctxcore.job.linked_requests": len(linked),
-                "ctxcore.job.expired_contexts": expired,
-            }
-        )
+        attributes = {
+            **conversation_attributes(key),
+            "ctxcore.job.ring": ring,
+            "ctxcore.job.requests": count,
+            "ctxcore.job.linked_requests": len(linked),
+            "ctxcore.job.expired_contexts": expired,
+        }
         return tracer.span(JOB_SPAN, attributes, root=True, links=linked)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -91,6 +91,7 @@ class OtelTracer:
         """Always True."""
         return True
 
+    @contextmanager
     def span(
         self,
         name: str,
@@ -99,19 +100,8 @@ class OtelTracer:
         parent: str | None = None,
         links: Sequence[str] = (),
         root: bool = False,
-    ) -> AbstractContextManager[Span]:
-        """A current span (see ``ctxcore.telemetry.Tracer.span``)."""
-        return self._span(name, attributes, parent, links, root)
-
-    @contextmanager
-    def _span(
-        self,
-        name: str,
-        attributes: Mapping[str, AttributeValue] | None,
-        parent: str | None,
-        links: Sequence[str],
-        root: bool,
     ) -> Iterator[Span]:
+        """A current span (see ``ctxcore.telemetry.Tracer.span``)."""
         context: otel_context.Context | None = None
         if root:
             context = otel_context.Context()  # an empty context: a new trace
@@ -142,12 +132,9 @@ class OtelTracer:
         _PROPAGATOR.inject(carrier)
         return carrier.get("traceparent")
 
-    def attached(self, traceparent: str | None) -> AbstractContextManager[None]:
-        """Continue ``traceparent`` while the block runs."""
-        return self._attached(traceparent)
-
     @contextmanager
-    def _attached(self, traceparent: str | None) -> Iterator[None]:
+    def attached(self, traceparent: str | None) -> Iterator[None]:
+        """Continue ``traceparent`` while the block runs."""
         if traceparent is None:
             yield
             return

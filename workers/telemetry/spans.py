@@ -50,20 +50,29 @@ def window_span(
     adds ``ctxcore.rules_applied`` (the rules that changed the window) while it is current."""
     if not tracer.enabled:
         return tracer.span(WINDOW_SPAN)
-    attributes = conversation_attributes(key)
-    attributes.update({"ctxcore.window.budget_tokens": budget_tokens, "ctxcore.window.source": source})
-    return tracer.span(WINDOW_SPAN, attributes)
+    return tracer.span(
+        WINDOW_SPAN,
+        {
+            **conversation_attributes(key),
+            "ctxcore.window.budget_tokens": budget_tokens,
+            "ctxcore.window.source": source,
+        },
+    )
 
 
 def describe_window(span: Span, result: WindowResult) -> None:
     """What the window served: tokens, fallback, compaction status, elided ranges."""
-    span.set("ctxcore.window.tokens_served", result.stats.total_tokens)
-    span.set("ctxcore.window.messages_served", result.stats.total_messages)
-    span.set("ctxcore.window.raw_tokens", result.raw_tokens)
-    span.set("ctxcore.window.fallback_applied", result.fallback_applied)
-    span.set("ctxcore.window.elided_ranges", len(result.elided_ranges))
-    span.set("ctxcore.window.state_version", result.state_version)
-    span.set("ctxcore.compaction.status", result.compaction)
+    served: dict[str, AttributeValue] = {
+        "ctxcore.window.tokens_served": result.stats.total_tokens,
+        "ctxcore.window.messages_served": result.stats.total_messages,
+        "ctxcore.window.raw_tokens": result.raw_tokens,
+        "ctxcore.window.fallback_applied": result.fallback_applied,
+        "ctxcore.window.elided_ranges": len(result.elided_ranges),
+        "ctxcore.window.state_version": result.state_version,
+        "ctxcore.compaction.status": result.compaction,
+    }
+    for name, value in served.items():
+        span.set(name, value)
     if result.compaction_detail.hold is not None:
         span.set("ctxcore.compaction.hold", result.compaction_detail.hold.reason)
 
@@ -72,9 +81,7 @@ def append_span(tracer: Tracer, key: ConversationKey, messages: int) -> Abstract
     """The span of one append of ``messages`` messages."""
     if not tracer.enabled:
         return tracer.span(APPEND_SPAN)
-    attributes = conversation_attributes(key)
-    attributes["ctxcore.append.messages"] = messages
-    return tracer.span(APPEND_SPAN, attributes)
+    return tracer.span(APPEND_SPAN, {**conversation_attributes(key), "ctxcore.append.messages": messages})
 
 
 def describe_append(span: Span, ids: Sequence[str], replay: bool) -> None:
@@ -93,21 +100,26 @@ def traced_stage(
     summariser calls and tokens, duration (the summariser calls are its child spans)."""
     if not tracer.enabled:
         return run(key, stage)
-    attributes = conversation_attributes(key)
-    attributes.update(
-        {"ctxcore.stage.kind": stage.kind, "ctxcore.stage.based_on_version": stage.based_on_version}
-    )
+    attributes = {
+        **conversation_attributes(key),
+        "ctxcore.stage.kind": stage.kind,
+        "ctxcore.stage.based_on_version": stage.based_on_version,
+    }
     with tracer.span(STAGE_SPAN, attributes) as span:
         started = time.perf_counter()
         result = run(key, stage)
-        span.set("ctxcore.stage.outcome", result.outcome)
-        span.set("ctxcore.stage.tokens_before", result.tokens_before)
-        span.set("ctxcore.stage.tokens_after", result.tokens_after)
-        span.set("ctxcore.stage.summariser_calls", result.model_calls)
-        span.set("ctxcore.stage.summariser_input_tokens", result.input_tokens)
-        span.set("ctxcore.stage.summariser_output_tokens", result.output_tokens)
-        span.set("ctxcore.stage.duration_ms", round((time.perf_counter() - started) * 1000, 3))
-        span.set("ctxcore.stage.state_version", result.state.version)
+        done: dict[str, AttributeValue] = {
+            "outcome": result.outcome,
+            "tokens_before": result.tokens_before,
+            "tokens_after": result.tokens_after,
+            "summariser_calls": result.model_calls,
+            "summariser_input_tokens": result.input_tokens,
+            "summariser_output_tokens": result.output_tokens,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "state_version": result.state.version,
+        }
+        for name, value in done.items():
+            span.set(f"ctxcore.stage.{name}", value)
         if result.error_kind is not None:
             span.set("error.type", result.error_kind)
         if result.detail:

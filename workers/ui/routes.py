@@ -156,9 +156,12 @@ def ui_router(api: ApiState) -> APIRouter:
         address = request.client.host if request.client else "unknown"
         attempt = attempts.take(address, LOGIN_ATTEMPTS_PER_SECOND, LOGIN_BURST)
         if not attempt.allowed:
-            headers = {"Retry-After": str(attempt.retry_after)}
-            error = f"too many sign-in attempts from this address; retry in {attempt.retry_after} s"
-            return _page("login.html", 429, error=error, headers=headers)
+            return _page(
+                "login.html",
+                429,
+                error=f"too many sign-in attempts from this address; retry in {attempt.retry_after} s",
+                headers={"Retry-After": str(attempt.retry_after)},
+            )
         tenant = tenant_for_token(api.settings, token.strip())
         if tenant is None:
             return _page("login.html", 401, error="unknown token")
@@ -234,9 +237,13 @@ def ui_router(api: ApiState) -> APIRouter:
             messages = None
         if messages is None:
             return not_found(session)
-        rows = message_rows(messages)
         return _page(
-            "range.html", session=session, cid=cid, first=f"offload {handle}", last="", messages=rows
+            "range.html",
+            session=session,
+            cid=cid,
+            first=f"offload {handle}",
+            last="",
+            messages=message_rows(messages),
         )
 
     @router.get("/c/{cid}/history")

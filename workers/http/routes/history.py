@@ -37,8 +37,9 @@ def history_router(api: ApiState, current_tenant: Callable[..., str]) -> APIRout
         calls and tokens, duration, error, version saved) and each rollback, newest first;
         the newest 200 are kept."""
         key = api.require(tenant, conversation_id)
-        entries = runtime.journal.entries(key, limit)
-        return JournalResponse(entries=[JournalEntryOut(**e.as_dict()) for e in entries])
+        return JournalResponse(
+            entries=[JournalEntryOut(**e.as_dict()) for e in runtime.journal.entries(key, limit)]
+        )
 
     @router.post(
         f"{conv}/rollback",
