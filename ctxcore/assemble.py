@@ -103,11 +103,14 @@ def assemble_window(
     anchor_ids = view.anchor_id_set()
     by_id = view.messages_by_id()
     anchor_msgs = [by_id[i] for i in sorted(anchor_ids)]
-    system_tokens = counter.count_messages(list(system_messages))
     tools_tokens = counter.count_tools(list(tools))
-    anchor_tokens = counter.count_messages(anchor_msgs)
     if counter.count_messages([*system_messages, *anchor_msgs]) + tools_tokens > budget_tokens:
-        raise BudgetExceeded(budget_tokens, system_tokens, tools_tokens, anchor_tokens)
+        raise BudgetExceeded(
+            budget_tokens,
+            counter.count_messages(list(system_messages)),
+            tools_tokens,
+            counter.count_messages(anchor_msgs),
+        )
 
     raw_tokens = view.tokens(counter)
     # Answer interrupted calls before the rules and the budget see the tail: the added
@@ -138,10 +141,9 @@ def assemble_window(
     problems = check_window(messages)
     if problems:  # e.g. a state saved by an older version: never serve that
         raise InvalidWindowError(problems, state.version)
-    stats = compute_stats(list(system_messages), context, list(tools), counter, detector)
     return WindowResult(
         messages=messages,
-        stats=stats,
+        stats=compute_stats(list(system_messages), context, list(tools), counter, detector),
         state_version=state.version,
         fallback_applied=fallback,
         elided_ranges=elided,

@@ -32,7 +32,6 @@ __all__ = [
     "to_openai",
 ]
 
-Role = Literal["system", "user", "assistant", "tool"]
 ContentPart: TypeAlias = dict[str, Any] | str
 Content: TypeAlias = str | list[ContentPart] | None
 
@@ -270,11 +269,9 @@ def _parse_one(index: int, raw: Any) -> AnyMessage:
         raise InvalidMessageError(index, "tool_call_id", f"only tool messages carry tool_call_id, not {role}")
 
     metadata = raw.get("metadata")
-    if metadata is None:
-        metadata = {}
-    elif not isinstance(metadata, Mapping):
+    if metadata is not None and not isinstance(metadata, Mapping):
         raise InvalidMessageError(index, "metadata", "expected an object")
-    metadata = dict(metadata)
+    metadata = dict(metadata or {})
     for key in ("message_id", "context_message_id"):
         value = raw.get(key)
         if value is not None and (not isinstance(value, str) or not value):

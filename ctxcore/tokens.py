@@ -14,6 +14,7 @@ import marshal
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from ctxcore.messages import AnyMessage, AssistantMessage, content_text
@@ -166,6 +167,14 @@ class _LruCache:
             if len(self._data) > self._maxsize:
                 self._data.popitem(last=False)
 
+    def get_or_put(self, key: Any, compute: Callable[[], int]) -> int:
+        """The value under ``key``, computed and stored first when missing."""
+        value = self.get(key)
+        if value is None:
+            value = compute()
+            self.put(key, value)
+        return value
+
 
 class _FramedCounter(CounterBase):
     """Shared per-message framing, image pricing and per-content caching (never raises)."""
@@ -229,25 +238,15 @@ class _FramedCounter(CounterBase):
             key: Any = ("tools", marshal.dumps(list(tools)))
         except ValueError:  # a value marshal cannot write (not plain JSON data): not cached
             return self._count_tools(tools)
-        found = self._cache.get(key)
-        if found is not None:
-            return found
-        value = self._count_tools(tools)
-        self._cache.put(key, value)
-        return value
+        return self._cache.get_or_put(key, lambda: self._count_tools(tools))
 
     def _count_tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
         # Each definition cached by its rendered text too, so a set that changes in one
         # definition re-tokenises only that one.
-        total = _REPLY_PRIMING
-        for rendered in _tools_text(tools):
-            key = ("tool", rendered)
-            value = self._cache.get(key)
-            if value is None:
-                value = self.count_text(rendered)
-                self._cache.put(key, value)
-            total += value
-        return total
+        return _REPLY_PRIMING + sum(
+            self._cache.get_or_put(("tool", rendered), partial(self.count_text, rendered))
+            for rendered in _tools_text(tools)
+        )
 
 
 class TiktokenCounter(_FramedCounter):
@@ -267,8 +266,6 @@ class TiktokenCounter(_FramedCounter):
 
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` under this counter's encoding."""
-        if not text:
-            return 0
         return len(self._encoding.encode(text, disallowed_special=()))
 
     def encode(self, text: str) -> list[int]:

@@ -139,14 +139,6 @@ def compute_stats(
     )
 
 
-def window_tokens(
-    messages: Sequence[AnyMessage], tools: Sequence[Mapping[str, Any]], counter: TokenCounter
-) -> int:
-    """Tokens of a request holding ``messages`` and ``tools``."""
-    counter = tolerant(counter)
-    return counter.count_messages(messages) + counter.count_tools(tools)
-
-
 # --- windowing (spec 2.4 step 3, anchors kept) --------------------------------------------
 
 
@@ -180,9 +172,8 @@ def apply_window_limits(
         start = max(start, len(context) - keep)
     if start == 0:
         return system, context
-    tail = context[start:]
-    head_dropped = len(tail) - len(drop_leading_tool_messages(tail))
-    start += head_dropped
+    # Never start on a tool result whose call was cut off.
+    start += len(context) - start - len(drop_leading_tool_messages(context[start:]))
     restored = [i for i in found.indices() if i < start]
     return system, [context[i] for i in restored] + context[start:]
 
@@ -220,24 +211,21 @@ def _lookup(table: Mapping[str, int], name: str) -> int | None:
     if name in table:
         return table[name]
     folded = name.casefold()
-    for key, value in table.items():
-        if key.casefold() == folded:
-            return value
-    return None
+    return next((value for key, value in table.items() if key.casefold() == folded), None)
 
 
 def known_context_window(model_name: str, table: Mapping[str, int] | None = None) -> int | None:
     """The window of ``model_name``: from ``table``, else the built-in table (also after
     stripping a ``provider/`` prefix and by the longest known prefix); None when unknown."""
-    if table:
-        found = _lookup(table, model_name)
-        if found:
-            return found
-    for name in (model_name, model_name.rsplit("/", 1)[-1]):
-        found = _lookup(MODEL_CONTEXT_WINDOW_TOKENS, name)
-        if found:
-            return found
-    bare = model_name.rsplit("/", 1)[-1].casefold()
+    bare = model_name.rsplit("/", 1)[-1]
+    found = (
+        (table and _lookup(table, model_name))
+        or _lookup(MODEL_CONTEXT_WINDOW_TOKENS, model_name)
+        or _lookup(MODEL_CONTEXT_WINDOW_TOKENS, bare)
+    )
+    if found:
+        return found
+    bare = bare.casefold()
     prefixes = [k for k in MODEL_CONTEXT_WINDOW_TOKENS if bare.startswith(k.casefold() + "-")]
     return MODEL_CONTEXT_WINDOW_TOKENS[max(prefixes, key=len)] if prefixes else None
 

@@ -41,10 +41,6 @@ RuleChain = Sequence[tuple[str, Any]]
 logger = logging.getLogger(__name__)
 
 
-def _clamp(value: int, low: int, high: int) -> int:
-    return max(low, min(high, value))
-
-
 DEFAULT_MAX_RESULT_RATIO = 0.25
 
 
@@ -78,7 +74,7 @@ def default_rule_chain(
             "ToolResultBudgetProcessor",
             {
                 "large_message_threshold": large,
-                "trim_size": min(_clamp(m // 64, 200, 3000), large - 1),
+                "trim_size": min(max(200, min(3000, m // 64)), large - 1),
                 "act_only_over_budget": True,
             },
         ),

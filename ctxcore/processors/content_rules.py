@@ -148,9 +148,7 @@ def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
 def _matching(lines: Sequence[str], terms: tuple[str, ...]) -> list[int]:
     """Indices of the lines that mention a term (case-insensitive)."""
     pattern = _terms_pattern(terms)
-    if pattern is None:
-        return []
-    return [i for i, line in enumerate(lines) if pattern.search(line.lower())]
+    return [] if pattern is None else [i for i, line in enumerate(lines) if pattern.search(line.lower())]
 
 
 _GAP_NOTE_CHARS = 30
@@ -326,6 +324,4 @@ def compress(text: str, budget: RuleBudget) -> Compressed | None:
     """Compress ``text`` by its kind; None when that saves less than the minimum ratio."""
     kind = detect(text)
     result = _COMPRESSORS[kind](text, budget)
-    if len(result) > len(text) * (1 - budget.min_savings_ratio):
-        return None
-    return Compressed(result, kind)
+    return None if len(result) > len(text) * (1 - budget.min_savings_ratio) else Compressed(result, kind)

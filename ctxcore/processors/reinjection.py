@@ -9,12 +9,12 @@ read and of its plan/todo/task-status tool results. Those are cheap to restore v
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ctxcore.markers import RECOVERED_CONTEXT
-from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage, message_text
-from ctxcore.turns import tool_callers
+from ctxcore.messages import AnyMessage, ToolMessage, UserMessage, message_text
+from ctxcore.processors.rules import tool_calls_of_results
 
 __all__ = ["SECTION_MAX_CHARS", "build_recovered_context"]
 
@@ -24,7 +24,6 @@ READ_FILE_MAX_CHARS = 15_000
 READ_FILE_TOTAL_CHARS = 50_000
 _READ_TOOLS = ("read_file", "view_file", "open_file", "read")
 _SKIP_PATHS = ("/.git/", "/node_modules/", "/__pycache__/")
-BUILDERS = ("plan", "skills", "task_status", "plan_mode", "read_file", "todo")
 
 
 def _cut(text: str, limit: int, marker: str) -> str:
@@ -34,23 +33,15 @@ def _cut(text: str, limit: int, marker: str) -> str:
     return f"{text[:head]}\n{marker}\n{text[len(text) - (limit - head) :]}"
 
 
-def _calls(messages: Sequence[AnyMessage]) -> list[tuple[str, dict[str, object], ToolMessage]]:
+def _calls(messages: Sequence[AnyMessage]) -> list[tuple[str, dict[str, object], AnyMessage]]:
     """(tool name, parsed arguments, result) for every answered call, in order."""
-    callers = tool_callers(messages)
     out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, ToolMessage) or i not in callers:
-            continue
-        caller = messages[callers[i]]
-        assert isinstance(caller, AssistantMessage)
-        call = next((c for c in caller.tool_calls if c.id == message.tool_call_id), None)
-        if call is None:
-            continue
+    for i, call in tool_calls_of_results(messages).items():
         try:
             args = json.loads(call.arguments)
         except json.JSONDecodeError:
             args = {}
-        out.append((call.name, args if isinstance(args, dict) else {}, message))
+        out.append((call.name, args if isinstance(args, dict) else {}, messages[i]))
     return out
 
 
@@ -111,6 +102,20 @@ def _plans(workspace: str | None) -> str:
     return f"Plan {latest.name}:\n{latest.read_text(encoding='utf-8', errors='replace')}"
 
 
+# Section name -> its text from (source, kept, workspace); BUILDERS is their order.
+_SECTIONS: dict[str, Callable[[Sequence[AnyMessage], Sequence[AnyMessage], str | None], str]] = {
+    "plan": lambda source, _kept, workspace: _plans(workspace) or _latest_result(source, "plan"),
+    "skills": lambda source, _kept, _workspace: _latest_result(source, "skill"),
+    "task_status": lambda source, _kept, _workspace: _latest_result(source, "task", "status"),
+    "plan_mode": lambda source, _kept, _workspace: _latest_result(source, "plan_mode"),
+    "read_file": lambda source, kept, _workspace: _read_files(source, kept),
+    "todo": lambda source, _kept, workspace: (
+        _workspace_file(workspace, "todo.json") or _latest_result(source, "todo")
+    ),
+}
+BUILDERS = tuple(_SECTIONS)
+
+
 def build_recovered_context(
     source: Sequence[AnyMessage],
     kept: Sequence[AnyMessage],
@@ -121,22 +126,9 @@ def build_recovered_context(
     """One ``<recovered_context>`` message with a section per non-empty builder, or None."""
     sections: dict[str, str] = {}
     for builder in BUILDERS:
-        if builder not in builders:
-            continue
-        if builder == "read_file":
-            text = _read_files(source, kept)
-        elif builder == "plan":
-            text = _plans(workspace) or _latest_result(source, "plan")
-        elif builder == "todo":
-            text = _workspace_file(workspace, "todo.json") or _latest_result(source, "todo")
-        elif builder == "task_status":
-            text = _latest_result(source, "task", "status")
-        elif builder == "skills":
-            text = _latest_result(source, "skill")
-        else:  # plan_mode
-            text = _latest_result(source, "plan_mode")
-        if text.strip():
-            sections[builder] = _cut(text.strip(), SECTION_MAX_CHARS, "...[STATE_REINJECTION_TRUNCATED]...")
+        text = _SECTIONS[builder](source, kept, workspace).strip() if builder in builders else ""
+        if text:
+            sections[builder] = _cut(text, SECTION_MAX_CHARS, "...[STATE_REINJECTION_TRUNCATED]...")
     if not sections:
         return None
     body = "".join(f'<section name="{name}">\n{text}\n</section>\n' for name, text in sections.items())

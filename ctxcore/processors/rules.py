@@ -105,10 +105,9 @@ class RuleEnv:
 
     def offload(self, message: AnyMessage) -> Offload | None:
         """Store the original of ``message``; None if that is impossible."""
-        original = self.original(message)
         if self.offloads is None:
             return None
-        return store_offload(self.offloads, self.key, [original])
+        return store_offload(self.offloads, self.key, [self.original(message)])
 
 
 @dataclass(frozen=True)
@@ -311,15 +310,11 @@ class ProtectedTools:
 
     def protects(self, name: str, arguments: str) -> bool:
         """True if a call of ``name`` with ``arguments`` is protected."""
-        for entry in self.entries:
-            tool, sep, pattern = entry.partition(":")
-            if tool != name:
-                continue
-            if not sep:
-                return True
-            if any(fnmatch.fnmatchcase(v, pattern) for v in _string_values(arguments)):
-                return True
-        return False
+        return any(
+            tool == name
+            and (not sep or any(fnmatch.fnmatchcase(v, pattern) for v in _string_values(arguments)))
+            for tool, sep, pattern in (entry.partition(":") for entry in self.entries)
+        )
 
     def protects_result(self, message: AnyMessage, call: ToolCall | None) -> bool:
         """True if the tool result ``message`` (answering ``call``) is protected."""

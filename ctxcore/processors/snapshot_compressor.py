@@ -82,12 +82,7 @@ class Span:
 
 def complete_prefix(messages: list[AnyMessage]) -> int:
     """Length of the longest prefix made of complete steps (never cut an open tool call)."""
-    end = 0
-    for step in steps(messages):
-        if not step.complete:
-            break
-        end = step.end
-    return end
+    return (_step_ends(messages) or [0])[-1]
 
 
 def extract_snapshot(text: str) -> str:
