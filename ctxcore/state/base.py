@@ -47,6 +47,9 @@ __all__ = [
     "encode_state",
     "expected_seq",
     "format_log_id",
+    "loaded_cursor",
+    "message_by_id",
+    "newest_state",
     "parse_log_id",
     "read_pinned",
     "replayed_ids",
@@ -359,6 +362,21 @@ def read_pinned(log: MessageLog, key: ConversationKey, state: CompressionState) 
     found = [m for m in (log.get(key, i) for i in state.pinned) if m is not None]
     check_pinned(key, state, found)
     return found
+
+
+def newest_state(store: StateStore, key: ConversationKey) -> CompressionState | None:
+    """``StateStore.load`` on top of ``history``: the newest kept version, or None."""
+    return next(iter(store.history(key, 1)), None)
+
+
+def loaded_cursor(store: StateStore, key: ConversationKey) -> str | None:
+    """The current state's ``covered_until`` read from the state itself (None without one)."""
+    return next((state.covered_until for state in store.history(key, 1)), None)
+
+
+def message_by_id(log: MessageLog, key: ConversationKey, log_id: str) -> AnyMessage | None:
+    """``MessageLog.get`` on top of ``read_range``: one message, or None."""
+    return next(iter(log.read_range(key, log_id, log_id)), None)
 
 
 def rollback_by_save(store: StateStore, key: ConversationKey, to_version: int, expected_version: int) -> bool:

@@ -20,9 +20,9 @@ from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
 from ctxcore.state.keys import ConversationKey
 
 if TYPE_CHECKING:
-    from ctxcore.state.base import FileKeeper
+    from ctxcore.state.base import FileKeeper, OffloadStore
 
-__all__ = ["FilesystemOffloadStore", "validate_handle"]
+__all__ = ["FilesystemOffloadStore", "no_files", "put_one", "validate_handle"]
 
 _HANDLE = re.compile(r"[0-9a-f]{8,64}")
 
@@ -32,6 +32,16 @@ def validate_handle(handle: object) -> str:
     if not isinstance(handle, str) or _HANDLE.fullmatch(handle) is None:
         raise InvalidKeyError(f"invalid offload handle {handle!r}: expected 8-64 lowercase hex characters")
     return handle
+
+
+def put_one(store: OffloadStore, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
+    """``OffloadStore.put_if_absent`` on top of ``put_many_if_absent``."""
+    return store.put_many_if_absent(key, [(handle, messages)])[0]
+
+
+def no_files(store: OffloadStore) -> FileKeeper | None:
+    """``OffloadStore.files`` of a store that addresses offloads by handle only: None."""
+    return None
 
 
 class FilesystemOffloadStore:

@@ -25,6 +25,9 @@ from ctxcore.state.base import (
     encode_state,
     expected_seq,
     format_log_id,
+    loaded_cursor,
+    message_by_id,
+    newest_state,
     parse_log_id,
     replayed_ids,
     rollback_by_save,
@@ -52,15 +55,10 @@ class MemoryStateStore:
         self._indexes: dict[ConversationKey, bytes] = {}
         self._lock = threading.Lock()
 
-    def load(self, key: ConversationKey) -> CompressionState | None:
-        """The current state (the newest kept version), or None."""
-        kept = self.history(key, 1)
-        return kept[0] if kept else None
+    load = newest_state
 
-    def cursor(self, key: ConversationKey) -> str | None:
-        """The current state's ``covered_until`` (decoded: in process it costs no round trip)."""
-        state = self.load(key)
-        return state.covered_until if state is not None else None
+    # Decoded from the state: in process it costs no round trip.
+    cursor = loaded_cursor
 
     def save(
         self,
@@ -104,9 +102,7 @@ class MemoryStateStore:
             kept = list(self._history.get(key, ()))[: max(limit, 0)]
         return [CompressionState.model_validate_json(data) for _, data in kept]
 
-    def rollback(self, key: ConversationKey, to_version: int, expected_version: int) -> bool:
-        """Save a copy of kept version ``to_version`` as version ``expected_version + 1`` (CAS)."""
-        return rollback_by_save(self, key, to_version, expected_version)
+    rollback = rollback_by_save
 
     def delete(self, key: ConversationKey) -> None:
         """Forget the state, its history, its budget and its archive."""
@@ -123,9 +119,8 @@ class MemoryStateStore:
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
         """Record a budget (no version bump)."""
-        budget_tokens = check_budget(budget_tokens)
         with self._lock:
-            self._budgets[key] = budget_tokens
+            self._budgets[key] = check_budget(budget_tokens)
 
     def window_reader(self, log: MessageLog) -> WindowReader | None:
         """None: in-process reads cost no round trips to save."""
@@ -210,8 +205,7 @@ class MemoryMessageLog:
         expected_last_id: str | None = None,
     ) -> list[str]:
         """``append`` storing each new entry's count and the running total (``CountedLog``)."""
-        check_counts(messages, counts)
-        return self._append(key, messages, expected_last_id, counts)
+        return self._append(key, messages, expected_last_id, check_counts(messages, counts))
 
     def _append(
         self,
@@ -269,8 +263,7 @@ class MemoryMessageLog:
         self, key: ConversationKey, cursor: str | None, limit: int | None = None
     ) -> list[AnyMessage]:
         """Messages after ``cursor`` (from the start when None), oldest first."""
-        start = parse_log_id(cursor) if cursor is not None else 0
-        return self._page(key, start + 1, None, limit)
+        return self._page(key, parse_log_id(cursor) + 1 if cursor is not None else 1, None, limit)
 
     def read_newest(self, key: ConversationKey, cursor: str | None, limit: int) -> list[AnyMessage]:
         """The newest ``limit`` messages after ``cursor``, oldest first."""
@@ -290,10 +283,7 @@ class MemoryMessageLog:
             return []
         return self._page(key, start, stop, None)
 
-    def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
-        """One message, or None."""
-        found = self.read_range(key, log_id, log_id)
-        return found[0] if found else None
+    get = message_by_id
 
     def last_id(self, key: ConversationKey) -> str | None:
         """The newest log id, or None."""
@@ -334,13 +324,12 @@ class MemoryMessageLog:
             plan = plan_tail(log.seqs, log.counts, log.totals, log.run_from, log.real, after, budget_tokens)
             seqs = log.seqs[plan.start :]
             rows = list(zip(seqs, log.entries[plan.start :], strict=True))
-            own = log.run_encoding == encoding
             other = log.other.get(encoding, {})
             # An entry before the run may hold the count of an earlier run's encoding.
             start = log.run_from or 0
             counts = (
                 [c if seq >= start else None for seq, c in zip(seqs, log.counts[plan.start :], strict=True)]
-                if own
+                if log.run_encoding == encoding
                 else [other.get(seq) for seq in seqs]
             )
             omitted = log.seqs[plan.cursor_index : plan.start]

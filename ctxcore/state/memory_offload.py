@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ctxcore.messages import AnyMessage
-from ctxcore.state.filesystem import validate_handle
+from ctxcore.state.filesystem import no_files, put_one, validate_handle
 from ctxcore.state.keys import ConversationKey
-
-if TYPE_CHECKING:
-    from ctxcore.state.base import FileKeeper
 
 __all__ = ["MemoryOffloadStore"]
 
@@ -23,9 +19,7 @@ class MemoryOffloadStore:
         self._data: dict[ConversationKey, dict[str, tuple[AnyMessage, ...]]] = {}
         self._lock = threading.Lock()
 
-    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists."""
-        return self.put_many_if_absent(key, [(handle, messages)])[0]
+    put_if_absent = put_one
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
@@ -48,9 +42,7 @@ class MemoryOffloadStore:
             found = self._data.get(key, {}).get(handle)
         return list(found) if found is not None else None
 
-    def files(self) -> FileKeeper | None:
-        """None: offloads here are addressed by handle only."""
-        return None
+    files = no_files
 
     def delete(self, key: ConversationKey) -> None:
         """Forget every offload of ``key``."""

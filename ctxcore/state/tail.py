@@ -87,8 +87,9 @@ class CountedLog(Protocol):
         ...
 
 
-def check_counts(messages: Sequence[AnyMessage], counts: AppendCounts) -> None:
-    """One count and one flag per message, counts non-negative (``StoreError`` otherwise)."""
+def check_counts(messages: Sequence[AnyMessage], counts: AppendCounts) -> AppendCounts:
+    """``counts`` when it has one count and one flag per message, counts non-negative
+    (``StoreError`` otherwise)."""
     if len(counts.counts) != len(messages) or len(counts.real) != len(messages):
         raise StoreError(
             f"append_counted got {len(messages)} messages but {len(counts.counts)} counts and "
@@ -96,6 +97,7 @@ def check_counts(messages: Sequence[AnyMessage], counts: AppendCounts) -> None:
         )
     if not counts.encoding or any(isinstance(c, bool) or int(c) < 0 for c in counts.counts):
         raise StoreError("append_counted needs an encoding name and non-negative integer counts")
+    return counts
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from ctxcore.state.base import (
     encode_log_message,
     expected_seq,
     format_log_id,
+    message_by_id,
     parse_log_id,
     truncate_moved,
 )
@@ -205,10 +206,7 @@ class RedisMessageLog(_RedisBackend):
             return []
         return self._xrange(key, f"{start}-0", f"{stop}-0", None)
 
-    def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
-        """One message, or None."""
-        found = self.read_range(key, log_id, log_id)
-        return found[0] if found else None
+    get = message_by_id
 
     def last_id(self, key: ConversationKey) -> str | None:
         """The newest log id, or None."""

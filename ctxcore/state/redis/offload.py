@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
-from ctxcore.state.filesystem import validate_handle
+from ctxcore.state.filesystem import no_files, put_one, validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.redis.common import RedisBackend, translated
 from ctxcore.state.redis.retention import EXPIRY_LUA, RedisRetention
 from ctxcore.state.retention import Retention
-
-if TYPE_CHECKING:
-    from ctxcore.state.base import FileKeeper
 
 __all__ = ["OFFLOAD_TTL_LUA", "PUT_MANY_LUA", "RedisOffloadStore"]
 
@@ -96,9 +93,7 @@ class RedisOffloadStore(RedisBackend):
             retention=retention,
         )
 
-    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists (one script call)."""
-        return self.put_many_if_absent(key, [(handle, messages)])[0]
+    put_if_absent = put_one
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
@@ -125,9 +120,7 @@ class RedisOffloadStore(RedisBackend):
             data = self._client.hget(self._key(key, "offload"), handle)
         return messages_from_json(data) if data is not None else None
 
-    def files(self) -> FileKeeper | None:
-        """None: offloads here are addressed by handle only."""
-        return None
+    files = no_files
 
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""

@@ -8,7 +8,14 @@ from typing import Any
 import redis
 
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, rollback_by_save
+from ctxcore.state.base import (
+    HISTORY_LIMIT,
+    MessageLog,
+    encode_state,
+    loaded_cursor,
+    newest_state,
+    rollback_by_save,
+)
 from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
@@ -50,10 +57,7 @@ class RedisStateStore(_RedisBackend):
     def _keys(self, key: ConversationKey) -> tuple[str, str]:
         return self._key(key, "state:version"), self._key(key, "state:history")
 
-    def load(self, key: ConversationKey) -> CompressionState | None:
-        """The current state (the newest kept version), or None."""
-        kept = self.history(key, 1)
-        return kept[0] if kept else None
+    load = newest_state
 
     def cursor(self, key: ConversationKey) -> str | None:
         """The cursor from the head the saves write (``cursor|pinned|archive version``): a few
@@ -66,8 +70,7 @@ class RedisStateStore(_RedisBackend):
             head, saved = pipe.execute()
         if head is not None:
             return text(head).split("|", 1)[0] or None
-        state = self.load(key) if saved else None
-        return state.covered_until if state is not None else None
+        return loaded_cursor(self, key) if saved else None
 
     def save(
         self,
@@ -128,9 +131,7 @@ class RedisStateStore(_RedisBackend):
             rows = self._client.lrange(self._key(key, "state:history"), 0, limit - 1)
         return [CompressionState.model_validate_json(data) for data in rows]
 
-    def rollback(self, key: ConversationKey, to_version: int, expected_version: int) -> bool:
-        """Save a copy of kept version ``to_version`` as version ``expected_version + 1`` (CAS)."""
-        return rollback_by_save(self, key, to_version, expected_version)
+    rollback = rollback_by_save
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the state, its history, its budget and its archive (one DEL: one slot)."""

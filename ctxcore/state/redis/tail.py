@@ -27,15 +27,11 @@ from ctxcore.state.tail import TAIL_PAGE, AppendCounts, TailRead, check_counts
 __all__ = ["RedisCountedLog", "decode_rows"]
 
 
-def decode_rows(
-    flat: Sequence[Any], cache: DecodedEntries | None = None
-) -> tuple[list[AnyMessage], list[int | None]]:
-    """Messages and counts from the scripts' flat (seq, JSON, count or '') triples; with
-    ``cache``, entries decoded by an earlier read are reused."""
+def decode_rows(flat: Sequence[Any], cache: DecodedEntries) -> tuple[list[AnyMessage], list[int | None]]:
+    """Messages and counts from the scripts' flat (seq, JSON, count or '') triples; entries
+    ``cache`` decoded in an earlier read are reused."""
     rows = [(int(flat[i]), as_bytes(flat[i + 1])) for i in range(0, len(flat), 3)]
     counts = [int(c) if c != b"" and c != "" else None for c in flat[2::3]]
-    if cache is None:
-        return decoded_rows(rows), counts
     return cache.decode(rows, decoded_rows), counts
 
 
@@ -65,8 +61,7 @@ class RedisCountedLog:
         expected_last_id: str | None = None,
     ) -> list[str]:
         """``append`` storing counts, the running total and real-user seqs in the same script."""
-        check_counts(messages, counts)
-        return self._append(key, messages, expected_last_id, counts)
+        return self._append(key, messages, expected_last_id, check_counts(messages, counts))
 
     def read_tail(
         self, key: ConversationKey, cursor: str | None, *, budget_tokens: int, encoding: str

@@ -79,12 +79,9 @@ class RedisWindowReader:
             "" if index_version is None else index_version,
         ]
         with translated(f"window read of {key}"):
-            reply = self._script(keys=self._keys(key), args=args)
-        return self._parsed(key, reply, ttl)
-
-    def _parsed(self, key: ConversationKey, reply: list[Any], ttl: int) -> WindowRead:
-        """The read from the script's reply."""
-        state, pinned, tail, compaction, last, left, _, index = reply
+            state, pinned, tail, compaction, last, left, _, index = self._script(
+                keys=self._keys(key), args=args
+            )
         first, omitted_last, omitted, entries, anchors = tail
         messages, counts = decode_rows(entries, self.decoded)
         last_seq = int(last)
@@ -109,10 +106,6 @@ class RedisWindowReader:
             refresh_due=bool(ttl)
             and (state is not None or last_seq > 0)
             and self.retention.refresh_due(key, int(left)),
-            index=_index_bytes(index),
+            # Stored base64 (a client with decode_responses=True must be able to read it back).
+            index=base64.b64decode(as_bytes(index)) if index is not None else None,
         )
-
-
-def _index_bytes(value: Any) -> bytes | None:
-    # Stored base64 (a client with decode_responses=True must be able to read it back).
-    return base64.b64decode(as_bytes(value)) if value is not None else None

@@ -22,6 +22,7 @@ from sqlalchemy import (
     and_,
     case,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -185,6 +186,12 @@ class SqlBackend:
 
     def _where(self, table: Table, key: ConversationKey) -> ColumnElement[bool]:
         return and_(table.c.tenant_id == key.tenant_id, table.c.conversation_id == key.conversation_id)
+
+    def _delete_all(self, what: str, key: ConversationKey, *tables: Table) -> None:
+        """Remove ``key``'s rows from ``tables`` in one write transaction."""
+        with self._write(what) as conn:
+            for table in tables:
+                conn.execute(delete(table).where(self._where(table, key)))
 
     @staticmethod
     def _stamp(column: Column[Any], now: float) -> ColumnElement[Any]:

@@ -76,6 +76,4 @@ class SqlStageJournal(SqlBackend):
 
     def delete(self, key: ConversationKey) -> None:
         """Forget the conversation's journal."""
-        journal = self._t.journal
-        with self._write(f"delete journal of {key}") as conn:
-            conn.execute(delete(journal).where(self._where(journal, key)))
+        self._delete_all(f"delete journal of {key}", key, self._t.journal)

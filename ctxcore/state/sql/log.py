@@ -35,11 +35,6 @@ from ctxcore.state.tail import AppendCounts, CountedLog
 __all__ = ["SqlMessageLog"]
 
 
-def _message_key(message_id: str) -> str:
-    # A fixed-size digest keeps the unique index small whatever the client's ids look like.
-    return hashlib.sha256(message_id.encode()).hexdigest()
-
-
 class SqlMessageLog(SqlBackend):
     """Append-only logs in SQL: rows keyed by (tenant, conversation, seq), ids from a counter row.
 
@@ -70,8 +65,14 @@ class SqlMessageLog(SqlBackend):
         if not messages:
             return []
         expected = expected_seq(expected_last_id)
+        # A message_id is stored as a fixed-size digest: it keeps the unique index small
+        # whatever the client's ids look like.
         encoded = [
-            (_message_key(m.message_id) if m.message_id else None, encode_log_message(m)) for m in messages
+            (
+                hashlib.sha256(m.message_id.encode()).hexdigest() if m.message_id else None,
+                encode_log_message(m),
+            )
+            for m in messages
         ]
         counter, log = self._t.log_counter, self._t.log
         ids = {"tenant_id": key.tenant_id, "conversation_id": key.conversation_id}
@@ -173,10 +174,9 @@ class SqlMessageLog(SqlBackend):
         if limit < 1:
             return []
         log = self._t.log
-        after = parse_log_id(cursor) if cursor is not None else 0
         query = (
             select(log.c.seq, log.c.data)
-            .where(self._where(log, key), log.c.seq > after)
+            .where(self._where(log, key), log.c.seq > (parse_log_id(cursor) if cursor is not None else 0))
             .order_by(log.c.seq.desc())
             .limit(limit)
         )
@@ -191,8 +191,7 @@ class SqlMessageLog(SqlBackend):
 
     def get(self, key: ConversationKey, log_id: str) -> AnyMessage | None:
         """One message, or None."""
-        found = self._select(key, self._t.log.c.seq == parse_log_id(log_id), limit=1)
-        return found[0] if found else None
+        return next(iter(self._select(key, self._t.log.c.seq == parse_log_id(log_id), limit=1)), None)
 
     def _last_seq(self, conn: Connection, key: ConversationKey) -> int:
         # The newest remaining row, not the counter: after a truncation the counter stays
@@ -253,9 +252,7 @@ class SqlMessageLog(SqlBackend):
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the log and its counter (ids of a later append start again from 1)."""
-        with self._write(f"delete {key}") as conn:
-            for table in (self._t.log_counter, self._t.log, self._t.log_count):
-                conn.execute(delete(table).where(self._where(table, key)))
+        self._delete_all(f"delete {key}", key, self._t.log_counter, self._t.log, self._t.log_count)
 
     def list_conversations(self, tenant_id: str, after: str | None = None, limit: int = 100) -> list[str]:
         """A page of the tenant's conversation ids, in id order."""

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, or_, select
 from sqlalchemy.engine import URL
 
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage, messages_from_json, messages_to_json
-from ctxcore.state.filesystem import validate_handle
+from ctxcore.state.filesystem import no_files, put_one, validate_handle
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.sql.engine import SqlBackend
-
-if TYPE_CHECKING:
-    from ctxcore.state.base import FileKeeper
 
 __all__ = ["SqlOffloadStore"]
 
@@ -42,9 +38,7 @@ class SqlOffloadStore(SqlBackend):
             raise ConfigError(f"SqlOffloadStore ttl_seconds must be positive or None, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
 
-    def put_if_absent(self, key: ConversationKey, handle: str, messages: Sequence[AnyMessage]) -> bool:
-        """Store ``messages`` under ``handle`` unless the handle exists (one statement)."""
-        return self.put_many_if_absent(key, [(handle, messages)])[0]
+    put_if_absent = put_one
 
     def put_many_if_absent(
         self, key: ConversationKey, items: Sequence[tuple[str, Sequence[AnyMessage]]]
@@ -99,12 +93,8 @@ class SqlOffloadStore(SqlBackend):
             data = conn.execute(query).scalar_one_or_none()
         return messages_from_json(data) if data is not None else None
 
-    def files(self) -> FileKeeper | None:
-        """None: offloads here are addressed by handle only."""
-        return None
+    files = no_files
 
     def delete(self, key: ConversationKey) -> None:
         """Remove every offload of the conversation."""
-        offload = self._t.offload
-        with self._write(f"delete offloads of {key}") as conn:
-            conn.execute(delete(offload).where(self._where(offload, key)))
+        self._delete_all(f"delete offloads of {key}", key, self._t.offload)

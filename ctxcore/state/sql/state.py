@@ -8,7 +8,15 @@ from sqlalchemy.exc import IntegrityError
 
 from ctxcore.errors import StoreError
 from ctxcore.state.archive import ArchiveChunk, ArchiveWrite, decode_chunk, encode_chunk
-from ctxcore.state.base import HISTORY_LIMIT, MessageLog, encode_state, format_log_id, rollback_by_save
+from ctxcore.state.base import (
+    HISTORY_LIMIT,
+    MessageLog,
+    encode_state,
+    format_log_id,
+    loaded_cursor,
+    newest_state,
+    rollback_by_save,
+)
 from ctxcore.state.budget import check_budget
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.models import CompressionState
@@ -27,10 +35,7 @@ class SqlStateStore(SqlBackend):
     ``SqlStateStore("sqlite:///ctx.db")`` or ``SqlStateStore(engine=engine)``; call ``setup()`` once.
     """
 
-    def load(self, key: ConversationKey) -> CompressionState | None:
-        """The current state (the newest kept version), or None."""
-        kept = self.history(key, 1)
-        return kept[0] if kept else None
+    load = newest_state
 
     def cursor(self, key: ConversationKey) -> str | None:
         """The cursor from the head row (``covered_seq``, 0: none), without the state's JSON; a
@@ -42,8 +47,7 @@ class SqlStateStore(SqlBackend):
         if row is None:
             return None
         if row.covered_seq is None:
-            state = self.load(key)
-            return state.covered_until if state is not None else None
+            return loaded_cursor(self, key)
         return format_log_id(int(row.covered_seq)) if row.covered_seq else None
 
     def save(
@@ -134,23 +138,20 @@ class SqlStateStore(SqlBackend):
             rows = conn.execute(query).scalars().all()
         return [CompressionState.model_validate_json(data) for data in rows]
 
-    def rollback(self, key: ConversationKey, to_version: int, expected_version: int) -> bool:
-        """Save a copy of kept version ``to_version`` as version ``expected_version + 1`` (CAS)."""
-        return rollback_by_save(self, key, to_version, expected_version)
+    rollback = rollback_by_save
 
     def delete(self, key: ConversationKey) -> None:
         """Remove the state, its history, its budget and its archive in one transaction."""
-        with self._write(f"delete {key}") as conn:
-            tables = (
-                self._t.state,
-                self._t.state_pinned,
-                self._t.state_history,
-                self._t.budget,
-                self._t.archive_chunk,
-                self._t.archive_index,
-            )
-            for table in tables:
-                conn.execute(delete(table).where(self._where(table, key)))
+        self._delete_all(
+            f"delete {key}",
+            key,
+            self._t.state,
+            self._t.state_pinned,
+            self._t.state_history,
+            self._t.budget,
+            self._t.archive_chunk,
+            self._t.archive_index,
+        )
 
     def get_budget(self, key: ConversationKey) -> int | None:
         """The budget last recorded for ``key``."""

@@ -55,8 +55,7 @@ class SqlCountedLog:
         expected_last_id: str | None = None,
     ) -> list[str]:
         """``append`` storing counts and the running total in the same transaction."""
-        check_counts(messages, counts)
-        return self._append(key, messages, expected_last_id, counts)
+        return self._append(key, messages, expected_last_id, check_counts(messages, counts))
 
     def read_tail(
         self, key: ConversationKey, cursor: str | None, *, budget_tokens: int, encoding: str
