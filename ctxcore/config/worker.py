@@ -93,7 +93,7 @@ class WorkerSettings(BaseModel):
     def _limits(self) -> Self:
         if self.soft_time_limit >= self.hard_time_limit:
             raise ConfigError("worker.soft_time_limit must be below worker.hard_time_limit")
-        # Retry delays are jittered by up to +20% (workers/tasks.py) and rounded up to whole
+        # Retry delays are jittered by up to +20% (workers/stage_retry.py) and rounded up to whole
         # seconds on RabbitMQ's delayed delivery.
         longest = self.hard_time_limit + math.ceil(max(self.retry_delays, default=1.0) * 1.2)
         if self.consumer_timeout <= longest:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
 
+from ctxcore.errors import ConfigError
 from ctxcore.messages import AnyMessage
 from ctxcore.processors.base import C, ContextProcessor, HeadroomConfig
 from ctxcore.processors.events import ContextEvent
@@ -46,6 +47,13 @@ class RuleFunctions(Generic[C]):
     apply: _Apply[C]
 
 
+def _no_rule(messages: list[AnyMessage], config: Any, env: RuleEnv, *, force: bool = False) -> NoReturn:
+    raise ConfigError(
+        f"the rule processor configured by {type(config).__name__} has no rule: set "
+        "functions = RuleFunctions(triggers, apply) on its class, or override triggers and rule"
+    )
+
+
 def _ids(messages: list[AnyMessage]) -> frozenset[str]:
     return frozenset(m.context_message_id for m in messages if m.context_message_id)
 
@@ -54,7 +62,9 @@ class RuleProcessor(ContextProcessor[C]):
     """A processor whose work is one pure rule (``rule``) guarded by a cheap ``triggers``:
     by default its ``functions``, called with the processor's config."""
 
-    functions: ClassVar[RuleFunctions[Any]]
+    # A subclass that sets neither ``functions`` nor ``triggers``/``rule`` fails at its first
+    # use naming what to set, not with an AttributeError.
+    functions: ClassVar[RuleFunctions[Any]] = RuleFunctions(_no_rule, _no_rule)
 
     @property
     def headroom_aware(self) -> bool:

@@ -16,6 +16,10 @@ from ctxcore.processors import (
     builtin_registry,
     default_rule_chain,
 )
+from ctxcore.processors.rule_processor import RuleProcessor
+from ctxcore.processors.rules import RuleEnv
+from ctxcore.state import ConversationKey
+from ctxcore.tokens import EstimateCounter
 
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("MessageOffloader", {"messages_threshold": 0}, "messages_threshold"),
@@ -127,3 +131,13 @@ def test_the_cap_ratio_is_validated(ratio: float) -> None:
         default_rule_chain(16_000, max_result_ratio=ratio)
     with pytest.raises(ConfigError, match="max_result_ratio"):
         ContextEngine().create_context("c", processors=[("ToolResultCap", {"max_result_ratio": ratio})])
+
+
+def test_a_rule_processor_without_a_rule_says_what_to_set() -> None:
+    class NoRule(RuleProcessor[MicroCompactConfig]):
+        config_model = MicroCompactConfig
+
+    env = RuleEnv(counter=EstimateCounter(), key=ConversationKey("t", "c"))
+    for use in (lambda p: p.triggers([], env), lambda p: p.rule([], env)):
+        with pytest.raises(ConfigError, match=r"functions = RuleFunctions\(triggers, apply\)"):
+            use(NoRule())
