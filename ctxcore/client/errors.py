@@ -51,12 +51,8 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
 
 
-def _text(detail: Any) -> str:
-    return detail if isinstance(detail, str) else str(detail)
-
-
 def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float | None) -> CtxcoreError:
-    detail = _text(body.get("detail", ""))
+    detail = str(body.get("detail", ""))
     if status == 401:
         return AuthenticationError(
             f"ctxcore rejected the bearer token: {detail}; check the token you configured"
@@ -109,7 +105,7 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
 
 def error_for(status: int, body: Any, headers: Mapping[str, str]) -> CtxcoreError:
     """The error an error response means, with ``status`` and ``code`` (the body's ``error``) set."""
-    fields: Mapping[str, Any] = body if isinstance(body, Mapping) else {"detail": _text(body)}
+    fields: Mapping[str, Any] = body if isinstance(body, Mapping) else {"detail": str(body)}
     code = str(fields.get("error") or "http_error")
     error = _build(status, code, fields, parse_retry_after(headers.get("retry-after")))
     error.status = status
