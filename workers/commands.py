@@ -66,28 +66,27 @@ def cmd_count(args: argparse.Namespace, out: TextIO) -> int:
 
     path = Path(args.file) if args.file else bundled_sample()
     counter = counter_for(args, settings_for(args))
-    rows: list[dict[str, Any]] = []
-    for record in read_batch(path):
-        messages = from_openai(record.messages)
-        rows.append(
-            {
-                "id": record.id,
-                "messages": len(messages),
-                "tokens": counter.count_messages(messages),
-                "violations": len(check_window(messages)),
-            }
-        )
+    rows: list[dict[str, Any]] = [
+        {
+            "id": record.id,
+            "messages": len(messages),
+            "tokens": counter.count_messages(messages),
+            "violations": len(check_window(messages)),
+        }
+        for record in read_batch(path)
+        for messages in [from_openai(record.messages)]
+    ]
     if args.json:
-        json.dump(rows, out, indent=2)
-        out.write("\n")
+        out.write(json.dumps(rows, indent=2) + "\n")
         return 0
     width = min(max([len(r["id"]) for r in rows] + [12]), ID_COLUMN_MAX)
     out.write(f"{'conversation':<{width}}  {'messages':>8}  {'tokens':>8}  {'violations':>10}\n")
     for r in rows:
         out.write(f"{cell(r['id'], width)}  {r['messages']:>8}  {r['tokens']:>8}  {r['violations']:>10}\n")
-    total = sum(r["tokens"] for r in rows)
-    out.write(f"{'total':<{width}}  {sum(r['messages'] for r in rows):>8}  {total:>8}\n")
-    out.write(f"encoding: {counter.encoding_name} ({path})\n")
+    out.write(
+        f"{'total':<{width}}  {sum(r['messages'] for r in rows):>8}  {sum(r['tokens'] for r in rows):>8}\n"
+        f"encoding: {counter.encoding_name} ({path})\n"
+    )
     return 0
 
 
@@ -128,11 +127,10 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     # that it serves none) is logged before Celery's logging exists.
     with before_celery_logging(settings, args.loglevel, "workers.prom_worker"):
         start_node_metrics(settings, node)
-    queues = ",".join(node_queues(settings, node))
-    argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E"]
     # A drain node only pops jobs and sends their first stage: one process is enough.
     concurrency = 1 if node == "drain" else (args.concurrency or settings.worker.concurrency)
-    argv += ["--concurrency", str(concurrency)]
+    queues = ",".join(node_queues(settings, node))
+    argv = ["worker", "-Q", queues, "--loglevel", args.loglevel, "-E", "--concurrency", str(concurrency)]
     if args.hostname:
         argv += ["--hostname", args.hostname]
     app.worker_main(argv)
@@ -216,15 +214,15 @@ def cmd_token_create(args: argparse.Namespace, out: TextIO) -> int:
     # The variable replaces the whole map: carry the configured entries over into it.
     tokens = {**settings_for(args).http.tokens, digest: tenant}
     kept = len(tokens) - 1
-    out.write(f"bearer token for tenant {tenant} (shown once, store it now):\n\n  {token}\n\n")
-    out.write(f"its sha256, to configure in one of two ways:\n\n  {digest}\n\n")
     note = f"; the {kept} token(s) configured now are included" if kept else ""
     out.write(
+        f"bearer token for tenant {tenant} (shown once, store it now):\n\n  {token}\n\n"
+        f"its sha256, to configure in one of two ways:\n\n  {digest}\n\n"
         "1. environment: this variable replaces the whole token map, so every token the\n"
         f"   server should accept must be in it{note}:\n\n"
         f"  CTXCORE_HTTP__TOKENS='{json.dumps(tokens, separators=(',', ':'))}'\n\n"
+        f'2. TOML settings file, a line under [http.tokens]:\n\n  "{digest}" = "{tenant}"\n'
     )
-    out.write(f'2. TOML settings file, a line under [http.tokens]:\n\n  "{digest}" = "{tenant}"\n')
     return 0
 
 
@@ -291,8 +289,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     }
     if args.history:
         doc["history"] = [s.model_dump(mode="json") for s in history]
-    json.dump(doc, out, indent=2, ensure_ascii=False)
-    out.write("\n")
+    out.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     return 0
 
 

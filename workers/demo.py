@@ -14,14 +14,14 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 import redis
 
 from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage, SystemMessage, from_openai
-from ctxcore.state import ConversationKey
+from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.turns import anchors
 from ctxcore.window import check_window
 from workers.table_cells import cell
@@ -52,7 +52,6 @@ class Track:
     last_window: int = 0
     violations: int = 0
     anchors_lost: int = 0
-    versions: list[int] = field(default_factory=list)
 
 
 def _steps(messages: Sequence[AnyMessage]) -> list[list[AnyMessage]]:
@@ -124,6 +123,7 @@ def run_demo(
     removed, on a signal too. ``timeout`` (seconds, above 0) is checked by the parser."""
     with StopSignals() as stop:
         from workers.embedded import ensure_redis
+        from workers.keyspace import delete_prefixed_keys
 
         server = ensure_redis(settings.redis.url)
         note = "started an embedded redis-server" if server.started else "using the Redis server"
@@ -138,7 +138,8 @@ def run_demo(
         finally:
             # After the worker stopped (it writes keys): then nothing of the demo is left.
             if not server.started:
-                deleted = _delete_keys(server.url, prefix)
+                with contextlib.closing(redis.Redis.from_url(server.url)) as client:
+                    deleted = delete_prefixed_keys(client, prefix)
             server.stop()
         if stop.signum is not None:
             name = signal.Signals(stop.signum).name
@@ -150,13 +151,6 @@ def run_demo(
             out.write(f"{chr(10) if interactive else ''}ctxcore demo: stopped by {name}; {what}\n")
             return 128 + stop.signum
         return code
-
-
-def _delete_keys(url: str, prefix: str) -> int:
-    from workers.keyspace import delete_prefixed_keys
-
-    with contextlib.closing(redis.Redis.from_url(url)) as client:
-        return delete_prefixed_keys(client, prefix)
 
 
 def _run(
@@ -240,30 +234,29 @@ def _replay(
                 return
             if track.sent >= len(track.steps):
                 continue
-            batch = track.steps[track.sent]
-            service.append(track.key, batch)
+            service.append(track.key, track.steps[track.sent])
             track.sent += 1
             done += 1
-            track.raw_tokens = rt.counter.count_messages([*track.system, *rt.log.read_after(track.key, None)])
+            logged = rt.log.read_after(track.key, None)
+            track.raw_tokens = rt.counter.count_messages([*track.system, *logged])
             result = service.get_window(track.key, track.budget, track.system)
             track.windows += 1
             track.fallbacks += int(result.fallback_applied)
             track.peak = max(track.peak, result.stats.total_tokens)
             track.violations += len(check_window(result.messages))
             served = {m.context_message_id for m in result.messages}
-            logged = rt.log.read_after(track.key, None)
             track.anchors_lost += sum(
                 1 for i in anchors(logged).indices() if logged[i].context_message_id not in served
             )
             version = result.state_version
             if version != last_version.get(track.key, 0):
                 last_version[track.key] = version
-                line = (
-                    f"{cell(track.key.tenant_id, 8)} {cell(track.key.conversation_id, 28)} state v{version:<3} "
+                out.write(
+                    ("\r" if interactive else "")
+                    + f"{cell(track.key.tenant_id, 8)} {cell(track.key.conversation_id, 28)} state v{version:<3} "
                     f"window {result.stats.total_tokens:>6,}/{track.budget:,} tok  raw {track.raw_tokens:>7,} tok  "
-                    f"compaction {result.compaction}"
+                    f"compaction {result.compaction}\n"
                 )
-                out.write(("\r" if interactive else "") + line + "\n")
             if interactive:
                 bar = int(30 * done / total)
                 out.write(f"\r[{'#' * bar}{'.' * (30 - bar)}] {done}/{total} steps appended")
@@ -286,15 +279,13 @@ def _summary(rt: Any, tracks: list[Track], out: TextIO, elapsed: float) -> None:
     header = f"{'tenant':<8} {'conversation':<30} {'msgs':>5} {'raw tok':>8} {'window':>7} {'budget':>6} {'ratio':>6} {'ver':>4} {'blocks':>6} {'fallback':>8} {'ok':>3}"
     out.write(header + "\n" + "-" * len(header) + "\n")
     for t in tracks:
-        state = rt.state_store.load(t.key)
-        blocks = len(state.blocks) if state else 0
-        version = state.version if state else 0
+        state = rt.state_store.load(t.key) or CompressionState()
         msgs = sum(len(s) for s in t.steps[: t.sent])
         ratio = t.raw_tokens / t.last_window if t.last_window else 0.0
-        ok = "yes" if _valid(t) else "NO"
         out.write(
             f"{cell(t.key.tenant_id, 8)} {cell(t.key.conversation_id, 30)} {msgs:>5} {t.raw_tokens:>8,} {t.last_window:>7,} "
-            f"{t.budget:>6,} {ratio:>5.1f}x {version:>4} {blocks:>6} {t.fallbacks:>4}/{t.windows:<3} {ok:>3}\n"
+            f"{t.budget:>6,} {ratio:>5.1f}x {state.version:>4} {len(state.blocks):>6} "
+            f"{t.fallbacks:>4}/{t.windows:<3} {'yes' if _valid(t) else 'NO':>3}\n"
         )
     out.write(
         f"\n{sum(t.windows for t in tracks)} windows served, every one within budget, protocol-valid and "

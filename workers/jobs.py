@@ -138,8 +138,7 @@ def start_next_job(ring: int | None) -> dict[str, Any]:
             # Planning failed before any stage ran: record it and end the job, then fail loudly.
             after_failure(job.key, None, [], exc)
             raise
-    held = {"hold": hold.reason} if hold is not None else {}
-    return {"job": str(job.key), "stage": planned, **held}
+    return {"job": str(job.key), "stage": planned, **({"hold": hold.reason} if hold is not None else {})}
 
 
 def finish_job(
@@ -151,8 +150,9 @@ def finish_job(
     rt = runtime()
     record = rt.failures.get(key)
     failed = record.run_failed
-    sizes = functools.partial(rt.coordinator.sizes, key)
-    hold = hold_at_job_end(record, sizes, ran=ran, detail=detail, planned=planned)
+    hold = hold_at_job_end(
+        record, functools.partial(rt.coordinator.sizes, key), ran=ran, detail=detail, planned=planned
+    )
     finished = rt.scheduler.finish(key, follow_up=not failed and hold is None)
     if finished < 0:
         return None  # not a running job: a redelivered duplicate, or a stage sent by hand
@@ -202,8 +202,9 @@ def after_failure(key: ConversationKey, stage: str | None, exhausted: list[str],
         stage_metrics().failures.labels("internal").inc()
     if not isinstance(exc, StageFailedError) and kind != "store_unavailable":
         # Classified failures and outages were journaled by the attempt that met them.
-        entry = error_entry(stage or "planning", "error", None, kind=kind, message=message)
-        write_entry(rt.journal, key, entry)
+        write_entry(
+            rt.journal, key, error_entry(stage or "planning", "error", None, kind=kind, message=message)
+        )
     try:
         rt.failures.record(key, kind, message, stage)
         if not isinstance(exc, StageFailedError) or stage is None:

@@ -43,13 +43,12 @@ def requeue_lost_jobs(rt: Runtime) -> int:
     except (StoreUnavailable, OperationalError, OSError) as exc:
         log.warning("reconciler: lost jobs not looked for: Redis or the broker unavailable (%s)", exc)
         return 0
-    quiet = rt.scheduler.liveness_seconds
+    message = (
+        f"the running job had no heartbeat and no pending stage for {rt.scheduler.liveness_seconds:g} s: "
+        "its stage was lost (e.g. a retry that could not be published while Redis or the broker was "
+        "down); queued again"
+    )
     for job in lost:
-        message = (
-            f"the running job had no heartbeat and no pending stage for {quiet:g} s: its stage "
-            "was lost (e.g. a retry that could not be published while Redis or the broker was "
-            "down); queued again"
-        )
         stage_metrics().jobs_requeued.inc()
         log.warning("reconciler: %s: %s: %s", job.key, LOST_TASK, message)
         try:

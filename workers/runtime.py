@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
@@ -47,9 +47,12 @@ from workers.usage import Usage
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from ctxcore.state.sql.engine import SqlBackend
+
 __all__ = ["Runtime", "check_startup", "redis_client", "retention_of"]
 
 log = logging.getLogger(__name__)
+SqlStore = TypeVar("SqlStore", bound="SqlBackend")
 
 
 def retention_of(settings: Settings) -> Retention:
@@ -97,15 +100,19 @@ class Runtime:
             raise ConfigError("database.url is not set: set it in the settings to use the SQL stores")
         return create_engine(url, pool_pre_ping=True)
 
+    def _sql_store(self, cls: type[SqlStore]) -> SqlStore:
+        """A SQL store of ``cls`` on the process's engine, its tables set up."""
+        store = cls(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
+        store.setup()
+        return store
+
     @cached_property
     def state_store(self) -> StateStore:
         """Compaction state: SQL when configured, else Redis."""
         if self.settings.database.url:
             from ctxcore.state.sql import SqlStateStore
 
-            store = SqlStateStore(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
-            store.setup()
-            return store
+            return self._sql_store(SqlStateStore)
         from ctxcore.state.redis import RedisStateStore
 
         return RedisStateStore(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
@@ -116,9 +123,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql.log import SqlMessageLog
 
-            log = SqlMessageLog(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
-            log.setup()
-            return log
+            return self._sql_store(SqlMessageLog)
         from ctxcore.state.redis import RedisMessageLog
 
         return RedisMessageLog(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
@@ -129,9 +134,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql import SqlOffloadStore
 
-            store = SqlOffloadStore(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
-            store.setup()
-            return store
+            return self._sql_store(SqlOffloadStore)
         from ctxcore.state.redis import RedisOffloadStore
 
         return RedisOffloadStore(
@@ -148,9 +151,7 @@ class Runtime:
         if self.settings.database.url:
             from ctxcore.state.sql.journal import SqlStageJournal
 
-            store = SqlStageJournal(engine=self.sql_engine, table_prefix=self.settings.database.table_prefix)
-            store.setup()
-            return store
+            return self._sql_store(SqlStageJournal)
         from ctxcore.state.redis.journal import RedisStageJournal
 
         return RedisStageJournal(self.redis, prefix=self.settings.redis.key_prefix, retention=self.retention)
@@ -183,12 +184,9 @@ class Runtime:
         # Outermost: a call refused by the tenant's cap never reaches the breaker or the endpoint.
         cap = summariser_cap(self.settings, key.tenant_id)
         budgeted = BudgetedModel(client, self.spend, key.tenant_id, self.counter, cap)
-        if not self.tracer.enabled:
-            return budgeted
         # Outside the cap: a call the cap refuses is a failed span too (no endpoint reached).
-        return TracedModel(
-            budgeted, self.tracer, "openai" if cfg.base_url is not None else "ctxcore.extractive"
-        )
+        kind = "openai" if cfg.base_url is not None else "ctxcore.extractive"
+        return TracedModel(budgeted, self.tracer, kind) if self.tracer.enabled else budgeted
 
     @cached_property
     def tracer(self) -> Tracer:
@@ -251,11 +249,8 @@ class Runtime:
     def chunking_for(self, key: ConversationKey) -> ChunkingConfig | None:
         """How ``key``'s compactions archive for recall (None: recall off for its tenant)."""
         recall = self.settings.recall_for_tenant(key.tenant_id)
-        if not recall.enabled:
-            return None
-        return ChunkingConfig(
-            recall.chunk_size_tokens, recall.chunk_overlap_tokens, recall.auto_passage_tokens
-        )
+        sizes = (recall.chunk_size_tokens, recall.chunk_overlap_tokens, recall.auto_passage_tokens)
+        return ChunkingConfig(*sizes) if recall.enabled else None
 
     @cached_property
     def scheduler(self) -> FairScheduler:

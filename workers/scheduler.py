@@ -54,7 +54,8 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import redis
 from redis.crc import key_slot
@@ -70,6 +71,7 @@ __all__ = ["FairScheduler", "Job", "Requested", "Status", "parse_status", "ring_
 Status = Literal["idle", "queued", "running"]
 _SLOTS = 16384
 _ERRORS: tuple[type[Exception], ...] = (redis.RedisError, *UNAVAILABLE)
+T = TypeVar("T")
 
 
 def parse_status(raw: bytes | str | None) -> Status:
@@ -184,9 +186,13 @@ class FairScheduler:
         return f"{key.tenant_id}/{key.conversation_id}"
 
     def _call(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return self._read(lambda: self._scripts[script](keys=keys, args=args))
+
+    def _read(self, read: Callable[[], T]) -> T:
+        """``read()`` after the start-up check, a Redis error as ``StoreUnavailable``."""
         self.check()
         try:
-            return self._scripts[script](keys=keys, args=args)
+            return read()
         except _ERRORS as exc:
             raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
 
@@ -266,8 +272,8 @@ class FairScheduler:
     def renew(self, key: ConversationKey) -> bool:
         """Extend a running job's lease (called by each stage)."""
         tag = self.tags[self.ring_of(key.tenant_id)]
-        deadline = time.time() + self.lease_seconds
-        got = self._call("RENEW", [f"{tag}:status", f"{tag}:seq"], [self._member(key), deadline])
+        args = [self._member(key), time.time() + self.lease_seconds]
+        got = self._call("RENEW", [f"{tag}:status", f"{tag}:seq"], args)
         return bool(self._mirrored(key, got))
 
     def beat(self, key: ConversationKey, seconds_ahead: float | None = None) -> bool:
@@ -276,8 +282,11 @@ class FairScheduler:
         False when it is not running (nothing written)."""
         ahead = self.liveness_seconds if seconds_ahead is None else seconds_ahead
         tag = self.tags[self.ring_of(key.tenant_id)]
-        args = [self._member(key), repr(time.time() + ahead)]
-        return bool(self._call("BEAT", [f"{tag}:status", f"{tag}:beat"], args))
+        return bool(
+            self._call(
+                "BEAT", [f"{tag}:status", f"{tag}:beat"], [self._member(key), repr(time.time() + ahead)]
+            )
+        )
 
     def requeue_lost(self) -> list[Job]:
         """Queue again every running job whose beat deadline passed (its stage was lost);
@@ -286,11 +295,7 @@ class FairScheduler:
         now = time.time()
         lost: list[Job] = []
         for ring in range(self.rings):
-            self.check()
-            try:
-                beats = self.client.hgetall(f"{self.tags[ring]}:beat")
-            except _ERRORS as exc:
-                raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
+            beats = self._read(partial(self.client.hgetall, f"{self.tags[ring]}:beat"))
             for raw_member, raw_deadline in beats.items():
                 if float(raw_deadline) >= now:
                     continue
@@ -352,12 +357,8 @@ class FairScheduler:
     def status(self, key: ConversationKey) -> Status:
         """``idle``, ``queued`` or ``running`` (a dirty run counts as running), from the
         ring's slot (the fast path reads the mirror in the compaction hash instead)."""
-        self.check()
-        try:
-            raw = self.client.hget(f"{self.tags[self.ring_of(key.tenant_id)]}:status", self._member(key))
-        except _ERRORS as exc:
-            raise StoreUnavailable(f"scheduler unavailable: {exc}") from exc
-        return parse_status(raw)
+        status_key = f"{self.tags[self.ring_of(key.tenant_id)]}:status"
+        return parse_status(self._read(partial(self.client.hget, status_key, self._member(key))))
 
     def forget(self, key: ConversationKey) -> None:
         """Drop a conversation's queued work and status (on delete)."""

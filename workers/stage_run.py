@@ -70,8 +70,11 @@ def run_stage(
     except StoreUnavailable as exc:
         stage_metrics().failures.labels("store_unavailable").inc()
         scrubbed = scrub_exception(exc, rt.secrets)
-        entry = error_entry(stage.kind, "failed", started, kind="store_unavailable", message=str(scrubbed))
-        write_entry(rt.journal, key, entry)
+        write_entry(
+            rt.journal,
+            key,
+            error_entry(stage.kind, "failed", started, kind="store_unavailable", message=str(scrubbed)),
+        )
         retry_or_raise(task, key, stage.kind, "store_unavailable", scrubbed)
     except SummariserBudgetExhausted as exc:
         return _budget_exhausted(key, stage, exhausted, exc, started)
@@ -147,7 +150,12 @@ def _budget_exhausted(
     stage_metrics().holds.labels(hold.reason).inc()
     log.warning("stage %s of %s not run, compaction paused (budget_exhausted): %s", stage.kind, key, exc)
     model_free = [*exhausted, *(k for k in MODEL_STAGES if k not in exhausted)]
-    summary: dict[str, Any] = {"conversation": str(key), "stage": stage.kind, "outcome": "paused"}
-    summary["next"], summary["hold"] = plan_and_send(key, model_free)[0], hold.reason
+    summary: dict[str, Any] = {
+        "conversation": str(key),
+        "stage": stage.kind,
+        "outcome": "paused",
+        "next": plan_and_send(key, model_free)[0],
+        "hold": hold.reason,
+    }
     log.info("stage done: %s", summary)
     return summary

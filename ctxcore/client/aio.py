@@ -13,7 +13,6 @@ from ctxcore.client.models import (
     AppendResponse,
     CompactResponse,
     JournalEntryOut,
-    OffloadResponse,
     RecallResponse,
     RollbackResponse,
     StateResponse,
@@ -77,9 +76,6 @@ class AsyncCtxcoreClient:
             transport=transport,
         )
 
-    async def _send(self, call: Call[T]) -> T:
-        return await send_async(self._http, self.policy, call)
-
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self._http.aclose()
@@ -101,7 +97,7 @@ class AsyncCtxcoreClient:
         log still ends there (``ConflictError`` otherwise); it is retried too: the server
         answers a replay of an append that landed with its ids (the replay rule).
         """
-        return await self._send(calls.append(conversation_id, messages, if_match))
+        return await send_async(self._http, self.policy, calls.append(conversation_id, messages, if_match))
 
     async def window(
         self,
@@ -118,37 +114,40 @@ class AsyncCtxcoreClient:
         default budget, else the service's); send
         ``window.openai_messages()`` and ``window.tools`` to the model. ``preview``: only look
         (the budget is not recorded, no compaction is asked for)."""
-        return await self._send(
-            calls.window(conversation_id, budget_tokens, system, tools, model, format, preview)
+        return await send_async(
+            self._http,
+            self.policy,
+            calls.window(conversation_id, budget_tokens, system, tools, model, format, preview),
         )
 
     async def compact(self, conversation_id: str) -> CompactResponse:
         """Ask for a background compaction; the status after asking."""
-        return await self._send(calls.compact(conversation_id))
+        return await send_async(self._http, self.policy, calls.compact(conversation_id))
 
     async def state(self, conversation_id: str, *, history: bool = False) -> StateResponse:
         """The compaction state (blocks with provenance, ``compaction_detail``)."""
-        return await self._send(calls.state(conversation_id, history))
+        return await send_async(self._http, self.policy, calls.state(conversation_id, history))
 
     async def offload(self, conversation_id: str, handle: str) -> list[AnyMessage]:
         """The original messages behind an offload handle (``NotFoundError`` if unknown)."""
-        response: OffloadResponse = await self._send(calls.offload(conversation_id, handle))
-        return from_openai(response.messages)
+        return from_openai(
+            (await send_async(self._http, self.policy, calls.offload(conversation_id, handle))).messages
+        )
 
     async def journal(self, conversation_id: str, *, limit: int = 200) -> list[JournalEntryOut]:
         """What each compaction stage run (and rollback) did, newest first (the newest 200 are kept)."""
-        return (await self._send(calls.journal(conversation_id, limit))).entries
+        return (await send_async(self._http, self.policy, calls.journal(conversation_id, limit))).entries
 
     async def rollback(self, conversation_id: str, version: int) -> RollbackResponse:
         """Make kept state ``version`` current again (as a new version); ``VersionNotKept``
         (with the kept versions) when it is no longer kept, nothing changed."""
-        return await self._send(calls.rollback(conversation_id, version))
+        return await send_async(self._http, self.policy, calls.rollback(conversation_id, version))
 
     async def conversations(self, *, page_size: int = 100) -> AsyncIterator[str]:
         """Every conversation id of the tenant, in id order (fetched a page at a time)."""
         after: str | None = None
         while True:
-            page = await self._send(calls.conversations(after, page_size))
+            page = await send_async(self._http, self.policy, calls.conversations(after, page_size))
             for conversation_id in page.conversations:
                 yield conversation_id
             if page.next is None:
@@ -160,7 +159,9 @@ class AsyncCtxcoreClient:
     ) -> AsyncIterator[AnyMessage]:
         """The raw log after ``after`` (never compacted), oldest first, log ids set."""
         while True:
-            page = await self._send(calls.messages(conversation_id, after, page_size))
+            page = await send_async(
+                self._http, self.policy, calls.messages(conversation_id, after, page_size)
+            )
             for message in from_openai(page.messages):
                 yield message
             if page.next is None:
@@ -172,19 +173,21 @@ class AsyncCtxcoreClient:
         within ``max_tokens``, each with its log-id range and score; ``note`` says why there
         are none. Answer the window's ``recall_compressed_context`` calls with it.
         ``RecallDisabled`` when recall is off for the tenant."""
-        return await self._send(calls.recall(conversation_id, query, max_tokens))
+        return await send_async(self._http, self.policy, calls.recall(conversation_id, query, max_tokens))
 
     async def usage(self) -> UsageResponse:
         """Summariser calls and tokens spent on the tenant's conversations."""
-        return await self._send(calls.usage())
+        return await send_async(self._http, self.policy, calls.usage())
 
     async def delete(self, conversation_id: str) -> None:
         """Delete the conversation (log, state, offloads, queued work)."""
-        await self._send(calls.delete(conversation_id))
+        await send_async(self._http, self.policy, calls.delete(conversation_id))
 
     async def truncate_after(
         self, conversation_id: str, log_id: str, *, if_match: str | None = None
     ) -> TruncateResponse:
         """Remove the messages after ``log_id``; ``TruncateRefused`` (reason ``covered``,
         ``busy``, ``moved``) when it must not, nothing removed."""
-        return await self._send(calls.truncate_after(conversation_id, log_id, if_match))
+        return await send_async(
+            self._http, self.policy, calls.truncate_after(conversation_id, log_id, if_match)
+        )

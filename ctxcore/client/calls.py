@@ -99,8 +99,7 @@ def message_dicts(messages: Iterable[MessageLike], *, assign_ids: bool) -> list[
     from_openai(dicts)  # names the index and field of the first problem
     if assign_ids:
         for d in dicts:
-            if not d.get("message_id"):
-                d["message_id"] = uuid.uuid4().hex
+            d["message_id"] = d.get("message_id") or uuid.uuid4().hex
     return dicts
 
 
@@ -153,19 +152,18 @@ class calls:
         preview: bool = False,
     ) -> Call[WindowResponse]:
         """``POST .../window`` (``?preview=true``: records nothing)."""
-        body: dict[str, Any] = {
+        body = {
             "system_messages": _system(system),
             "tools": [dict(t) for t in tools or []],
+            "budget_tokens": budget_tokens,
+            "model": model,
         }
-        if budget_tokens is not None:
-            body["budget_tokens"] = budget_tokens
-        if model is not None:
-            body["model"] = model
         return Call(
             "POST",
             f"{_conv(conversation_id)}/window",
             _model(WindowResponse),
-            json=body,
+            # An absent budget or model is left out (the server's default), not sent as null.
+            json={name: value for name, value in body.items() if value is not None},
             params={"format": format, "preview": "true"} if preview else {"format": format},
         )
 
@@ -205,9 +203,7 @@ class calls:
     @staticmethod
     def conversations(after: str | None, limit: int) -> Call[ConversationList]:
         """``GET /v1/conversations`` (one page)."""
-        params: dict[str, Any] = {"limit": limit}
-        if after is not None:
-            params["after"] = validate_id(after, "after")
+        params = {"limit": limit} if after is None else {"limit": limit, "after": validate_id(after, "after")}
         return Call("GET", _CONV, _model(ConversationList), params=params)
 
     @staticmethod

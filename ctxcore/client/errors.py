@@ -51,20 +51,25 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
 
 
-def _text(detail: Any) -> str:
-    return detail if isinstance(detail, str) else str(detail)
+# The errors that carry the body's detail alone: by status and code, or by status ("": any code).
+_DETAIL_ONLY: dict[tuple[int, str], type[CtxcoreError]] = {
+    (403, ""): QuotaExceeded,
+    (404, ""): NotFoundError,
+    (409, "invalid_state"): CursorNotFoundError,
+    (422, "invalid_config"): ConfigError,
+    (422, "invalid_conversation_id"): InvalidKeyError,
+}
 
 
 def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float | None) -> CtxcoreError:
-    detail = _text(body.get("detail", ""))
+    detail = str(body.get("detail", ""))
+    detail_only = _DETAIL_ONLY.get((status, code)) or _DETAIL_ONLY.get((status, ""))
+    if detail_only is not None:
+        return detail_only(detail)
     if status == 401:
         return AuthenticationError(
             f"ctxcore rejected the bearer token: {detail}; check the token you configured"
         )
-    if status == 403:
-        return QuotaExceeded(detail)
-    if status == 404:
-        return NotFoundError(detail)
     if status == 409:
         last_id = body.get("last_id")
         if code == "truncate_refused":
@@ -77,8 +82,6 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
                 for v in body.get("violations") or []
             ]
             return InvalidWindowError(violations, int(body.get("state_version") or 0))
-        if code == "invalid_state":
-            return CursorNotFoundError(detail)
         if code == "version_not_kept":
             kept = [int(v) for v in body.get("kept") or []]
             return VersionNotKept(detail, version=int(body.get("version") or 0), kept=kept)
@@ -93,10 +96,6 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
                 int(body.get("tools_tokens") or 0),
                 int(body.get("anchor_tokens") or 0),
             )
-        if code == "invalid_config":
-            return ConfigError(detail)
-        if code == "invalid_conversation_id":
-            return InvalidKeyError(detail)
         index = body.get("index")
         field = body.get("field") or ("request" if code == "invalid_request" else "message")
         return InvalidMessageError(index if isinstance(index, int) else -1, str(field), detail)
@@ -109,7 +108,7 @@ def _build(status: int, code: str, body: Mapping[str, Any], retry_after: float |
 
 def error_for(status: int, body: Any, headers: Mapping[str, str]) -> CtxcoreError:
     """The error an error response means, with ``status`` and ``code`` (the body's ``error``) set."""
-    fields: Mapping[str, Any] = body if isinstance(body, Mapping) else {"detail": _text(body)}
+    fields: Mapping[str, Any] = body if isinstance(body, Mapping) else {"detail": str(body)}
     code = str(fields.get("error") or "http_error")
     error = _build(status, code, fields, parse_retry_after(headers.get("retry-after")))
     error.status = status

@@ -13,7 +13,6 @@ from ctxcore.client.models import (
     AppendResponse,
     CompactResponse,
     JournalEntryOut,
-    OffloadResponse,
     RecallResponse,
     RollbackResponse,
     StateResponse,
@@ -77,9 +76,6 @@ class CtxcoreClient:
             transport=transport,
         )
 
-    def _send(self, call: Call[T]) -> T:
-        return send_sync(self._http, self.policy, call)
-
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
@@ -101,7 +97,7 @@ class CtxcoreClient:
         log still ends there (``ConflictError`` otherwise); it is retried too: the server
         answers a replay of an append that landed with its ids (the replay rule).
         """
-        return self._send(calls.append(conversation_id, messages, if_match))
+        return send_sync(self._http, self.policy, calls.append(conversation_id, messages, if_match))
 
     def window(
         self,
@@ -118,35 +114,40 @@ class CtxcoreClient:
         default budget, else the service's); send
         ``window.openai_messages()`` and ``window.tools`` to the model. ``preview``: only look
         (the budget is not recorded, no compaction is asked for)."""
-        return self._send(calls.window(conversation_id, budget_tokens, system, tools, model, format, preview))
+        return send_sync(
+            self._http,
+            self.policy,
+            calls.window(conversation_id, budget_tokens, system, tools, model, format, preview),
+        )
 
     def compact(self, conversation_id: str) -> CompactResponse:
         """Ask for a background compaction; the status after asking."""
-        return self._send(calls.compact(conversation_id))
+        return send_sync(self._http, self.policy, calls.compact(conversation_id))
 
     def state(self, conversation_id: str, *, history: bool = False) -> StateResponse:
         """The compaction state (blocks with provenance, ``compaction_detail``)."""
-        return self._send(calls.state(conversation_id, history))
+        return send_sync(self._http, self.policy, calls.state(conversation_id, history))
 
     def offload(self, conversation_id: str, handle: str) -> list[AnyMessage]:
         """The original messages behind an offload handle (``NotFoundError`` if unknown)."""
-        response: OffloadResponse = self._send(calls.offload(conversation_id, handle))
-        return from_openai(response.messages)
+        return from_openai(
+            (send_sync(self._http, self.policy, calls.offload(conversation_id, handle))).messages
+        )
 
     def journal(self, conversation_id: str, *, limit: int = 200) -> list[JournalEntryOut]:
         """What each compaction stage run (and rollback) did, newest first (the newest 200 are kept)."""
-        return (self._send(calls.journal(conversation_id, limit))).entries
+        return (send_sync(self._http, self.policy, calls.journal(conversation_id, limit))).entries
 
     def rollback(self, conversation_id: str, version: int) -> RollbackResponse:
         """Make kept state ``version`` current again (as a new version); ``VersionNotKept``
         (with the kept versions) when it is no longer kept, nothing changed."""
-        return self._send(calls.rollback(conversation_id, version))
+        return send_sync(self._http, self.policy, calls.rollback(conversation_id, version))
 
     def conversations(self, *, page_size: int = 100) -> Iterator[str]:
         """Every conversation id of the tenant, in id order (fetched a page at a time)."""
         after: str | None = None
         while True:
-            page = self._send(calls.conversations(after, page_size))
+            page = send_sync(self._http, self.policy, calls.conversations(after, page_size))
             yield from page.conversations
             if page.next is None:
                 return
@@ -157,7 +158,7 @@ class CtxcoreClient:
     ) -> Iterator[AnyMessage]:
         """The raw log after ``after`` (never compacted), oldest first, log ids set."""
         while True:
-            page = self._send(calls.messages(conversation_id, after, page_size))
+            page = send_sync(self._http, self.policy, calls.messages(conversation_id, after, page_size))
             yield from from_openai(page.messages)
             if page.next is None:
                 return
@@ -168,19 +169,19 @@ class CtxcoreClient:
         within ``max_tokens``, each with its log-id range and score; ``note`` says why there
         are none. Answer the window's ``recall_compressed_context`` calls with it.
         ``RecallDisabled`` when recall is off for the tenant."""
-        return self._send(calls.recall(conversation_id, query, max_tokens))
+        return send_sync(self._http, self.policy, calls.recall(conversation_id, query, max_tokens))
 
     def usage(self) -> UsageResponse:
         """Summariser calls and tokens spent on the tenant's conversations."""
-        return self._send(calls.usage())
+        return send_sync(self._http, self.policy, calls.usage())
 
     def delete(self, conversation_id: str) -> None:
         """Delete the conversation (log, state, offloads, queued work)."""
-        self._send(calls.delete(conversation_id))
+        send_sync(self._http, self.policy, calls.delete(conversation_id))
 
     def truncate_after(
         self, conversation_id: str, log_id: str, *, if_match: str | None = None
     ) -> TruncateResponse:
         """Remove the messages after ``log_id``; ``TruncateRefused`` (reason ``covered``,
         ``busy``, ``moved``) when it must not, nothing removed."""
-        return self._send(calls.truncate_after(conversation_id, log_id, if_match))
+        return send_sync(self._http, self.policy, calls.truncate_after(conversation_id, log_id, if_match))

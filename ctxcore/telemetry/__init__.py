@@ -38,19 +38,15 @@ class Span(Protocol):
 
     def set(self, name: str, value: AttributeValue) -> None:
         """Set attribute ``name`` (OpenTelemetry naming: ``gen_ai.usage.input_tokens``)."""
-        ...
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` to the integer attribute ``name`` (0 before the first count)."""
-        ...
 
     def append(self, name: str, item: str) -> None:
         """Add ``item`` to the string-list attribute ``name`` (once: a set in insertion order)."""
-        ...
 
     def fail(self, error: BaseException) -> None:
         """Mark the span failed with ``error`` (its class and message are recorded)."""
-        ...
 
 
 class Tracer(Protocol):
@@ -59,7 +55,6 @@ class Tracer(Protocol):
     @property
     def enabled(self) -> bool:
         """False for ``NO_TRACER``: callers may skip work that only feeds spans."""
-        ...
 
     def span(
         self,
@@ -81,15 +76,12 @@ class Tracer(Protocol):
 
         An exception leaving the block marks the span failed and propagates.
         """
-        ...
 
     def traceparent(self) -> str | None:
         """The current context as a ``traceparent`` (None: no sampled span is current)."""
-        ...
 
     def attached(self, traceparent: str | None) -> AbstractContextManager[None]:
         """Make ``traceparent`` the current context while the block runs (None: no change)."""
-        ...
 
 
 class _NoSpan:

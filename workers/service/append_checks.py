@@ -88,9 +88,10 @@ def _tail(
         return drop_leading_tool_messages(log.read_range(key, first, format_log_id(expected)))
     if after < expected:
         return log.read_range(key, format_log_id(after + 1), format_log_id(expected))
-    if expected_last_id is None or expected < 1:
+    if expected < 1:
         return []
     # The state already covers the expected id (compaction ran since): the context a
     # batch needs is the end of the last step before it, which starts after tool results.
-    before = log.read_range(key, format_log_id(max(expected - 63, 1)), format_log_id(expected))
-    return drop_leading_tool_messages(before)
+    return drop_leading_tool_messages(
+        log.read_range(key, format_log_id(max(expected - 63, 1)), format_log_id(expected))
+    )

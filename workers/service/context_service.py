@@ -174,10 +174,7 @@ class ContextService:
         # a new counter per window an agent step naming its model took 2.0x as long
         # (bench/fast_path.py --caches).
         encoding = encoding_for_model(model)
-        counter = self._counters.get(encoding)
-        if counter is None:
-            counter = self._counters.setdefault(encoding, TiktokenCounter(model))
-        return counter
+        return self._counters.get(encoding) or self._counters.setdefault(encoding, TiktokenCounter(model))
 
     def _rules(
         self, key: ConversationKey, budget_tokens: BudgetTokens, counter: TokenCounter
@@ -256,12 +253,11 @@ class ContextService:
         ``InvalidMessageError`` for an empty query or a non-positive ``max_tokens``.
         """
         if not self.settings.recall_for_tenant(key.tenant_id).enabled:
-            scope = (
+            raise RecallDisabled(
                 f"tenants.{key.tenant_id}.recall.enabled"
                 if key.tenant_id in self.settings.tenants
                 else "recall.enabled"
             )
-            raise RecallDisabled(scope)
         if not query.strip():
             raise InvalidMessageError(-1, "query", "must name the words to look for")
         if max_tokens <= 0:
