@@ -562,8 +562,8 @@ def test_a_dialogue_keeps_informative_sentences_with_their_speaker() -> None:
     kept = [f for f in FACTS if any(f"{f[0].upper()}{f[1:]}." in line for line in ana)]
     assert len(kept) >= 9, summary
     # Small talk is no line of its own; after the facts, the budget's last shortened line
-    # may be the question that follows one (the dev runs' per-message weights went, issue
-    # 33c; a turn's further sentences still weigh less, bench/README).
+    # may be the question that follows one (the per-message and per-turn weights went,
+    # bench/README issue 33c and 33d).
     assert "Thanks, Ana!" not in summary and summary.count("Cool, right?") <= 1
     # With a few tokens more, small talk fills only what the facts leave.
     roomier = blocks(source, 150)

@@ -57,8 +57,6 @@ _CALL_ORDER: Final = 10_000
 # What a dialogue question is worth against a statement: it asks for a fact, and the
 # answer that follows is what holds it (its words still say what was talked about).
 _QUESTION_WEIGHT: Final = 0.5
-# Each further sentence of one dialogue turn is worth this much less than the one before.
-_TURN_DECAY: Final = 0.6
 # A file write as ``Extractor.tool_call`` prints it: ``<path> <- <call> -> <result>``.
 _FILE_WRITE = re.compile(r"^\S+ <- ")
 # Every kind of line's prior without the ``category_priors`` rule: their mean.
@@ -167,7 +165,7 @@ class Extractor:
     def dialogue(self, index: int, text: str, tag: str) -> None:
         """A turn of a tool-free dialogue: every sentence is a fact of its own (neither side
         narrates agent work: a long turn can give its one informative sentence alone)."""
-        sub = taken = 0
+        sub = 0
         lines = [raw.strip() for raw in text.splitlines() if raw.strip()]
         if self.rules.bare_joined:
             # A speaker's line is no list item: it glues nothing and nothing is glued to it.
@@ -180,13 +178,7 @@ class Extractor:
                 pieces = bare_glued(pieces, lambda _piece: True, " ")
             for piece in pieces:
                 sub += 1
-                before = len(self.items)
                 self.chat((index, sub), prefix, piece, tag)
-                if len(self.items) > before:
-                    # A turn's further sentences weigh less (its small talk after the fact): the
-                    # agent runs' lines lost this weight, the dialogues keep it (issue 33c).
-                    self.items[-1].decay *= _TURN_DECAY**taken
-                    taken += 1
 
     def chat(
         self,

@@ -39,8 +39,8 @@ class Rules:
     date lines, fenced code left out, and (issue 33c) the newest call kept whatever
     competes, each further line of one message worth less (0.6 per line) and later lines
     worth more (2.0 over the span), and (issue 33d) a short system note's (a session's date
-    line) +2 and each numbered line of a code listing a tool printed competing with its
-    number.
+    line) +2, each numbered line of a code listing a tool printed competing with its
+    number, and each further sentence of one dialogue turn worth less (0.6 per sentence).
     """
 
     commands_whole: bool = True
