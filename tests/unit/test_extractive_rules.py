@@ -4,6 +4,9 @@ product's default is every rule."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +98,27 @@ def test_each_rule_switched_off_still_summarises_within_the_target(name: str) ->
     text = summary(without(name), target=120)
     assert text.startswith("## ")
     assert TiktokenCounter().count_text(text) <= 120
+
+
+def test_a_line_is_worth_the_same_under_every_hash_seed() -> None:
+    """A line's words are a set, iterated in the string hash's order: its worth is summed
+    exactly, so which line wins a tie does not change from one process to the next."""
+    script = (
+        "from ctxcore.summarize.extractive.items import Item\n"
+        "from ctxcore.summarize.extractive.select import Budgeter, Selection\n"
+        "from ctxcore.tokens import EstimateCounter\n"
+        "idf = {'alpha': 1e16, 'beta': 1.0, 'gamma': -1e16, 'delta': 1.0}\n"
+        "item = Item((0, 0), 'chat', 'alpha beta gamma delta', 0.0, 'k', words=frozenset(idf))\n"
+        "print(repr(Selection(idf, frozenset(), Budgeter(EstimateCounter())).value(item)))\n"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in range(8)
+    }
+    assert seen == {"2.0"}

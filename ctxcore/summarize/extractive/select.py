@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 
 from ctxcore.summarize.bare import bare_line
@@ -175,7 +176,9 @@ class Selection:
 
     def value(self, item: Item) -> float:
         """What ``item`` would add now: its weight plus the rarity of its uncovered words."""
-        fresh = sum(self.idf.get(w, 0.0) for w in item.words if w not in self.covered)
+        # fsum: a set's order follows the string hash, so a plain sum rounded differently in
+        # each process and broke ties differently (LoCoMo's windows changed with PYTHONHASHSEED).
+        fresh = math.fsum(self.idf.get(w, 0.0) for w in item.words if w not in self.covered)
         return item.decay * (item.static + fresh)
 
     @staticmethod
