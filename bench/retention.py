@@ -19,6 +19,7 @@ each run's tokens, and optionally LoCoMo (QA). It asserts nothing.
     .venv/bin/python bench/retention.py                       # both halves, 8k/16k/32k, lag 0 and 5
     .venv/bin/python bench/retention.py --quick               # 3 runs per half, 16k, lag 0 and 5
     .venv/bin/python bench/retention.py --budgets 16000 --lags 0 --json out.json
+    .venv/bin/python bench/retention.py --system-padding 4 --tau-runs 0   # a 5k-token system prompt
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """
@@ -129,6 +130,20 @@ def run(path: Path, label: str, config: EvalConfig) -> dict[str, Any]:
     return report
 
 
+def padded(swe: Path, tau: Path, copies: int, into: Path) -> Path:
+    """``swe`` with ``copies`` of tau-bench's first system prompt after each system message."""
+    manual = json.loads(tau.open().readline())["messages"][0]["content"]
+    out = into / swe.name
+    with swe.open() as src, out.open("w") as dst:
+        for line in src:
+            run = json.loads(line)
+            first = run["messages"][0]
+            if first["role"] == "system":
+                first["content"] += "\n\n# House manual\n\n" + "\n\n".join([manual] * copies)
+            dst.write(json.dumps(run) + "\n")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 runs per half at 16k, 20 tau-bench runs")
@@ -145,6 +160,13 @@ def main() -> None:
     parser.add_argument(
         "--recall", action="store_true", help="every full also runs as full+recall (auto-recall)"
     )
+    parser.add_argument(
+        "--system-padding",
+        type=int,
+        default=0,
+        help="append K copies of tau-bench's first system prompt (~1.25k tokens each) to every "
+        "mini-swe-agent system message: a large system prompt, as OpenHands' (0: none)",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
     args = parser.parse_args()
@@ -156,6 +178,9 @@ def main() -> None:
     if not swe.exists():
         raise SystemExit(f"no data in {args.data} (set CTXCORE_DATA_DIR)")
     split = json.loads(SPLIT.read_text())
+    scratch = tempfile.TemporaryDirectory()
+    if args.system_padding:
+        swe = padded(swe, tau, args.system_padding, Path(scratch.name))
     budgets = [16000] if args.quick else args.budgets
     started = time.perf_counter()
     reports: list[dict[str, Any]] = []
@@ -170,7 +195,10 @@ def main() -> None:
                     lag=lag,
                     recall="auto" if args.recall else "off",
                 )
-                reports.append(run(swe, f"half {half} ({len(ids)} runs), {budget} tokens, lag {lag}", config))
+                label = f"half {half} ({len(ids)} runs), {budget} tokens, lag {lag}"
+                if args.system_padding:
+                    label += f", system prompt + {args.system_padding} manuals"
+                reports.append(run(swe, label, config))
     tau_runs = min(20, args.tau_runs) if args.quick else args.tau_runs
     if tau_runs and tau.exists():
         for lag in args.lags:

@@ -35,7 +35,8 @@ class Coordinator:
     """Runs compaction stages for conversations and saves their state with CAS.
 
     ``model_for(key)`` resolves each tenant's model; each call builds its ``PipelineConfig``
-    from the budget the conversation's clients last asked for (``get_budget``, else
+    from the conversation's budget as the last window recorded it (``get_budget``: the room
+    left beside the window's system messages and tools, which a view here never holds; else
     ``default_budget``) times ``target_ratio``.
     """
 

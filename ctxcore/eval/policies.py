@@ -36,6 +36,7 @@ from ctxcore.eval.policy_base import (
 )
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.pipeline.fitting import CallLimits
+from ctxcore.pipeline.sizing import message_tokens
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
@@ -50,6 +51,7 @@ from ctxcore.recall.archive import ChunkingConfig, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey
+from ctxcore.state.budget import BudgetTokens, conversation_budget
 from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
 
 __all__ = [
@@ -177,21 +179,24 @@ class FullPolicy(Policy):
                 exhausted.append(stage.kind)
         return done, failures
 
-    def maybe_compact(self, tools: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
-        """Record the budget; land a pending compaction that is due, and ask for one when the
-        view is over the trigger (landing at once without lag, ``setup.lag`` windows later
-        with it: the windows between are served from the state as it is, as the fast path
-        serves them while a worker lags). One job at a time, as the scheduler coalesces."""
+    def maybe_compact(
+        self, tools: Sequence[Mapping[str, Any]], room: BudgetTokens
+    ) -> tuple[list[str], list[str]]:
+        """Record the conversation's budget (``room``, as ``ContextService.get_window`` does);
+        land a pending compaction that is due, and ask for one when the view is over the
+        trigger (landing at once without lag, ``setup.lag`` windows later with it: the windows
+        between are served from the state as it is, as the fast path serves them while a
+        worker lags). One job at a time, as the scheduler coalesces."""
         s = self.setup
         self.windows += 1
-        self.states.set_budget(self.key, s.budget)
+        self.states.set_budget(self.key, room)
         if self.pending is not None:
             if self.windows - self.pending < s.lag:
                 return [], []
             self.pending = None
             return self.compact()
         view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in tools])
-        if view.tokens(s.counter) <= int(s.budget * s.trigger_ratio):
+        if view.tokens(s.counter) <= s.budget - room + int(room * s.trigger_ratio):
             return [], []
         if s.lag == 0:
             return self.compact()
@@ -210,7 +215,9 @@ class FullPolicy(Policy):
         """Compact when due (``maybe_compact``), then serve."""
         s = self.setup
         tools = self.served_tools()
-        stages, failures = self.maybe_compact(tools)
+        fixed = message_tokens(s.counter, s.system) + (s.counter.count_tools(tools) if tools else 0)
+        room = conversation_budget(s.budget, fixed)
+        stages, failures = self.maybe_compact(tools, room)
         state = self.states.load(self.key) or CompressionState()
         pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]
         result = assemble_window(
@@ -223,7 +230,7 @@ class FullPolicy(Policy):
             s.counter,
             pinned=pinned,
             detector=s.detector,
-            rule_chunk_tokens=s.settings.service.chunk_tokens(s.budget),
+            rule_chunk_tokens=s.settings.service.chunk_tokens(room),
             auto_recall=self.auto_recall(state),
         )
         return PolicyWindow(

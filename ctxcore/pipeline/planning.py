@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageKind
-from ctxcore.pipeline.sizing import message_tokens, served_tokens, summary_cap
+from ctxcore.pipeline.sizing import held_tokens, message_tokens, served_tokens, summary_cap
 from ctxcore.pipeline.targets import build_targets, l1_falls_short
 from ctxcore.pipeline.view import View
 from ctxcore.tokens import TokenCounter
@@ -21,12 +21,20 @@ MIN_L1_SOURCE_TOKENS = 200
 def plan_next_stage(
     view: View, config: PipelineConfig, counter: TokenCounter, *, exhausted: Collection[str] = ()
 ) -> Stage | None:
-    """The next stage to run on ``view``, or None when it is within target or nothing can help.
+    """The next stage to run on ``view``, or None when it is within target or nothing can help
+    (the newest step and the anchors alone are over the budget, ``config.ceiling_tokens``).
 
     ``exhausted`` lists stage kinds that already failed to improve this view; they are
     skipped so the pipeline escalates instead of repeating itself.
     """
     if served_tokens(view, config, counter) <= config.target_tokens:
+        return None
+    ceiling = config.ceiling_tokens
+    if ceiling is not None and held_tokens(view, config, counter) > ceiling:
+        # The newest step and the anchors alone are over the budget: every stage would be a
+        # model call that cannot make the view fit (tau-bench at half of each run: 995
+        # summariser calls for 60 runs with them, 527 without, references 0.527 -> 0.531).
+        # The worker's ``newest_step`` hold says why; the window's fallback fits the view.
         return None
     for kind in _stage_order(view, config, counter):
         if kind in exhausted:

@@ -129,11 +129,13 @@ class StateStore(Protocol):
         ...
 
     def get_budget(self, key: ConversationKey) -> int | None:
-        """The token budget a client last asked for (kept beside the state, not versioned)."""
+        """The conversation's budget as the last window recorded it: the room that window left
+        the messages, the requested budget less its system messages and tools
+        (``conversation_budget``; kept beside the state, not versioned)."""
         ...
 
     def set_budget(self, key: ConversationKey, budget_tokens: int) -> None:
-        """Record the budget a client asked for (a plain write, no version bump);
+        """Record the conversation's budget (a plain write, no version bump);
         ``InvalidRequestError`` for an ``int`` that is no budget (``check_budget``)."""
         ...
 

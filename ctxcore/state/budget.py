@@ -6,7 +6,8 @@ to everything that reads it), and a store's write of a budget (``StateStore.set_
 takes it through ``check_budget``, which lets a ``BudgetTokens`` through as it is: the
 budget is checked once on the window's path, while a caller handing a store a plain ``int``
 still gets the check (``InvalidRequestError``) rather than a bad budget stored beside the
-state.
+state. What is stored is the conversation's budget (``conversation_budget``): the room the
+window left its messages, the budget less the system messages and tools.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Self
 
 from ctxcore.errors import InvalidRequestError
 
-__all__ = ["MAX_BUDGET_TOKENS", "BudgetTokens", "check_budget"]
+__all__ = ["MAX_BUDGET_TOKENS", "BudgetTokens", "check_budget", "conversation_budget"]
 
 MAX_BUDGET_TOKENS = 1_000_000_000
 """The largest budget: it is stored beside the state (a BIGINT column on SQL backends), and
@@ -41,3 +42,19 @@ def check_budget(budget_tokens: int) -> BudgetTokens:
     """``budget_tokens`` as a ``BudgetTokens``: itself when it is one (checked when it was
     made), else checked now."""
     return budget_tokens if type(budget_tokens) is BudgetTokens else BudgetTokens(budget_tokens)
+
+
+def conversation_budget(budget_tokens: int, fixed_tokens: int) -> BudgetTokens:
+    """The budget a conversation's compactions work to: what a window of ``budget_tokens``
+    leaves the conversation's messages once the system messages and tool definitions it
+    carries (``fixed_tokens``) are counted.
+
+    Workers compact a view that holds neither (they never see a request's system messages or
+    tools), so the budget recorded for them is this room: with the request's whole budget a
+    5,000-token system prompt at 16k let every compaction land at 0.8 of 16k of messages, a
+    window over its budget each time (block text cut to fit, a compaction asked for on every
+    window: 228 summariser calls against 91 on half A of the development runs,
+    ``bench/README.md``, "System prompts and tools"). Call it only once ``fixed_tokens`` is
+    known to be below the budget (else the window is ``BudgetExceeded``).
+    """
+    return BudgetTokens(max(check_budget(budget_tokens) - fixed_tokens, 1))

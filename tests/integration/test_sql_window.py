@@ -21,7 +21,7 @@ from ctxcore.state.sql.window import SqlWindowReader
 from ctxcore.tokens import TiktokenCounter
 from tests.conftest import sql_engine_for
 from tests.integration.test_retention_sql import FakeClock
-from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
+from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run, recorded
 from workers.service import ContextService, InlineQueue
 
 
@@ -87,7 +87,7 @@ def test_a_window_is_one_statement_and_the_budget_is_written_when_it_changes(sql
     sql.statements.clear()
     service.get_window(sql.key, 40_000, SYSTEM)  # a new budget: read, then the upsert
     assert sql.statements[0] == "SELECT" and "INSERT" in sql.statements
-    assert sql.state.get_budget(sql.key) == 40_000
+    assert sql.state.get_budget(sql.key) == recorded(40_000)
     sql.statements.clear()
     sql.clock.now += ACTIVITY_RESOLUTION_SECONDS + 1  # the retention's activity stamp is due
     service.get_window(sql.key, 40_000, SYSTEM)

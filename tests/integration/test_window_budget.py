@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from ctxcore.config import Settings, hash_token
 from ctxcore.errors import InvalidRequestError
-from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
+from ctxcore.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore
 from workers.http import create_app
 from workers.keyspace import delete_prefixed_keys
@@ -35,6 +35,7 @@ TOKEN = "budget-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 KEY = ConversationKey("acme", "budgeted")
 SYSTEM = [{"role": "system", "content": "You are terse."}]
+SYSTEM_MESSAGES = [SystemMessage(content="You are terse.")]
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
 
@@ -115,21 +116,18 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    sql = runtime.settings.database.url is not None
-    reader = "ctxcore/state/sql/window.py" if sql else "ctxcore/state/redis/window.py"
     expected = {
-        # The route's span; the service checks the budget once (``BudgetTokens``) and hands it
-        # to the reader (which records it, SQL's write in the reader's own module too), to
-        # the chain and to assemble.
+        # The route's span; the service checks the budget once (``BudgetTokens``), hands the
+        # room it leaves the messages to the reader (``conversation_budget``: what the reader
+        # records for the workers, below) and the budget to the chain and to assemble.
         "workers/telemetry/spans.py": {"window_span(budget_tokens)"},
-        "workers/service/context_service.py": {
-            "get_window(budget_tokens)",
-            "_window_reads(budget_tokens)",
-            "_rules(budget_tokens)",
-        },
+        "workers/service/context_service.py": {"get_window(budget_tokens)", "_rules(budget_tokens)"},
         # Checked once: making the ``BudgetTokens`` (its ``__new__``) is the check.
-        "ctxcore/state/budget.py": {"check_budget(budget_tokens)", "__new__(budget_tokens)"},
-        reader: {"read(budget_tokens)"} | ({"write_budget(budget_tokens)"} if sql else set()),
+        "ctxcore/state/budget.py": {
+            "check_budget(budget_tokens)",
+            "__new__(budget_tokens)",
+            "conversation_budget(budget_tokens)",
+        },
         "ctxcore/assemble.py": {"assemble_window(budget_tokens)"},
         # The chain gets it once (``WindowRules``); it builds its rules only when the tail
         # is over its room.
@@ -137,6 +135,9 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
     }
     assert len(expected) <= 6
     assert fits == expected
+    # What the workers compact to: the budget less the system messages and tools.
+    fixed = runtime.counter.count_messages(SYSTEM_MESSAGES) + runtime.counter.count_tools(TOOLS)
+    assert runtime.state_store.get_budget(KEY) == 2_500 - fixed
     # Over the budget the rules run with it as their window and the fallback shapes the
     # window: the same modules, the same name.
     assert set(over) == set(expected)

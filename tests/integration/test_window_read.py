@@ -18,7 +18,7 @@ from ctxcore.state.models import CompressionState
 from ctxcore.state.redis.window import RedisWindowReader
 from ctxcore.state.tail import AppendCounts
 from ctxcore.tokens import TiktokenCounter
-from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run
+from tests.unit.test_window_tail import SYSTEM, PlainLog, agent_run, recorded
 from workers.failures import FailureStore
 from workers.service import ContextService, InlineQueue
 
@@ -69,7 +69,7 @@ def test_a_window_is_one_script_call(client: Recording, redis_prefix: str, conv_
     client.sent.clear()
     window = service.get_window(conv_key, 3_000, SYSTEM)
     assert client.sent == ["EVALSHA"]
-    assert state.get_budget(conv_key) == 3_000
+    assert state.get_budget(conv_key) == recorded(3_000)
     other = plain.get_window(conv_key, 3_000, SYSTEM)
     assert window.messages == other.messages and window.raw_tokens == other.raw_tokens
     assert window.compaction == other.compaction == "queued" and window.fallback_applied
@@ -118,7 +118,7 @@ def test_the_budget_is_written_only_when_it_changes(
     writes = lambda: int(client.info("commandstats").get("cmdstat_set", {}).get("calls", 0))  # noqa: E731
     for budget in (1000, 1001, 1002):  # a budget that changes on every request
         service.get_window(conv_key, budget, SYSTEM)
-        assert state.get_budget(conv_key) == budget
+        assert state.get_budget(conv_key) == recorded(budget)
     before = writes()
     service.get_window(conv_key, 1002, SYSTEM)
     assert writes() == before

@@ -121,3 +121,19 @@ def test_hard_truncate_keeps_block_lines_when_only_the_tail_is_over(ceiling: str
     else:
         assert text.count("block 1 line") == 30  # it all fits the budget: nothing is lost
         assert fixed + COUNTER.count_messages(out[0].messages) <= budget
+
+
+def test_no_stage_runs_when_the_newest_step_and_anchors_alone_are_over_the_budget() -> None:
+    # Every stage would be a model call that cannot make the view fit: the aggressive passes
+    # folded all history into a block the window then cut to its header (tau-bench at half of
+    # each run: 995 summariser calls for 60 runs with them, 527 without; the worker's
+    # ``newest_step`` hold says why the view stays over).
+    blocks = (_block(_summary(1, 30), 2, 40),)
+    tail = [*agent_steps(50, 6), *agent_steps(60, 1, output_words=900)]
+    view = View(version=2, blocks=blocks, tail=tuple(tail), covered_until="000000000040")
+    newest = View(version=2, tail=tuple(tail[-2:])).tokens(COUNTER)
+    over = PipelineConfig(target_tokens=newest - 300, ceiling_tokens=newest - 100)
+    assert plan_next_stage(view, over, COUNTER) is None
+    # Under the budget but over the target, the stages bring the view as far down as they can.
+    under = PipelineConfig(target_tokens=newest - 300, ceiling_tokens=newest + 300)
+    assert plan_next_stage(view, under, COUNTER) is not None

@@ -9,11 +9,17 @@ from ctxcore.errors import BudgetExceeded, InvalidMessageError
 from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey, MemoryMessageLog, MemoryStateStore
-from ctxcore.tokens import EstimateCounter
+from ctxcore.tokens import EstimateCounter, TiktokenCounter
 from workers.service import ContextService, InlineQueue
 
 KEY = ConversationKey("t", "c")
 SYSTEM = [SystemMessage(content="You are terse.")]
+
+
+def recorded(budget_tokens: int) -> int:
+    """The budget a window of ``budget_tokens`` with ``SYSTEM`` records for the workers: the
+    room its messages have (``conversation_budget``)."""
+    return budget_tokens - TiktokenCounter().count_messages(SYSTEM)
 
 
 class PlainLog:
