@@ -11,6 +11,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.summarize import ContractBlock, ExtractiveModel, OutputContract
 from ctxcore.summarize.bare import bare_line
 from ctxcore.summarize.extractive.lists import with_bare_joined
+from ctxcore.summarize.extractive.rules import without
 from ctxcore.summarize.extractive.tools import COMMAND_CHARS, command_text
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 from ctxcore.tokens import TiktokenCounter
@@ -192,3 +193,38 @@ def test_a_script_the_agent_writes_keeps_its_code_lines(model: ExtractiveModel) 
     text = summary(model, source, 400)
     assert "- assistant: signal.signal(signal.SIGALRM" in text, text
     assert "<<'EOF'" in text  # the call's own line still shows the command without its body
+
+
+USER_DETAILS = {
+    "user_id": "mia_kim_4397",
+    "name": {"first_name": "Mia", "last_name": "Kim"},
+    "address": {"address1": "20 Elm Street", "city": "Houston", "country": "USA", "zip": "77001"},
+    "email": "mia.kim@example.com",
+    "dob": "1965-06-09",
+    "payment_methods": {
+        "gift_card_7359776": {"source": "gift_card", "amount": 39, "id": "gift_card_7359776"},
+        "credit_card_4466831": {"source": "credit_card", "brand": "visa", "last_four": "1234"},
+    },
+    "membership": "gold",
+    "reservations": ["FQ8APE", "HATHAT", "K1NW8N"],
+}
+
+
+def test_a_json_results_ids_and_amounts_stay_beside_their_keys(model: ExtractiveModel) -> None:
+    call = ToolCall(id="c1", name="get_user_details", arguments=json.dumps({"user_id": "mia_kim_4397"}))
+    source: list[AnyMessage] = [
+        UserMessage(content="I want to pay for my new booking with my gift card."),
+        AssistantMessage(content="", tool_calls=[call]),
+        ToolMessage(tool_call_id="c1", name="get_user_details", content=json.dumps(USER_DETAILS)),
+        AssistantMessage(content="Which of your payment methods would you like to use?"),
+    ]
+    text = summary(model, source, 400)
+    # One line of JSON cut at 200 characters ended before the payment methods; each field is
+    # its own line now, in the result's own syntax.
+    payment = next((line for line in lines_of(text) if "gift_card_7359776" in line), None)
+    assert payment is not None and '"payment_methods":{"gift_card_7359776":' in payment, text
+    assert '"amount":39' in payment, text
+    assert any('"reservations":["FQ8APE","HATHAT","K1NW8N"]' in line for line in lines_of(text)), text
+    # Without the rule the result is its first 200 characters.
+    plain = ExtractiveModel(TiktokenCounter(), rules=without("json_fields"))
+    assert "gift_card_7359776" not in summary(plain, source, 400)

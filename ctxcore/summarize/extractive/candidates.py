@@ -42,6 +42,7 @@ from ctxcore.summarize.extractive.tools import (
     call_path,
     command_text,
     heredoc_lines,
+    json_fields,
     parse_args,
     result_line,
     shell_removed,
@@ -314,7 +315,12 @@ class Extractor:
         """The scanned lines of a tool result, computed once per message."""
         lines = self._scans.get(index)
         if lines is None:
-            lines = self._scans[index] = scan(message.text)
+            fields = json_fields(message.text) if self.rules.json_fields else None
+            if fields is None:
+                lines = scan(message.text)
+            else:
+                lines = [(line, is_error(line)) for line in (clip(collapse(f), 200) for f in fields) if line]
+            self._scans[index] = lines
         return lines
 
     def tool_call(
@@ -380,9 +386,11 @@ class Extractor:
         return line
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
-        """Error lines of a tool result beyond the one already shown."""
+        """Error lines of a tool result beyond the one already shown (and, for a JSON
+        result, each further field: ``Rules.json_fields``)."""
         sub = 0
         shown = set(used.split(" | "))
+        fields = self.rules.json_fields and json_fields(message.text) is not None
         for line, error in self.scanned(index, message):
             if len(line) < 3 or line in shown:
                 continue
@@ -390,3 +398,6 @@ class Extractor:
             if error and self.rules.output_errors:
                 # The tool's own line (``FAIL: test_x (a.b.Case)``): never joined or dropped.
                 self.add((index, sub), "error", line, tag=tag, call=True)
+            elif fields:
+                # A field of a JSON result (``user_id: mia_kim_4397``) competes as a line.
+                self.add((index, sub), "tool", line, tag=tag, call=True)

@@ -28,7 +28,9 @@ class Rules:
     taken as they are), ``output_errors`` (a tool output's error lines beyond its first
     line; kept for the eval's last-exception check, bench/README issue 33c),
     ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
-    writes, competes as a line of the agent's own). Weights:
+    writes, competes as a line of the agent's own), ``json_fields`` (a tool result that is one
+    JSON document competes field by field, each top-level field or array item a line of
+    compact JSON, instead of as its first 200 characters). Weights:
     ``category_priors`` (a prior per kind of line, else one flat prior), ``summary_bonus``
     (an earlier summary's line +1, its request +3), ``question_weight`` (a dialogue question
     half a statement's weight; moves no next-step reference, kept for LoCoMo's c_hit goal,
@@ -48,6 +50,7 @@ class Rules:
     bare_joined: bool = True
     output_errors: bool = True
     script_lines: bool = True
+    json_fields: bool = True
     category_priors: bool = True
     summary_bonus: bool = True
     question_weight: bool = True

@@ -20,6 +20,7 @@ __all__ = [
     "call_path",
     "command_text",
     "heredoc_lines",
+    "json_fields",
     "parse_args",
     "result_line",
     "shell_removed",
@@ -180,3 +181,26 @@ def call_path(call: ToolCall, parsed: Any) -> str | None:
                 return value.strip()
     match = PATH.search(call.arguments)
     return match.group(0) if match else None
+
+
+def json_fields(text: str) -> list[str] | None:
+    """A result that is one JSON object or array, one line per top-level field (its
+    ``"key":value`` as compact JSON) or per array item; None for anything else. Such a result
+    is one line of JSON that a 200-character cut ends before its ids and amounts; a field's
+    own line keeps them beside their key, in the result's own syntax."""
+    stripped = text.strip()
+    if not stripped.startswith(("{", "[")):
+        return None
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        return [_compact({key: item}).strip("{}") for key, item in value.items()]
+    if isinstance(value, list):
+        return [_compact(item) for item in value]
+    return None
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
