@@ -186,7 +186,10 @@ class HoldOut(ResponseBody):
     why: str = Field(description="What could not be summarised and why, in words")
     view_tokens: int = Field(default=0, description="The view as served when the hold was recorded")
     target_tokens: int = Field(default=0, description="The compaction target")
-    budget_tokens: int = Field(default=0, description="The window budget asked for")
+    budget_tokens: int = Field(
+        default=0,
+        description="The conversation's budget: the window's budget less its system messages and tools",
+    )
     held_tokens: int = Field(
         default=0, description="What no stage summarises: the anchors and the newest step"
     )
@@ -265,9 +268,12 @@ class StateSnapshot(ResponseBody):
 
 
 class StateResponse(StateSnapshot):
-    """The current compaction state, the budget last asked for and (``?history=1``) kept versions."""
+    """The current compaction state, the conversation's budget and (``?history=1``) kept versions."""
 
-    budget: int | None
+    budget: int | None = Field(
+        description="The conversation's budget as the last window recorded it: that window's budget less "
+        "its system messages and tools (the room workers compact to); null before any window"
+    )
     compaction: CompactionStatusOut | None = Field(
         default=None,
         description="The status as of the last job (a window may re-arm a paused conversation earlier)",
