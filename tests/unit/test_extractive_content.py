@@ -12,7 +12,7 @@ from ctxcore.summarize import ContractBlock, ExtractiveModel, OutputContract
 from ctxcore.summarize.bare import bare_line
 from ctxcore.summarize.extractive.lists import with_bare_joined
 from ctxcore.summarize.extractive.rules import without
-from ctxcore.summarize.extractive.tools import COMMAND_CHARS, command_text
+from ctxcore.summarize.extractive.tools import COMMAND_CHARS, command_text, json_fields
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 from ctxcore.tokens import TiktokenCounter
 
@@ -228,3 +228,10 @@ def test_a_json_results_ids_and_amounts_stay_beside_their_keys(model: Extractive
     # Without the rule the result is its first 200 characters.
     plain = ExtractiveModel(TiktokenCounter(), rules=without("json_fields"))
     assert "gift_card_7359776" not in summary(plain, source, 400)
+
+
+def test_json_fields_are_the_documents_own_fields_or_items() -> None:
+    assert json_fields('{"a": {"b": 1}, "c": [1, 2], "d": "x"}') == ['"a":{"b":1}', '"c":[1,2]', '"d":"x"']
+    assert json_fields('[{"id": "k1"}, {"id": "k2"}]') == ['{"id":"k1"}', '{"id":"k2"}']
+    for other in ("returncode=0", "42", '"text"', "{not json", ""):
+        assert json_fields(other) is None

@@ -316,10 +316,7 @@ class Extractor:
         lines = self._scans.get(index)
         if lines is None:
             fields = json_fields(message.text) if self.rules.json_fields else None
-            if fields is None:
-                lines = scan(message.text)
-            else:
-                lines = [(line, is_error(line)) for line in (clip(collapse(f), 200) for f in fields) if line]
+            lines = scan(message.text) if fields is None else [(f, is_error(f)) for f in fields]
             self._scans[index] = lines
         return lines
 

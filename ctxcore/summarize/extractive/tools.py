@@ -196,10 +196,12 @@ def json_fields(text: str) -> list[str] | None:
     except ValueError:
         return None
     if isinstance(value, dict):
-        return [_compact({key: item}).strip("{}") for key, item in value.items()]
-    if isinstance(value, list):
-        return [_compact(item) for item in value]
-    return None
+        lines = [_compact({key: item})[1:-1] for key, item in value.items()]
+    elif isinstance(value, list):
+        lines = [_compact(item) for item in value]
+    else:
+        return None
+    return [line for line in (clip(collapse(raw), 200) for raw in lines) if line]
 
 
 def _compact(value: Any) -> str:
