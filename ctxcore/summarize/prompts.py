@@ -34,8 +34,9 @@ CONTENT_RULE = (
     "cut an edit command after its first line number); the agent's own plan and lists, and the open "
     "items it has not done yet; the code lines, signatures and line numbers of what it viewed or "
     "changed in the files the protected recent context still works on (its working set: the files "
-    "and symbols the newest messages act on); the values it printed and compared; each error with "
-    "its file and line. Never write a bare list of names or numbers: a kept identifier or number "
+    "and symbols the newest messages act on); the values it printed and compared; the ids and amounts "
+    "a tool returned as data, each with its field name (a JSON result's field as it was written); "
+    "each error with its file and line. Never write a bare list of names or numbers: a kept identifier or number "
     "stays in its code line, command or sentence."
 )
 
