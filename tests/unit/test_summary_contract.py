@@ -90,7 +90,16 @@ def staged(model: ModelClient, keep_recent: int = 2) -> tuple[View, StageResult]
 
 def test_the_prompt_asks_for_line_numbers_the_plan_open_items_and_working_set_code() -> None:
     assert CONTENT_RULE in ROUND_LEVEL_OUTPUT_CONTRACT
-    asked_for = ("line number", "plan", "open items", "code lines", "working set", "bare list", "whole", "field name")
+    asked_for = (
+        "line number",
+        "plan",
+        "open items",
+        "code lines",
+        "working set",
+        "bare list",
+        "whole",
+        "field name",
+    )
     for asked in asked_for:
         assert asked in CONTENT_RULE, asked
 
