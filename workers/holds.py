@@ -7,11 +7,11 @@ turns the end of such a job into a ``Hold`` kept in the conversation's compactio
 job again:
 
 - ``no_progress`` (status ``paused``): the log grew by at least one step and 5% of the
-  budget since the hold, or the budget asked for changed, or
+  budget since the hold, or the conversation's budget changed by more than 5%, or
   ``worker.no_progress_backoff_seconds`` passed;
 - ``newest_step`` (status ``idle``): the newest step and the anchors, which no stage
   summarises, are over the target by themselves; a new step (which makes the old newest one
-  summarisable) or a budget change re-arms it, as does the backoff;
+  summarisable) or a budget change of more than 5% re-arms it, as does the backoff;
 - ``budget_exhausted`` (status ``paused``): the tenant's summariser tokens of the UTC day are
   spent; the next UTC day or a raised cap re-arms it (the stage checks again anyway).
 """
@@ -123,7 +123,12 @@ def rearmed(
     """
     if hold.reason == "budget_exhausted":
         return _lapsed(hold, backoff_seconds, cap_tokens, now)
-    if budget_tokens != hold.budget_tokens or _lapsed(hold, backoff_seconds, cap_tokens, now):
+    # The conversation's budget is the window's less its system messages and tools, so a
+    # system prompt that carries the time moves it by a few tokens from window to window: only
+    # a change of more than GROWTH_SHARE of it is a new budget (else every window would start
+    # the futile job again).
+    moved = abs(budget_tokens - hold.budget_tokens) > GROWTH_SHARE * hold.budget_tokens
+    if moved or _lapsed(hold, backoff_seconds, cap_tokens, now):
         return True
     last = hold.last_id or ""
     if any(hi > last for _, hi in elided):

@@ -51,6 +51,11 @@ def test_no_progress_needs_a_step_and_five_percent_of_the_budget() -> None:
 
 def test_a_new_budget_the_backoff_or_an_unread_newer_range_re_arm_it() -> None:
     assert check(hold(), [], budget=1200)
+    assert check(hold("newest_step"), [], budget=900)
+    # A system prompt carrying the time moves the conversation's budget by a few tokens per
+    # window: no new budget, no new job.
+    assert not check(hold(), [], budget=1003)
+    assert not check(hold("newest_step"), [], budget=996)
     assert check(hold(), [], after=600)
     assert not check(hold(), [], after=599)
     assert check(hold(), [], elided=[("000000000011", "000000000400")])
