@@ -53,7 +53,7 @@ def conversation_budget(budget_tokens: int, fixed_tokens: int) -> BudgetTokens:
     tools), so the budget recorded for them is this room: with the request's whole budget a
     5,000-token system prompt at 16k let every compaction land at 0.8 of 16k of messages, a
     window over its budget each time (block text cut to fit, a compaction asked for on every
-    window: 228 summariser calls against 91 on half A of the development runs,
+    window: 228 summariser calls against 94 on half A of the development runs,
     ``bench/README.md``, "System prompts and tools"). Call it only once ``fixed_tokens`` is
     known to be below the budget (else the window is ``BudgetExceeded``).
     """

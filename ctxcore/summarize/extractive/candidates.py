@@ -396,5 +396,5 @@ class Extractor:
                 # The tool's own line (``FAIL: test_x (a.b.Case)``): never joined or dropped.
                 self.add((index, sub), "error", line, tag=tag, call=True)
             elif fields:
-                # A field of a JSON result (``user_id: mia_kim_4397``) competes as a line.
+                # A field of a JSON result (``"user_id":"mia_kim_4397"``) competes as a line.
                 self.add((index, sub), "tool", line, tag=tag, call=True)
