@@ -235,3 +235,16 @@ def test_json_fields_are_the_documents_own_fields_or_items() -> None:
     assert json_fields('[{"id": "k1"}, {"id": "k2"}]') == ['{"id":"k1"}', '{"id":"k2"}']
     for other in ("returncode=0", "42", '"text"', "{not json", ""):
         assert json_fields(other) is None
+    # Nested deeper than the parser goes, or nothing but brackets: read as text.
+    assert json_fields("[" * 100_000 + "]" * 100_000) is None
+    assert json_fields("[" * 500 + "]" * 500) is None
+
+
+def test_a_crafted_deeply_nested_result_is_summarised_as_text(model: ExtractiveModel) -> None:
+    call = ToolCall(id="c1", name="fetch", arguments="{}")
+    source: list[AnyMessage] = [
+        UserMessage(content="Fetch the record."),
+        AssistantMessage(content="", tool_calls=[call]),
+        ToolMessage(tool_call_id="c1", name="fetch", content="[" * 50_000 + "]" * 50_000),
+    ]
+    assert "Fetch the record." in summary(model, source, 200)

@@ -193,15 +193,18 @@ def json_fields(text: str) -> list[str] | None:
         return None
     try:
         value = json.loads(stripped)
-    except ValueError:
+        if isinstance(value, dict):
+            raw = [_compact({key: item})[1:-1] for key, item in value.items()]
+        elif isinstance(value, list):
+            raw = [_compact(item) for item in value]
+        else:
+            return None
+    except (ValueError, RecursionError):
+        # Not JSON, or nested deeper than the parser goes (a crafted result must not fail
+        # the stage): read as text.
         return None
-    if isinstance(value, dict):
-        lines = [_compact({key: item})[1:-1] for key, item in value.items()]
-    elif isinstance(value, list):
-        lines = [_compact(item) for item in value]
-    else:
-        return None
-    return [line for line in (clip(collapse(raw), 200) for raw in lines) if line]
+    lines = [line for line in (clip(collapse(text), 200) for text in raw) if line]
+    return lines or None
 
 
 def _compact(value: Any) -> str:
