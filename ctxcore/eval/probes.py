@@ -93,7 +93,7 @@ class Probes:
 def _decoded(call: ToolCall) -> dict[str, Any] | None:
     try:
         value = json.loads(call.arguments)
-    except (json.JSONDecodeError, TypeError):
+    except (json.JSONDecodeError, TypeError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

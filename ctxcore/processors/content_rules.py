@@ -29,6 +29,8 @@ from functools import lru_cache
 from itertools import islice
 from typing import Any
 
+from ctxcore.json_text import loads_shallow
+
 __all__ = ["Compressed", "ContentType", "RuleBudget", "compress", "detect", "truncate_middle"]
 
 
@@ -95,7 +97,7 @@ def _parse_json(text: str) -> Any | None:
     if not stripped or stripped[0] not in "[{":
         return None
     try:
-        return json.loads(stripped)
+        return loads_shallow(stripped)
     except ValueError:
         return None
 

@@ -9,9 +9,10 @@ originals (``execute_recall_tool``; over HTTP the ``POST .../recall`` route does
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+from ctxcore.json_text import loads_shallow
 
 __all__ = [
     "DEFAULT_RECALL_TOKENS",
@@ -69,7 +70,7 @@ def recall_answer_text(answer: Any) -> str:
 def _arguments(arguments: str | Mapping[str, Any]) -> tuple[str, int] | str:
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments or "{}")
+            arguments = loads_shallow(arguments or "{}")
         except ValueError:
             return 'error: pass {"query": "words to look for"} as JSON'
     if not isinstance(arguments, Mapping):

@@ -8,10 +8,10 @@ read and of its plan/todo/task-status tool results. Those are cheap to restore v
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ctxcore.json_text import loads_shallow
 from ctxcore.markers import RECOVERED_CONTEXT
 from ctxcore.messages import AnyMessage, ToolMessage, UserMessage, message_text
 from ctxcore.processors.rules import tool_calls_of_results
@@ -38,8 +38,8 @@ def _calls(messages: Sequence[AnyMessage]) -> list[tuple[str, dict[str, object],
     out = []
     for i, call in tool_calls_of_results(messages).items():
         try:
-            args = json.loads(call.arguments)
-        except json.JSONDecodeError:
+            args = loads_shallow(call.arguments)
+        except ValueError:
             args = {}
         out.append((call.name, args if isinstance(args, dict) else {}, messages[i]))
     return out

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxcore.errors import InvalidKeyError
+from ctxcore.json_text import loads_shallow
 from ctxcore.messages import ToolCall, ToolMessage, to_openai
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def reload_tool_definition() -> dict[str, Any]:
 def _handle_of(arguments: str | Mapping[str, Any]) -> str | None:
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments or "{}")
+            arguments = loads_shallow(arguments or "{}")
         except ValueError:
             return None
     if not isinstance(arguments, Mapping):

@@ -9,11 +9,11 @@ on the raw log tail (``ctxcore.processors.chain.apply_rules``).
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ctxcore.json_text import loads_shallow
 from ctxcore.messages import AnyMessage, ToolCall, ToolMessage, replace_content
 from ctxcore.processors.events import ContextEvent, IdRange
 from ctxcore.processors.offload import Offload, store_offload
@@ -282,7 +282,7 @@ def tool_name(message: AnyMessage, call: ToolCall | None) -> str:
 
 def _string_values(arguments: str) -> list[str]:
     try:
-        parsed = json.loads(arguments)
+        parsed = loads_shallow(arguments)
     except (ValueError, TypeError):
         return [arguments]
     out: list[str] = []

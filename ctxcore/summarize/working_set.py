@@ -12,12 +12,12 @@ scorer (``tests/unit/test_independence.py``).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ctxcore.json_text import loads_shallow
 from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, message_text
 
 __all__ = ["WorkingSet", "files_in", "mentions", "source_lines", "symbols_in", "working_set"]
@@ -73,7 +73,7 @@ def _texts(message: AnyMessage) -> Iterable[str]:
     if isinstance(message, AssistantMessage):
         for call in message.tool_calls:
             try:
-                decoded = json.loads(call.arguments) if call.arguments.strip() else {}
+                decoded = loads_shallow(call.arguments) if call.arguments.strip() else {}
             except ValueError:
                 yield call.arguments
                 continue

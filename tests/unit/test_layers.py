@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ctxcore.lazy",
             "ctxcore.markers",
             "ctxcore.messages",
+            "ctxcore.json_text",
             "ctxcore.contract",
             "ctxcore.status",
             "ctxcore.telemetry",

@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ctxcore.json_text import loads_shallow
 from ctxcore.messages import ToolCall
 from ctxcore.summarize.extractive.features import PATH, clip, collapse
 
@@ -76,7 +77,7 @@ def _short_value(value: Any) -> str:
 def parse_args(arguments: str) -> Any:
     """The decoded JSON arguments of a call (``{}`` when blank, None when not JSON)."""
     try:
-        return json.loads(arguments) if arguments.strip() else {}
+        return loads_shallow(arguments) if arguments.strip() else {}
     except ValueError:
         return None
 
@@ -192,7 +193,7 @@ def json_fields(text: str) -> list[str] | None:
     if not stripped.startswith(("{", "[")):
         return None
     try:
-        value = json.loads(stripped)
+        value = loads_shallow(stripped)
         if isinstance(value, dict):
             raw = [_compact({key: item})[1:-1] for key, item in value.items()]
         elif isinstance(value, list):
@@ -200,8 +201,8 @@ def json_fields(text: str) -> list[str] | None:
         else:
             return None
     except (ValueError, RecursionError):
-        # Not JSON, or nested deeper than the parser goes (a crafted result must not fail
-        # the stage): read as text.
+        # Not JSON, or nested too deep (``loads_shallow``; a dump of one nested a little
+        # less than that can still overflow the stack): read as text.
         return None
     lines = [line for line in (clip(collapse(text), 200) for text in raw) if line]
     return lines or None
