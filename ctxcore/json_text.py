@@ -19,12 +19,13 @@ MAX_JSON_DEPTH: Final = 64
 
 
 def loads_shallow(text: str) -> Any:
-    """``json.loads(text)``, or ``ValueError`` for text that is not JSON or that nests
-    arrays and objects deeper than ``MAX_JSON_DEPTH``."""
+    """``json.loads(text)``: ``json.JSONDecodeError`` (a ``ValueError``) for text that is not
+    JSON, as ``json.loads`` raises it, and for text that nests arrays and objects deeper than
+    ``MAX_JSON_DEPTH`` (every caller reads such text as text)."""
     try:
         value = json.loads(text)
     except RecursionError as exc:
-        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from exc
+        raise json.JSONDecodeError(f"nested deeper than {MAX_JSON_DEPTH} levels", text, 0) from exc
     # An explicit stack: the check itself must not recurse.
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -33,6 +34,6 @@ def loads_shallow(text: str) -> Any:
         for child in children:
             if isinstance(child, dict | list):
                 if depth >= MAX_JSON_DEPTH:
-                    raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+                    raise json.JSONDecodeError(f"nested deeper than {MAX_JSON_DEPTH} levels", text, 0)
                 stack.append((child, depth + 1))
     return value
