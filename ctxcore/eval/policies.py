@@ -36,7 +36,6 @@ from ctxcore.eval.policy_base import (
 )
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.pipeline.fitting import CallLimits
-from ctxcore.pipeline.sizing import message_tokens
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
@@ -51,7 +50,7 @@ from ctxcore.recall.archive import ChunkingConfig, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey
-from ctxcore.state.budget import BudgetTokens, conversation_budget
+from ctxcore.state.budget import BudgetTokens, conversation_budget, trigger_tokens
 from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
 
 __all__ = [
@@ -196,7 +195,7 @@ class FullPolicy(Policy):
             self.pending = None
             return self.compact()
         view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in tools])
-        if view.tokens(s.counter) <= s.budget - room + int(room * s.trigger_ratio):
+        if view.tokens(s.counter) <= trigger_tokens(s.budget, room, s.trigger_ratio):
             return [], []
         if s.lag == 0:
             return self.compact()
@@ -215,8 +214,7 @@ class FullPolicy(Policy):
         """Compact when due (``maybe_compact``), then serve."""
         s = self.setup
         tools = self.served_tools()
-        fixed = message_tokens(s.counter, s.system) + (s.counter.count_tools(tools) if tools else 0)
-        room = conversation_budget(s.budget, fixed)
+        room = conversation_budget(s.budget, s.system, tools, s.counter)
         stages, failures = self.maybe_compact(tools, room)
         state = self.states.load(self.key) or CompressionState()
         pinned = [m for m in (self.log.get(self.key, i) for i in state.pinned) if m is not None]

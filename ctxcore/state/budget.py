@@ -12,11 +12,14 @@ window left its messages, the budget less the system messages and tools.
 
 from __future__ import annotations
 
-from typing import Self
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
 
-from ctxcore.errors import InvalidRequestError
+from ctxcore.errors import BudgetExceeded, InvalidRequestError
+from ctxcore.messages import AnyMessage
+from ctxcore.tokens import TokenCounter
 
-__all__ = ["MAX_BUDGET_TOKENS", "BudgetTokens", "check_budget", "conversation_budget"]
+__all__ = ["MAX_BUDGET_TOKENS", "BudgetTokens", "check_budget", "conversation_budget", "trigger_tokens"]
 
 MAX_BUDGET_TOKENS = 1_000_000_000
 """The largest budget: it is stored beside the state (a BIGINT column on SQL backends), and
@@ -44,17 +47,33 @@ def check_budget(budget_tokens: int) -> BudgetTokens:
     return budget_tokens if type(budget_tokens) is BudgetTokens else BudgetTokens(budget_tokens)
 
 
-def conversation_budget(budget_tokens: int, fixed_tokens: int) -> BudgetTokens:
+def conversation_budget(
+    budget_tokens: int,
+    system_messages: Sequence[AnyMessage],
+    tools: Sequence[Mapping[str, Any]],
+    counter: TokenCounter,
+) -> BudgetTokens:
     """The budget a conversation's compactions work to: what a window of ``budget_tokens``
-    leaves the conversation's messages once the system messages and tool definitions it
-    carries (``fixed_tokens``) are counted.
+    leaves the conversation's messages once its system messages and tool definitions are
+    counted; ``BudgetExceeded`` when they alone fill the budget.
 
     Workers compact a view that holds neither (they never see a request's system messages or
     tools), so the budget recorded for them is this room: with the request's whole budget a
     5,000-token system prompt at 16k let every compaction land at 0.8 of 16k of messages, a
     window over its budget each time (block text cut to fit, a compaction asked for on every
     window: 228 summariser calls against 94 on half A of the development runs,
-    ``bench/README.md``, "System prompts and tools"). Call it only once ``fixed_tokens`` is
-    known to be below the budget (else the window is ``BudgetExceeded``).
+    ``bench/README.md``, "System prompts and tools").
     """
-    return BudgetTokens(max(check_budget(budget_tokens) - fixed_tokens, 1))
+    budget_tokens = check_budget(budget_tokens)
+    system_tokens = counter.count_messages(list(system_messages)) if system_messages else 0
+    tools_tokens = counter.count_tools(list(tools)) if tools else 0
+    if system_tokens + tools_tokens >= budget_tokens:
+        raise BudgetExceeded(budget_tokens, system_tokens, tools_tokens, 0)
+    return BudgetTokens(budget_tokens - system_tokens - tools_tokens)
+
+
+def trigger_tokens(budget_tokens: int, room: int, trigger_ratio: float) -> int:
+    """The window size over which a compaction is due: the workers' view (the messages) over
+    ``trigger_ratio`` of the ``room`` (``conversation_budget``), with the system messages and
+    tools on top."""
+    return budget_tokens - room + int(room * trigger_ratio)

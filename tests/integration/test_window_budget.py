@@ -127,6 +127,7 @@ def test_the_budget_passes_through_these_modules_as_budget_tokens(runtime: Runti
             "check_budget(budget_tokens)",
             "__new__(budget_tokens)",
             "conversation_budget(budget_tokens)",
+            "trigger_tokens(budget_tokens)",
         },
         "ctxcore/assemble.py": {"assemble_window(budget_tokens)"},
         # The chain gets it once (``WindowRules``); it builds its rules only when the tail

@@ -87,6 +87,9 @@ def test_a_system_prompt_and_tools_over_the_budget_are_refused_before_anything_i
     assert states.get_budget(KEY) is None
 
 
-def test_the_conversation_budget_is_at_least_one_token() -> None:
-    assert conversation_budget(1_000, 300) == 700
-    assert conversation_budget(1_000, 1_000) == 1
+def test_the_conversation_budget_is_the_room_system_messages_and_tools_leave() -> None:
+    fixed = COUNTER.count_messages(SYSTEM) + COUNTER.count_tools(TOOLS)
+    assert conversation_budget(BUDGET, SYSTEM, TOOLS, COUNTER) == BUDGET - fixed
+    assert conversation_budget(BUDGET, [], [], COUNTER) == BUDGET
+    with pytest.raises(BudgetExceeded):
+        conversation_budget(fixed, SYSTEM, TOOLS, COUNTER)

@@ -17,14 +17,7 @@ from typing import Any
 from ctxcore.assemble import RuleFn, WindowResult, assemble_window
 from ctxcore.config import Settings
 from ctxcore.contract import check_messages_contract
-from ctxcore.errors import (
-    BudgetExceeded,
-    ConflictError,
-    InvalidMessageError,
-    NotFoundError,
-    QuotaExceeded,
-    RecallDisabled,
-)
+from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
 from ctxcore.processors.chain import WindowRules
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
@@ -34,7 +27,7 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import read_pinned
-from ctxcore.state.budget import BudgetTokens, check_budget, conversation_budget
+from ctxcore.state.budget import BudgetTokens, check_budget, conversation_budget, trigger_tokens
 from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
@@ -318,12 +311,8 @@ class ContextService:
         # One counter for the rules and the window (the request's model), each message
         # counted once however often the window's steps ask.
         counter = WindowCounter(self._counter_for(model))
-        system_tokens = counter.count_messages(list(system_messages)) if system_messages else 0
-        tools_tokens = counter.count_tools(tools) if tools else 0
-        if system_tokens + tools_tokens >= budget_tokens:
-            raise BudgetExceeded(budget_tokens, system_tokens, tools_tokens, 0)
         # Compactions, holds and the tail read work to the room the messages have.
-        room = conversation_budget(budget_tokens, system_tokens + tools_tokens)
+        room = conversation_budget(budget_tokens, system_messages, tools, counter)
         recall_settings = self.settings.recall_for_tenant(key.tenant_id)
         state, pinned, read, record = self._window_reads(
             key, room, counter, require_existing, recall_settings.auto, recording=not preview
@@ -358,8 +347,7 @@ class ContextService:
             result.raw_tokens += read.raw_tokens_delta
         if undecodable:
             result.elided_ranges = sorted([*result.elided_ranges, *undecodable])
-        # The worker's trigger: its view (no system messages, no tools) over the ratio of the room.
-        trigger = budget_tokens - room + int(room * self.settings.service.trigger_ratio)
+        trigger = trigger_tokens(budget_tokens, room, self.settings.service.trigger_ratio)
         detail = record.detail if record is not None else CompactionDetail()
         cap = summariser_cap(self.settings, key.tenant_id)
         held = detail.hold is not None and not rearmed(
