@@ -75,7 +75,8 @@ class Extractor:
         self.paths: dict[str, float] = {}
         # Path -> the tag of the latest line naming it.
         self.path_tags: dict[str, str] = {}
-        self._scans: dict[int, list[tuple[str, bool]]] = {}
+        # Index -> a tool result's scanned lines, and whether they are its JSON fields.
+        self._scans: dict[int, tuple[list[tuple[str, bool]], bool]] = {}
         # Files deleted later in the source: their last write is no longer current state.
         self.removed: dict[str, tuple[int, int]] = {}
 
@@ -313,12 +314,12 @@ class Extractor:
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""
-        lines = self._scans.get(index)
-        if lines is None:
+        found = self._scans.get(index)
+        if found is None:
             fields = json_fields(message.text) if self.rules.json_fields else None
             lines = scan(message.text) if fields is None else [(f, is_error(f)) for f in fields]
-            self._scans[index] = lines
-        return lines
+            found = self._scans[index] = (lines, fields is not None)
+        return found[0]
 
     def tool_call(
         self, index: int, pos: int, call: ToolCall, result: ToolMessage | None, result_index: int
@@ -387,7 +388,6 @@ class Extractor:
         result, each further field: ``Rules.json_fields``)."""
         sub = 0
         shown = set(used.split(" | "))
-        fields = self.rules.json_fields and json_fields(message.text) is not None
         for line, error in self.scanned(index, message):
             if len(line) < 3 or line in shown:
                 continue
@@ -395,6 +395,6 @@ class Extractor:
             if error and self.rules.output_errors:
                 # The tool's own line (``FAIL: test_x (a.b.Case)``): never joined or dropped.
                 self.add((index, sub), "error", line, tag=tag, call=True)
-            elif fields:
+            elif self._scans[index][1]:
                 # A field of a JSON result (``"user_id":"mia_kim_4397"``) competes as a line.
                 self.add((index, sub), "tool", line, tag=tag, call=True)
