@@ -34,8 +34,9 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from ctxcore.config import Settings
 from ctxcore.eval import POLICIES, EvalConfig, evaluate_file
 from ctxcore.eval.report import format_row
 
@@ -182,6 +183,9 @@ def main() -> None:
     if args.system_padding:
         swe = padded(swe, tau, args.system_padding, Path(scratch.name))
     budgets = [16000] if args.quick else args.budgets
+    # The service's settings as its start-up reads them (CTXCORE_* variables, a config file).
+    settings = Settings.from_env()
+    recall: Literal["auto", "off"] = "auto" if args.recall else "off"
     started = time.perf_counter()
     reports: list[dict[str, Any]] = []
     for half in args.halves.split(","):
@@ -193,7 +197,8 @@ def main() -> None:
                     budget=budget,
                     ids=ids,
                     lag=lag,
-                    recall="auto" if args.recall else "off",
+                    recall=recall,
+                    settings=settings,
                 )
                 label = f"half {half} ({len(ids)} runs), {budget} tokens, lag {lag}"
                 if args.system_padding:
@@ -202,10 +207,12 @@ def main() -> None:
     tau_runs = min(20, args.tau_runs) if args.quick else args.tau_runs
     if tau_runs and tau.exists():
         for lag in args.lags:
-            config = EvalConfig(policies=policies, budget_ratio=0.5, limit=tau_runs, lag=lag)
+            config = EvalConfig(
+                policies=policies, budget_ratio=0.5, limit=tau_runs, lag=lag, recall=recall, settings=settings
+            )
             reports.append(run(tau, f"tau-bench ({tau_runs} runs), 0.5 of each run, lag {lag}", config))
     for ratio in args.locomo_ratios:
-        config = EvalConfig(policies=policies, budget_ratio=ratio)
+        config = EvalConfig(policies=policies, budget_ratio=ratio, recall=recall, settings=settings)
         reports.append(run(locomo, f"LoCoMo, {ratio} of each conversation", config))
     print(f"{time.perf_counter() - started:.0f} s in total", file=sys.stderr)
     if args.json:

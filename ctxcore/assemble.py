@@ -30,7 +30,7 @@ from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View
 from ctxcore.pipeline.truncate import truncate_blocks
 from ctxcore.protocol import check_window, close_interrupted_tool_calls
-from ctxcore.recall.auto import AutoRecall, RecallStats, recall_query, recalled_message
+from ctxcore.recall.auto import AutoRecall, RecallStats, recall_position, recall_query, recalled_message
 from ctxcore.render import head_tail
 from ctxcore.state.models import CompressionState
 from ctxcore.status import CompactionDetail, CompactionStatus
@@ -162,7 +162,7 @@ def _with_recall(
     budget: int,
     counter: TokenCounter,
 ) -> tuple[list[AnyMessage], list[AnyMessage], RecallStats]:
-    """The window with the recalled-context message between the blocks and the tail."""
+    """The window with the recalled-context message where ``recall_position`` puts it."""
     room = min(
         budget - counter.count_messages(messages) - counter.count_tools(list(current.tools)),
         int(budget * auto.max_ratio),
@@ -173,13 +173,14 @@ def _with_recall(
     message, stats = recalled_message(auto, query, room, held, counter)
     if message is None:
         return messages, context, stats
-    at = len(context) - len(current.tail)
+    at = recall_position(context)
     shift = len(messages) - len(context)  # the system messages before the context
     return (
         [*messages[: shift + at], message, *messages[shift + at :]],
         [*context[:at], message, *context[at:]],
         stats,
     )
+
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ FULL_COMPACT_STATE = "[FULL_COMPACT_STATE]"
 
 # ctxcore's own: the fast-path fallback's note for tail steps left out of a served window.
 ELIDED_STEPS = "[CTXCORE_ELIDED_STEPS]"
-# The user-role message auto-recall puts between the blocks and the tail (never logged).
+# The user-role message auto-recall puts at the end of a window (never logged).
 RECALLED_CONTEXT = "[CTXCORE_RECALLED_CONTEXT]"
 # A block whose whole range is archived for recall says so on a line of its own (spec 6).
 COMPRESSION_RECALL_PREFIX = "[[COMPRESSION_RECALL:"

@@ -28,7 +28,7 @@ from ctxcore.processors.recall_tool import RECALL_TOOL_NAME, recall_tool_definit
 from ctxcore.processors.reload_tool import RELOAD_TOOL_NAME, reload_tool_definition
 from ctxcore.processors.rules import id_ranges
 from ctxcore.processors.runner import CANCELLATION, OperationReporter
-from ctxcore.recall.auto import recall_query
+from ctxcore.recall.auto import recall_position, recall_query
 from ctxcore.turns import anchors
 from ctxcore.window import ContextWindow, apply_window_limits, compute_stats
 from ctxcore.window_repair import served_context
@@ -234,11 +234,11 @@ class HookRunner:
         ]
 
     def _with_recall(self, window: ContextWindow) -> list[AnyMessage]:
-        """Auto-recall (served only): archived passages near the intent in the room left,
-        right after the last summary block; nothing when no block is in the window."""
+        """Auto-recall (served only): archived passages near the intent in the room left, at
+        the end of the window (``recall_position``); nothing when no block is in the window."""
         context = window.context_messages
-        at = max((i + 1 for i, m in enumerate(context) if block_provenance(m) is not None), default=0)
-        if self._ctx.archive is None or at == 0:
+        blocks = max((i + 1 for i, m in enumerate(context) if block_provenance(m) is not None), default=0)
+        if self._ctx.archive is None or blocks == 0:
             return context
         counter = self._ctx.token_counter
         used = counter.count_messages([*window.system_messages, *context]) + counter.count_tools(window.tools)
@@ -247,12 +247,13 @@ class HookRunner:
         held = frozenset(m.context_message_id for m in context if m.context_message_id)
         recall_config = self._config.compression_recall_config
         message, _ = self._ctx.archive.recalled(
-            recall_query(intent, context[at:], counter),
+            recall_query(intent, context[blocks:], counter),
             self._ctx.context_max - used,
             held,
             recall_config.auto_max_ratio,
             self._ctx.context_max,
         )
+        at = recall_position(context)
         return context if message is None else [*context[:at], message, *context[at:]]
 
     def _run_window(

@@ -245,7 +245,9 @@ class FullRecallPolicy(FullPolicy):
 
     def __init__(self, setup: PolicySetup) -> None:
         super().__init__(setup)
-        self.coordinator.recall_for = lambda _key: ChunkingConfig()
+        recall = setup.settings.recall
+        chunking = ChunkingConfig(recall.chunk_size_tokens, recall.chunk_overlap_tokens, recall.auto_passage_tokens)
+        self.coordinator.recall_for = lambda _key: chunking
         self.indexes = IndexCache(size=4)
 
     def served_tools(self) -> list[dict[str, Any]]:
@@ -255,7 +257,7 @@ class FullRecallPolicy(FullPolicy):
     def auto_recall(self, state: CompressionState) -> AutoRecall | None:
         """Auto-recall over the state's archive, once there is one."""
         index = self.indexes.get(self.key, state.archive_version, lambda: self.states.load_archive(self.key))
-        return AutoRecall(index) if index is not None else None
+        return AutoRecall(index, self.setup.settings.recall.auto_max_ratio) if index is not None else None
 
     def tool_recall(self, question: str) -> list[AnyMessage]:
         """The agent's call of ``recall_compressed_context`` with ``question`` and its result."""

@@ -2,7 +2,7 @@
 
 After system messages, tools, anchors, blocks and the ruled tail, the room left (at most
 ``max_ratio`` of the budget) takes one user-role message, ``[CTXCORE_RECALLED_CONTEXT]``,
-between the blocks and the tail. Its query is deterministic: the intent anchor (192
+at the end of the window (``recall_position``). Its query is deterministic: the intent anchor (192
 tokens), the newest assistant text (192) and the head of the newest tool output (128), at
 most 512 tokens. Passages (message-aligned, at most the archive's passage size) come from
 the three best chunks and are ranked within them by the same bm25; what the window holds
@@ -22,7 +22,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMess
 from ctxcore.recall.index import IndexedText, RecallIndex, query_words
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["AutoRecall", "RecallStats", "recall_query", "recalled_message"]
+__all__ = ["AutoRecall", "RecallStats", "recall_position", "recall_query", "recalled_message"]
 
 QUERY_PARTS = ((192, "intent"), (192, "assistant"), (128, "tool"))
 BEST_CHUNKS = 3
@@ -69,6 +69,25 @@ def recall_query(intent: AnyMessage | None, tail: Sequence[AnyMessage], counter:
         if (m := sources[name]) is not None
     ]
     return "\n".join(p for p in parts if p.strip())
+
+
+def recall_position(context: Sequence[AnyMessage]) -> int:
+    """Where the recalled-context message goes in ``context``: last, or before the step still
+    in flight at its end (an assistant message whose calls are not all answered yet).
+
+    Last, because the passages follow the newest activity and change with every window: put
+    before the tail, they made every window a new prefix for a provider's prompt cache from
+    there on (shared prefix 0.52-0.59 against 0.75-0.84 last, at the same next-step
+    references: bench/README.md, "Auto-recall at the end of the window").
+    """
+    start = len(context)
+    while start > 0 and context[start - 1].role == "tool":
+        start -= 1
+    step = context[start - 1] if start > 0 else None
+    if not isinstance(step, AssistantMessage) or not step.tool_calls:
+        return len(context)
+    answered = {m.tool_call_id for m in context[start:] if isinstance(m, ToolMessage)}
+    return start - 1 if any(c.id not in answered for c in step.tool_calls) else len(context)
 
 
 def recalled_message(

@@ -8,10 +8,18 @@ from ctxcore.assemble import assemble_window
 from ctxcore.config import Settings
 from ctxcore.errors import InvalidMessageError
 from ctxcore.markers import RECALLED_CONTEXT
-from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, UserMessage, message_text
+from ctxcore.messages import (
+    AnyMessage,
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    message_text,
+)
 from ctxcore.pipeline import block_message
 from ctxcore.recall import ChunkingConfig, RecallIndex, archive_messages
-from ctxcore.recall.auto import AutoRecall, recall_query
+from ctxcore.recall.auto import AutoRecall, recall_position, recall_query
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
 from ctxcore.state.memory import MemoryMessageLog, MemoryStateStore
 from ctxcore.tokens import TiktokenCounter
@@ -67,7 +75,7 @@ def state_and_index(
     return state, index, messages[covered:]
 
 
-def test_the_room_left_holds_passages_near_the_intent_between_blocks_and_tail() -> None:
+def test_the_room_left_holds_passages_near_the_intent_at_the_end_of_the_window() -> None:
     messages = history()
     state, index, tail = state_and_index(messages, 50)
     plain = assemble_window(state, tail, 4000, SYSTEM, [], None, COUNTER, pinned=[messages[0]])
@@ -86,12 +94,52 @@ def test_the_room_left_holds_passages_near_the_intent_between_blocks_and_tail() 
     recalled = [m for m in result.messages if message_text(m).startswith(RECALLED_CONTEXT)]
     assert len(recalled) == 1 and "island7" in message_text(recalled[0])
     at = result.messages.index(recalled[0])
-    # After the block, before the first tail message; everything else as without recall.
-    assert result.messages[at - 1].metadata.get("ctxcore_block") and result.messages[at + 1] == tail[0]
+    # Last (the passages change with each window: anywhere else they would rewrite what
+    # follows them for a provider's prompt cache); everything else as without recall.
+    assert at == len(result.messages) - 1
     assert [m for m in result.messages if m is not recalled[0]] == plain.messages
     tokens = COUNTER.count_messages(result.messages)
     assert tokens <= 4000 and result.recall.tokens <= 1000 and check_window(result.messages) == []
     assert not DEFAULT_DETECTOR.is_real(recalled[0])  # never an anchor
+
+
+def test_the_next_window_shares_everything_before_the_passages() -> None:
+    messages = history()
+    state, index, tail = state_and_index(messages, 50)
+    auto = AutoRecall(index, 0.25)
+    first = assemble_window(
+        state, tail[:-2], 4000, SYSTEM, [], None, COUNTER, pinned=[messages[0]], auto_recall=auto
+    )
+    second = assemble_window(
+        state, tail, 4000, SYSTEM, [], None, COUNTER, pinned=[messages[0]], auto_recall=auto
+    )
+    assert first.recall is not None and first.recall.passages >= 1
+    assert second.messages[: len(first.messages) - 1] == first.messages[:-1]
+
+
+def test_a_step_in_flight_stays_last_after_the_passages() -> None:
+    call = ToolCall(id="c-open", name="lookup", arguments='{"q": "ferry island7"}')
+    step = AssistantMessage(content="", tool_calls=[call], context_message_id="000000000900")
+    answered = ToolMessage(content="pier 4", tool_call_id="c-open", context_message_id="000000000901")
+    assert recall_position([messages_one := UserMessage(content="go"), step]) == 1
+    assert recall_position([messages_one, step, answered]) == 3
+    assert recall_position([messages_one]) == 1 and recall_position([]) == 0
+    messages = history()
+    state, index, tail = state_and_index(messages, 50)
+    result = assemble_window(
+        state,
+        [*tail, step],
+        4000,
+        SYSTEM,
+        [],
+        None,
+        COUNTER,
+        pinned=[messages[0]],
+        auto_recall=AutoRecall(index),
+    )
+    assert result.recall is not None and result.recall.passages >= 1
+    assert result.messages[-1] == step and message_text(result.messages[-2]).startswith(RECALLED_CONTEXT)
+    assert check_window(result.messages) == []
 
 
 def test_no_recall_when_the_fallback_applied_or_nothing_matches() -> None:
