@@ -182,7 +182,6 @@ def _with_recall(
     )
 
 
-
 @dataclass(frozen=True)
 class _Fit:
     """What every fallback step works to: the budget, the counter and what it must keep."""

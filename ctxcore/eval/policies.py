@@ -246,7 +246,9 @@ class FullRecallPolicy(FullPolicy):
     def __init__(self, setup: PolicySetup) -> None:
         super().__init__(setup)
         recall = setup.settings.recall
-        chunking = ChunkingConfig(recall.chunk_size_tokens, recall.chunk_overlap_tokens, recall.auto_passage_tokens)
+        chunking = ChunkingConfig(
+            recall.chunk_size_tokens, recall.chunk_overlap_tokens, recall.auto_passage_tokens
+        )
         self.coordinator.recall_for = lambda _key: chunking
         self.indexes = IndexCache(size=4)
 
