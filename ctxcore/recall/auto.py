@@ -130,6 +130,12 @@ def recalled_message(
 def _render(passages: Sequence[IndexedText]) -> UserMessage:
     body = "\n\n".join(f"[log ids {p.range_id}]\n{p.text}" for p in passages)
     return UserMessage(
-        content=f"{RECALLED_CONTEXT} Archived originals related to the current request (reference only):\n\n{body}",
+        # Last in the window, the model reads it right before it answers: it must not pass
+        # for the user's next request.
+        content=(
+            f"{RECALLED_CONTEXT} Archived originals of earlier messages, retrieved for the current "
+            "work. Reference only, not a new request: continue from the conversation above.\n\n"
+            f"{body}"
+        ),
         metadata={"recalled": [p.range_id for p in passages]},
     )
