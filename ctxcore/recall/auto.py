@@ -21,6 +21,7 @@ from ctxcore.markers import RECALLED_CONTEXT
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolMessage, UserMessage, message_text
 from ctxcore.recall.index import IndexedText, RecallIndex, query_words
 from ctxcore.tokens import TokenCounter
+from ctxcore.turns import newest_step_start
 
 __all__ = ["AutoRecall", "RecallStats", "recall_position", "recall_query", "recalled_message"]
 
@@ -80,14 +81,13 @@ def recall_position(context: Sequence[AnyMessage]) -> int:
     there on (shared prefix 0.52-0.59 against 0.75-0.84 last, at the same next-step
     references: bench/README.md, "Auto-recall at the end of the window").
     """
-    start = len(context)
-    while start > 0 and context[start - 1].role == "tool":
-        start -= 1
-    step = context[start - 1] if start > 0 else None
-    if not isinstance(step, AssistantMessage) or not step.tool_calls:
+    newest = newest_step_start(context)
+    step = context[newest] if newest < len(context) else None
+    results = context[newest + 1 :]
+    if not isinstance(step, AssistantMessage) or not all(isinstance(m, ToolMessage) for m in results):
         return len(context)
-    answered = {m.tool_call_id for m in context[start:] if isinstance(m, ToolMessage)}
-    return start - 1 if any(c.id not in answered for c in step.tool_calls) else len(context)
+    answered = {m.tool_call_id for m in results if isinstance(m, ToolMessage)}
+    return newest if any(c.id not in answered for c in step.tool_calls) else len(context)
 
 
 def recalled_message(

@@ -336,8 +336,7 @@ class ContextService:
             pinned=pinned,
             detector=self.detector,
             auto_recall=auto,
-            # ServiceSettings.chunk_tokens, inline: the budget goes through no settings method.
-            rule_chunk_tokens=int(room * self.settings.service.chunk_ratio),
+            rule_chunk_tokens=self.settings.service.chunk_tokens(room),
         )
         if read.elided:
             # The older tail was left unread behind markers: the fallback applied, and the

@@ -200,9 +200,8 @@ def json_fields(text: str) -> list[str] | None:
             raw = [_compact(item) for item in value]
         else:
             return None
-    except (ValueError, RecursionError):
-        # Not JSON, or nested too deep (``loads_shallow``; a dump of one nested a little
-        # less than that can still overflow the stack): read as text.
+    except ValueError:
+        # Not JSON, or nested too deep (``loads_shallow``): read as text.
         return None
     lines = [line for line in (clip(collapse(text), 200) for text in raw) if line]
     return lines or None
