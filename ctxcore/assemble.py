@@ -265,7 +265,9 @@ def _elide_oldest_steps(view: View, fit: _Fit) -> tuple[View, Elided]:
     newest = newest_step_start(tail)
     removable: list[list[int]] = []
     for step in steps(tail):
-        if not step.complete or step.start >= newest:
+        # The newest step may open with the user's message (a step runs from the message
+        # after the previous step to its last result): whatever it starts with, it stays.
+        if not step.complete or step.end > newest:
             continue
         idx = [
             i
@@ -288,8 +290,11 @@ def _elide_oldest_steps(view: View, fit: _Fit) -> tuple[View, Elided]:
     while True:
         candidate, ranges = _with_markers(tail, removed)
         trial = replace(view, tail=tuple(candidate))
-        if fit.over(trial) <= 0 or len(removed) == sum(len(i) for i in removable):
+        if fit.over(trial) <= 0:
             return trial, ranges
+        if len(removed) == sum(len(i) for i in removable):
+            # Steps smaller than their marker: leaving them out would only grow the window.
+            return (trial, ranges) if fit.over(trial) < over else (view, [])
         for idx in removable:
             if not set(idx) <= removed:
                 removed.update(idx)
@@ -322,12 +327,12 @@ def _is_marker(message: AnyMessage) -> bool:
 
 
 _CUT = "...[TRUNCATED]..."
-# Characters dropped per token a text is over: above the ~4 a token averages in prose, so
-# one pass usually frees enough in code and JSON too, where tokens are shorter.
-CHARS_PER_TOKEN_CUT = 6
-# Characters more: room for the cut mark and for the head/tail split landing off a boundary.
-CUT_SLACK_CHARS = 200
-# Passes over the texts: the estimate can still fall short of what must be saved.
+# Tokens the cut mark and its line breaks take.
+CUT_MARK_TOKENS = 8
+# Characters more per cut: the head/tail split may land where a token ends later.
+CUT_SLACK_CHARS = 16
+# Cuts of one text: the estimate from its own characters per token can fall a little short
+# (code and JSON tokenise unevenly), and each further cut frees what is still over.
 CUT_PASSES = 3
 
 
@@ -343,22 +348,34 @@ def _cut_tail_texts(view: View, fit: _Fit) -> tuple[View, Elided]:
     ]
     order = [i for i in candidates if i < newest] + [i for i in candidates if i >= newest]
     cut_ids: list[str] = []
-    for _ in range(CUT_PASSES):
-        for i in order:
-            over = fit.over(view)
-            if over <= 0:
-                return view, [(c, c) for c in cut_ids]
-            text = message_text(tail[i])
-            if text == _CUT:
-                continue
-            keep = max(len(text) - over * CHARS_PER_TOKEN_CUT - CUT_SLACK_CHARS, 0)
-            cut = head_tail(text, keep, fit.truncate_head_ratio, _CUT) if keep else _CUT
-            tail[i] = tail[i].model_copy(update={"content": cut})
-            view = replace(view, tail=tuple(tail))
-            log_id = tail[i].context_message_id
-            if log_id and log_id not in cut_ids:
-                cut_ids.append(log_id)
+    for i in order:
+        if fit.over(view) <= 0:
+            break
+        view = _cut_text(view, tail, i, fit)
+        log_id = tail[i].context_message_id
+        if log_id and log_id not in cut_ids:
+            cut_ids.append(log_id)
     return view, [(c, c) for c in cut_ids]
+
+
+def _cut_text(view: View, tail: list[AnyMessage], i: int, fit: _Fit) -> View:
+    """``view`` with ``tail[i]``'s text cut (head and tail kept) by what the window is over,
+    in that text's own characters per token: a fixed ratio cut a short result the newest step
+    needed down to nothing when it was a few dozen tokens over."""
+    original = message_text(tail[i])
+    chars_per_token = len(original) / max(fit.counter.count_text(original), 1)
+    keep = len(original)
+    for _ in range(CUT_PASSES):
+        over = fit.over(view)
+        if over <= 0:
+            break
+        keep = int(keep - (over + CUT_MARK_TOKENS) * chars_per_token) - CUT_SLACK_CHARS
+        cut = head_tail(original, keep, fit.truncate_head_ratio, _CUT) if keep > 0 else _CUT
+        tail[i] = tail[i].model_copy(update={"content": cut})
+        view = replace(view, tail=tuple(tail))
+        if keep <= 0:
+            break
+    return view
 
 
 # The fallback, in order: what each step leaves out is older or less needed than the next's.

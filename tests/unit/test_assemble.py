@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 from ctxcore.assemble import assemble_window
 from ctxcore.errors import BudgetExceeded
 from ctxcore.markers import ELIDED_STEPS
-from ctxcore.messages import AnyMessage, SystemMessage, UserMessage, message_text
+from ctxcore.messages import (
+    AnyMessage,
+    AssistantMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    message_text,
+)
 from ctxcore.pipeline import PipelineConfig, View, compress_until_target
 from ctxcore.state import CompressionState
 from ctxcore.summarize.extractive import ExtractiveModel
@@ -121,3 +129,51 @@ def test_any_conversation_any_budget(messages: list[AnyMessage], budget: int) ->
         assert exc.system_tokens + exc.anchor_tokens + exc.tools_tokens > budget - 10
         return
     assert_served(result.messages, rest, budget)
+
+
+def test_the_newest_step_is_never_elided_when_a_user_message_opens_it() -> None:
+    # A tail of [user, call, result] is one step that starts at the user's message: the
+    # fallback elided the call and its result behind a marker (tau-bench at 0.5: a window of
+    # anchors only, a fifth of the budget unused, the result the agent acts on gone).
+    system = [SystemMessage(content="policy " * 200)]
+    call = ToolCall(id="c1", name="get_reservation_details", arguments='{"reservation_id": "GV1N64"}')
+    result_text = (
+        '{"reservation_id": "GV1N64", "user_id": "james_patel_9828", "flights": "' + "HAT003 " * 60 + '"}'
+    )
+    rest = [
+        UserMessage(content="Please remove a passenger from my flights.", context_message_id="000000000001"),
+        AssistantMessage(content="Which reservation?", context_message_id="000000000002"),
+        UserMessage(content="The reservation ID is GV1N64.", context_message_id="000000000003"),
+        AssistantMessage(content="", tool_calls=[call], context_message_id="000000000004"),
+        ToolMessage(tool_call_id="c1", content=result_text, context_message_id="000000000005"),
+    ]
+    whole = COUNTER.count_messages([*system, *rest])
+    budget = whole - 60
+    result = assemble_window(CompressionState(), rest, budget, system, [], None, COUNTER)
+    assert_served(result.messages, rest, budget)
+    served = [m for m in result.messages if m.context_message_id]
+    assert [m.context_message_id for m in served][-2:] == ["000000000004", "000000000005"]
+    assert "james_patel_9828" in message_text(served[-1])
+    assert all(
+        not message_text(m).startswith(ELIDED_STEPS) or "000000000004" not in message_text(m)
+        for m in result.messages
+    )
+
+
+def test_a_cut_frees_what_the_window_is_over_and_keeps_the_rest_of_the_text() -> None:
+    system = [SystemMessage(content="policy " * 200)]
+    call = ToolCall(id="c1", name="bash", arguments='{"command": "pytest -q"}')
+    output = "\n".join(f"tests/test_mod.py::test_case_{i} PASSED" for i in range(80))
+    rest = [
+        UserMessage(content="Fix the failing test.", context_message_id="000000000001"),
+        AssistantMessage(content="", tool_calls=[call], context_message_id="000000000002"),
+        ToolMessage(tool_call_id="c1", content=output, context_message_id="000000000003"),
+    ]
+    budget = COUNTER.count_messages([*system, *rest]) - 40
+    result = assemble_window(CompressionState(), rest, budget, system, [], None, COUNTER)
+    assert_served(result.messages, rest, budget)
+    served = message_text(result.messages[-1])
+    assert "...[TRUNCATED]..." in served
+    # About 40 tokens of ~1,100 go, not a fixed six characters per token plus 200.
+    assert len(served) > 0.85 * len(output)
+    assert COUNTER.count_messages(result.messages) > budget - 40
