@@ -22,7 +22,7 @@ from ctxcore.pipeline.targets import Target
 from ctxcore.pipeline.view import View
 from ctxcore.render import head_tail, serialize_messages
 from ctxcore.state.models import SummaryBlock
-from ctxcore.summarize.blocks import parse_blocks
+from ctxcore.summarize.blocks import is_blocks_reply, parse_blocks
 from ctxcore.summarize.model import ContractBlock, ModelClient, OutputContract
 from ctxcore.summarize.prompts import (
     BLOCK_SECTIONS,
@@ -171,7 +171,9 @@ def llm_blocks(
         input_tokens += completion.usage.input_tokens
         output_tokens += completion.usage.output_tokens
         reply = "" if _echoes_prompt(completion.text) else completion.text
-        raw_text = reply if len(groups) == 1 else ""
+        # Only prose stands in as a summary: a blocks reply with empty summaries (an
+        # extractive model with no room for a line) is no answer, and its JSON is no summary.
+        raw_text = reply if len(groups) == 1 and not is_blocks_reply(reply) else ""
         for bid, text in parse_blocks(reply).items():
             texts[bid] = conform_sections(text, BLOCK_SECTIONS, where=f"block {bid}")
     return BlockTexts(texts, raw_text, input_tokens, output_tokens, len(groups))

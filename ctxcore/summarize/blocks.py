@@ -15,7 +15,7 @@ from typing import Protocol
 from ctxcore.messages import AnyMessage
 from ctxcore.state.models import SummaryBlock
 
-__all__ = ["Summarizer", "parse_blocks"]
+__all__ = ["Summarizer", "is_blocks_reply", "parse_blocks"]
 
 
 class Summarizer(Protocol):
@@ -37,6 +37,25 @@ _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.MULTILINE)
 
 def parse_blocks(text: str) -> dict[str, str]:
     """``{"blocks": [{"block_id", "summary"}]}`` -> id -> summary; anything else -> {}."""
+    payload = _blocks_payload(text)
+    out: dict[str, str] = {}
+    for entry in payload or []:
+        if not isinstance(entry, dict):
+            continue
+        bid, summary = entry.get("block_id"), entry.get("summary")
+        if isinstance(bid, str) and bid and isinstance(summary, str) and summary.strip():
+            out.setdefault(bid, summary.strip())
+    return out
+
+
+def is_blocks_reply(text: str) -> bool:
+    """True when ``text`` is a ``{"blocks": [...]}`` reply, usable blocks or not: one whose
+    summaries are empty is an empty answer, not prose to keep as a summary."""
+    return _blocks_payload(text) is not None
+
+
+def _blocks_payload(text: str) -> list[object] | None:
+    """The ``blocks`` list of a reply (bare, fenced or inside other text), or None."""
     stripped = text.strip()
     start, end = text.find("{"), text.rfind("}")
     # Built lazily: the fence regex costs milliseconds on a long reply that parses as it is.
@@ -53,14 +72,6 @@ def parse_blocks(text: str) -> dict[str, str]:
             payload = json.loads(candidate)
         except (json.JSONDecodeError, ValueError):
             continue
-        if not isinstance(payload, dict) or not isinstance(payload.get("blocks"), list):
-            continue
-        out: dict[str, str] = {}
-        for entry in payload["blocks"]:
-            if not isinstance(entry, dict):
-                continue
-            bid, summary = entry.get("block_id"), entry.get("summary")
-            if isinstance(bid, str) and bid and isinstance(summary, str) and summary.strip():
-                out.setdefault(bid, summary.strip())
-        return out
-    return {}
+        if isinstance(payload, dict) and isinstance(payload.get("blocks"), list):
+            return list(payload["blocks"])
+    return None
