@@ -104,11 +104,13 @@ def summary_cap(view: View, config: PipelineConfig) -> int | None:
 
     Only an agent's run is capped (a tool result in its tail): what it acts on next is its
     newest steps, verbatim. In a dialogue the newest turns are no more useful than what was
-    said long ago, so summaries there may fill the target.
+    said long ago, so summaries there may fill the target. The cap is ``summary_share`` of the
+    target, at least ``summary_floor_tokens`` (at most the target).
     """
     if config.summary_share >= 1 or not any(isinstance(m, ToolMessage) for m in view.tail):
         return None
-    return int(config.target_tokens * config.summary_share)
+    share = int(config.target_tokens * config.summary_share)
+    return max(share, min(config.summary_floor_tokens, config.target_tokens))
 
 
 def room_for(

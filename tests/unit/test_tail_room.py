@@ -71,8 +71,8 @@ def chat_turns(start: int, count: int) -> list[AnyMessage]:
 
 
 def test_an_agent_run_caps_its_summaries_a_dialogue_does_not() -> None:
-    cfg = PipelineConfig(target_tokens=4000, summary_share=0.4)
-    assert summary_cap(View(version=1, tail=tuple(agent_steps(0, 2))), cfg) == 1600
+    cfg = PipelineConfig(target_tokens=8000, summary_share=0.4)
+    assert summary_cap(View(version=1, tail=tuple(agent_steps(0, 2))), cfg) == 3200
     assert summary_cap(View(version=1, tail=tuple(chat_turns(0, 2))), cfg) is None
     assert (
         summary_cap(
@@ -80,6 +80,14 @@ def test_an_agent_run_caps_its_summaries_a_dialogue_does_not() -> None:
         )
         is None
     )
+
+
+def test_in_a_small_room_the_summaries_keep_their_floor_and_never_pass_the_target() -> None:
+    tail = tuple(agent_steps(0, 2))
+    cfg = PipelineConfig(target_tokens=4000, summary_share=0.4, summary_floor_tokens=2500)
+    assert summary_cap(View(version=1, tail=tail), cfg) == 2500
+    assert summary_cap(View(version=1, tail=tail), cfg.model_copy(update={"target_tokens": 1200})) == 1200
+    assert summary_cap(View(version=1, tail=tail), cfg.model_copy(update={"summary_floor_tokens": 0})) == 1600
 
 
 def test_new_summaries_share_the_cap_with_the_blocks_already_there() -> None:
