@@ -40,7 +40,9 @@ def plan_next_stage(
         if kind in exhausted:
             continue
         if kind == "hard_truncate":
-            if view.blocks:
+            # Cutting block text loses what the model passes kept; it is owed only to a view
+            # the window could not serve (over the budget), not to reaching the target.
+            if view.blocks and (ceiling is None or served_tokens(view, config, counter) > ceiling):
                 return Stage(
                     kind=kind,
                     based_on_version=view.version,

@@ -113,6 +113,25 @@ def test_blocks_over_their_share_merge_before_the_tail_is_summarised() -> None:
     assert stage is not None and stage.kind == "l0_to_l1"
 
 
+def test_block_text_is_cut_only_for_a_view_over_the_budget_not_to_reach_the_target() -> None:
+    blocks = (_block(_summary(1, 30), 2, 40),)
+    tail = agent_steps(50, 6, output_words=400)
+    view = View(version=2, blocks=blocks, tail=tuple(tail), covered_until="000000000040")
+    served = view.tokens(COUNTER)
+    model_stages = ["l0_to_l1", "recursive_merge", "aggressive_keep_recent", "aggressive_full_context"]
+    # Over the target, within the budget, every model pass spent: the window serves the view
+    # as it is; cutting the block would only lose what it says.
+    within = PipelineConfig(target_tokens=served - 100, ceiling_tokens=served + 10)
+    assert plan_next_stage(view, within, COUNTER, exhausted=model_stages) is None
+    over = within.model_copy(update={"ceiling_tokens": served - 50})
+    stage = plan_next_stage(view, over, COUNTER, exhausted=model_stages)
+    assert stage is not None and stage.kind == "hard_truncate"
+    # Without a ceiling (the pipeline used on its own) the target is all there is.
+    alone = within.model_copy(update={"ceiling_tokens": None})
+    stage = plan_next_stage(view, alone, COUNTER, exhausted=model_stages)
+    assert stage is not None and stage.kind == "hard_truncate"
+
+
 @pytest.mark.parametrize("ceiling", [None, "budget"])
 def test_hard_truncate_keeps_block_lines_when_only_the_tail_is_over(ceiling: str | None) -> None:
     blocks = (_block(_summary(1, 30), 2, 40),)
