@@ -48,6 +48,15 @@ def save_result(
         return out
     blocks, archive = archive_folded(store, key, view, result, chunking, counter)
     new_view = view.with_blocks(blocks, result.covered_until, version=state.version + 1)
+    after = new_view.tokens(counter)
+    if after >= result.tokens_before:
+        # The archive's note on each new block can outweigh what a small re-summary saved:
+        # saved, the stage would count as progress and run again on the same view (tau-bench
+        # with recall at half of each run: 1,198 calls of one pass in a 45-window run).
+        out.detail = (
+            f"not smaller than before once marked archived ({after} >= {result.tokens_before} tokens)"
+        )
+        return out
     violations = view_violations(new_view)
     if violations:
         error = rejected_view_error(view, stage.kind, key, violations)
@@ -67,7 +76,7 @@ def save_result(
         return out
     saved = new_state.model_copy(update={"version": state.version + 1})
     out.view = new_view
-    out.state, out.outcome, out.tokens_after = saved, "compressed", result.tokens_after
+    out.state, out.outcome, out.tokens_after = saved, "compressed", after
     return out
 
 

@@ -11,10 +11,13 @@ import pytest
 
 from ctxcore.config import Settings
 from ctxcore.coordinator import Coordinator
+from ctxcore.coordinator.saving import save_result
 from ctxcore.engine import ContextEngine
 from ctxcore.errors import ConfigError, InvalidKeyError, InvalidMessageError, RecallDisabled
 from ctxcore.markers import COMPRESSION_RECALL_PREFIX
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage, message_text
+from ctxcore.pipeline import Stage, StageResult, View
+from ctxcore.pipeline.view import block_message
 from ctxcore.processors.recall_tool import RECALL_TOOL_NAME, execute_recall_tool
 from ctxcore.recall import (
     ChunkingConfig,
@@ -25,8 +28,9 @@ from ctxcore.recall import (
     recall,
 )
 from ctxcore.recall.chunks import head_within
-from ctxcore.state import ConversationKey, FilesystemOffloadStore
+from ctxcore.state import CompressionState, ConversationKey, FilesystemOffloadStore
 from ctxcore.state.memory import MemoryMessageLog, MemoryStateStore
+from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.extractive import ExtractiveModel
 from ctxcore.tokens import TiktokenCounter
 from tests.datasets import swe_runs
@@ -192,7 +196,6 @@ def test_tenants_never_share_an_archive() -> None:
     store, log = MemoryStateStore(), MemoryMessageLog()
     a, b = ConversationKey("tenant-a", "c"), ConversationKey("tenant_a", "c")
     _index, write = archive_messages(None, facts(10), COUNTER, ChunkingConfig())
-    from ctxcore.state import CompressionState
 
     assert write is not None and store.save(a, CompressionState(archive_version=1), 0, archive=write)
     service = ContextService(Settings.load({"recall": {"enabled": True}}), store, log, None, InlineQueue())
@@ -284,3 +287,52 @@ def test_embedded_auto_recall_spends_the_room_left_after_the_blocks() -> None:
     assert COUNTER.count_messages(messages) + COUNTER.count_tools(window.get_tools()) <= 6000
     # Served only: the view never holds it.
     assert not any(message_text(m).startswith(RECALLED_CONTEXT) for m in ctx.get_messages())
+
+
+def test_a_stage_whose_saving_the_archive_note_outweighs_is_not_saved() -> None:
+    # With recall on each new block ends with the archive's note (~20 tokens). A re-summary
+    # that saved fewer tokens than that counted as progress and ran again on the same view:
+    # 1,198 calls of one pass in a 45-window tau-bench run.
+    store = MemoryStateStore()
+    tail = [
+        UserMessage(content="Book the cheapest flight.", context_message_id="000000000001"),
+        AssistantMessage(content="Searching flights " * 30, context_message_id="000000000002"),
+        UserMessage(content="Thanks, go ahead.", context_message_id="000000000003"),
+    ]
+    view = View(version=0, tail=tuple(tail))
+    text = "## Task state\n- assistant: Searching flights for the user."
+    message = block_message(
+        text,
+        block_id="L1-000000000002-000000000002",
+        first_id="000000000002",
+        last_id="000000000002",
+        level=1,
+        scope="s",
+    )
+    block = SummaryBlock(
+        block_id="L1-000000000002-000000000002",
+        messages=[message.model_copy(update={"context_message_id": "000000000002"})],
+        first_id="000000000002",
+        last_id="000000000002",
+    )
+    unmarked = view.with_blocks([block], "000000000002").tokens(COUNTER)
+    stage = Stage(kind="l0_to_l1", based_on_version=0, target_tokens=100)
+    chunking = ChunkingConfig(600, 60, 128)
+
+    def saved(before: int) -> str:
+        result = StageResult(
+            stage=stage,
+            blocks=[block],
+            covered_until="000000000002",
+            pinned=["000000000001"],
+            changed=True,
+            tokens_before=before,
+            tokens_after=unmarked,
+        )
+        state = store.load(KEY) or CompressionState()
+        return save_result(store, KEY, view, state, stage, result, chunking, COUNTER).outcome
+
+    assert saved(unmarked + 5) == "skipped" and store.load(KEY) is None
+    assert saved(unmarked + 200) == "compressed"
+    state = store.load(KEY)
+    assert state is not None and COMPRESSION_RECALL_PREFIX in message_text(state.blocks[0].messages[-1])
