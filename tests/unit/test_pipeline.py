@@ -164,7 +164,8 @@ def test_hard_truncate_brings_blocks_within_target_deterministically() -> None:
     assert all("...[TRUNCATED]..." in message_text(blk.messages[0]) for blk in a.blocks)
 
 
-def test_raw_fallback_when_model_ignores_json() -> None:
+def six_listings() -> tuple[View, PipelineConfig, Stage]:
+    """Six ``ls`` steps after a task, over a third of their size: one stage planned."""
     msgs: list[AnyMessage] = [UserMessage(content="fix the parser bug in src/parse.py")]
     for k in range(6):
         msgs.append(
@@ -181,6 +182,11 @@ def test_raw_fallback_when_model_ignores_json() -> None:
     )
     stage = plan_next_stage(view, cfg, COUNTER)
     assert stage is not None
+    return view, cfg, stage
+
+
+def test_raw_fallback_when_model_ignores_json() -> None:
+    view, cfg, stage = six_listings()
     result = run_stage(
         stage, view, ScriptedModel("The agent listed files six times; nothing found."), COUNTER, config=cfg
     )
@@ -193,22 +199,7 @@ def test_raw_fallback_when_model_ignores_json() -> None:
 def test_a_blocks_reply_with_empty_summaries_is_no_summary() -> None:
     # An extractive model with no room for a line answers the contract with empty summaries;
     # its JSON was saved as a block's text (prose fallback) before.
-    msgs: list[AnyMessage] = [UserMessage(content="fix the parser bug in src/parse.py")]
-    for k in range(6):
-        msgs.append(
-            AssistantMessage(
-                content=f"step {k}", tool_calls=[ToolCall(id="c1", name="bash", arguments='{"cmd": "ls"}')]
-            )
-        )
-        msgs.append(ToolMessage(tool_call_id="c1", content=f"output line {k} " * 120))
-    msgs.append(AssistantMessage(content="done"))
-    rest = [m.model_copy(update={"context_message_id": f"{i:012d}"}) for i, m in enumerate(msgs, 1)]
-    view = View(version=0, tail=tuple(rest))
-    cfg = PipelineConfig(
-        target_tokens=view.tokens(COUNTER) // 3, keep_recent_messages=0, l1_source_tokens=10**6
-    )
-    stage = plan_next_stage(view, cfg, COUNTER)
-    assert stage is not None
+    view, cfg, stage = six_listings()
     empty = json.dumps({"blocks": [{"block_id": "block_1", "summary": ""}]})
     result = run_stage(stage, view, ScriptedModel(empty), COUNTER, config=cfg)
     assert not result.changed and result.blocks == []
