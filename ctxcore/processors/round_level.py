@@ -42,6 +42,8 @@ from ctxcore.window import ContextWindow
 
 if TYPE_CHECKING:
     from ctxcore.processors.base import ProcessorContext
+    from ctxcore.state.models import SummaryBlock
+    from ctxcore.tokens import TokenCounter
 
 __all__ = ["RoundLevelCompressor", "RoundLevelCompressorConfig"]
 
@@ -176,6 +178,11 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
             return None, messages
         before_ids = {b.block_id for b in view.blocks}
         fresh = [b for b in run.view.blocks if b.block_id not in before_ids]
+        if ctx.archive is not None and _marked_tokens(run.view, fresh, counter) >= view.tokens(counter):
+            # The archive's note on each new block can outweigh what the passes saved: the
+            # messages would be no smaller, and every later turn would compress them again
+            # (the service's save makes the same check).
+            return None, messages
         if ctx.archive is not None:
             # Archived after the benefit check, before the messages change (spec 4.1 step 5).
             kept = {m.context_message_id for m in (*run.view.pinned, *run.view.tail)}
@@ -210,3 +217,10 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
             removed_ranges=[IdRange(b.first_id, b.last_id) for b in fresh],
         )
         return event, new
+
+
+def _marked_tokens(view: View, fresh: list[SummaryBlock], counter: TokenCounter) -> int:
+    """What ``view`` costs with every new summary block carrying the archive's note (the
+    most the marking can add)."""
+    marked = {b.block_id: mark_archived(b) for b in fresh if not is_verbatim(b)}
+    return replace(view, blocks=tuple(marked.get(b.block_id, b) for b in view.blocks)).tokens(counter)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import ctxcore.processors.round_level as round_level_module
 from ctxcore.config import Settings
 from ctxcore.coordinator import Coordinator
 from ctxcore.coordinator.saving import save_result
@@ -336,3 +337,24 @@ def test_a_stage_whose_saving_the_archive_note_outweighs_is_not_saved() -> None:
     assert saved(unmarked + 200) == "compressed"
     state = store.load(KEY)
     assert state is not None and COMPRESSION_RECALL_PREFIX in message_text(state.blocks[0].messages[-1])
+
+
+def test_an_embedded_compression_the_archive_note_outweighs_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The embedded compressor marks its new blocks after the passes measured them; a result
+    # the note makes no smaller than before is no compression (and archives nothing), as a
+    # service stage is not saved. A note larger than any saving stands in for the case.
+    def huge_note(block: SummaryBlock) -> SummaryBlock:
+        *head, last = block.messages
+        note = message_text(last) + "\n" + "archived " * 5000
+        return block.model_copy(update={"messages": [*head, last.model_copy(update={"content": note})]})
+
+    monkeypatch.setattr(round_level_module, "mark_archived", huge_note)
+    ctx = embedded().create_context("chat", processors=round_level())
+    messages = [m.model_copy(update={"context_message_id": None}) for m in facts(50)]
+    ctx.add_messages(messages)
+    window = ctx.get_context_window()
+    text = "\n".join(message_text(m) for m in window.get_messages())
+    assert "archived archived" not in text
+    assert not ctx.recall("alpha2 gateway port").hits
