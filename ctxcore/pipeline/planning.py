@@ -27,7 +27,8 @@ def plan_next_stage(
     ``exhausted`` lists stage kinds that already failed to improve this view; they are
     skipped so the pipeline escalates instead of repeating itself.
     """
-    if served_tokens(view, config, counter) <= config.target_tokens:
+    served = served_tokens(view, config, counter)
+    if served <= config.target_tokens:
         return None
     ceiling = config.ceiling_tokens
     if ceiling is not None and held_tokens(view, config, counter) > ceiling:
@@ -42,7 +43,7 @@ def plan_next_stage(
         if kind == "hard_truncate":
             # Cutting block text loses what the model passes kept; it is owed only to a view
             # the window could not serve (over the budget), not to reaching the target.
-            if view.blocks and (ceiling is None or served_tokens(view, config, counter) > ceiling):
+            if view.blocks and (ceiling is None or served > ceiling):
                 return Stage(
                     kind=kind,
                     based_on_version=view.version,

@@ -43,7 +43,6 @@ from ctxcore.window import ContextWindow
 if TYPE_CHECKING:
     from ctxcore.processors.base import ProcessorContext
     from ctxcore.state.models import SummaryBlock
-    from ctxcore.tokens import TokenCounter
 
 __all__ = ["RoundLevelCompressor", "RoundLevelCompressorConfig"]
 
@@ -178,22 +177,21 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
             return None, messages
         before_ids = {b.block_id for b in view.blocks}
         fresh = [b for b in run.view.blocks if b.block_id not in before_ids]
-        if ctx.archive is not None and _marked_tokens(run.view, fresh, counter) >= view.tokens(counter):
-            # The archive's note on each new block can outweigh what the passes saved: the
-            # messages would be no smaller, and every later turn would compress them again
-            # (the service's save makes the same check).
-            return None, messages
         if ctx.archive is not None:
+            # Each new summary block ends with the archive's note; with every one marked (the
+            # most the marking adds) the messages must still be smaller than before, or every
+            # later turn would compress them again (the service's save makes the same check).
+            marked = {b.block_id: mark_archived(b) for b in fresh if not is_verbatim(b)}
+            if _with_blocks(run.view, marked).tokens(counter) >= view.tokens(counter):
+                return None, messages
             # Archived after the benefit check, before the messages change (spec 4.1 step 5).
             kept = {m.context_message_id for m in (*run.view.pinned, *run.view.tail)}
             ctx.archive_folded([m for m in (*view.pinned, *view.tail) if m.context_message_id not in kept])
             pinned = frozenset(str(m.context_message_id) for m in run.view.pinned)
-            marked = {
-                b.block_id: mark_archived(b)
-                for b in fresh
-                if not is_verbatim(b) and ctx.archive.covers(b.first_id, b.last_id, pinned)
+            covered = {
+                bid: b for bid, b in marked.items() if ctx.archive.covers(b.first_id, b.last_id, pinned)
             }
-            run.view = replace(run.view, blocks=tuple(marked.get(b.block_id, b) for b in run.view.blocks))
+            run.view = _with_blocks(run.view, covered)
         new = run.view.context_messages()
         summary = "\n\n".join(
             message_text(m)
@@ -219,8 +217,6 @@ class RoundLevelCompressor(ContextProcessor[RoundLevelCompressorConfig]):
         return event, new
 
 
-def _marked_tokens(view: View, fresh: list[SummaryBlock], counter: TokenCounter) -> int:
-    """What ``view`` costs with every new summary block carrying the archive's note (the
-    most the marking can add)."""
-    marked = {b.block_id: mark_archived(b) for b in fresh if not is_verbatim(b)}
-    return replace(view, blocks=tuple(marked.get(b.block_id, b) for b in view.blocks)).tokens(counter)
+def _with_blocks(view: View, replaced: dict[str, SummaryBlock]) -> View:
+    """``view`` with the blocks named in ``replaced`` swapped for their new versions."""
+    return replace(view, blocks=tuple(replaced.get(b.block_id, b) for b in view.blocks))
