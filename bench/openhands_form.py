@@ -1,0 +1,98 @@
+"""Rewrite mini-swe-agent runs into the tool forms of an OpenHands-style harness.
+
+The development runs call one tool, ``bash``, with one argument (``{"command": ...}``).
+Harnesses like OpenHands call a shell tool with more than one argument (``execute_bash``
+with ``command`` and ``is_input``) and write files through an editor tool whose content is
+an argument (``str_replace_editor`` with ``command="create"``, ``path`` and
+``file_text``). This rewrites each run into those forms so the summaries can be measured on
+them: a call whose command is one heredoc write (``cat <<'EOF' > path`` ... ``EOF``, nothing
+else) becomes an editor ``create`` of that file with the heredoc's body, answered as the
+editor answers; every other call becomes ``execute_bash`` with ``is_input="false"``. Texts,
+results and everything else are kept. Values the rewrite adds (``create``, ``false``) are
+no reference the eval counts (no path, identifier, number or quoted string).
+
+    .venv/bin/python bench/openhands_form.py ../shared/data/minisweagent_dev.jsonl /tmp/oh.jsonl
+    ctxcore eval /tmp/oh.jsonl --ids <half> --policy steps,full --budget 16000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+# ``cat <<'EOF' > path`` (or ``cat > path <<'EOF'``), its body, the delimiter: the whole command.
+_HEREDOC_WRITE = re.compile(
+    r"\A\s*cat\s+(?:<<-?\s*(['\"]?)(?P<d1>\w+)\1\s*>\s*(?P<p1>[\w./@-]+)"
+    r"|>\s*(?P<p2>[\w./@-]+)\s*<<-?\s*(['\"]?)(?P<d2>\w+)\5)\s*\n(?P<body>.*)\n(?P=d1)?(?P=d2)?\s*\Z",
+    re.S,
+)
+
+
+def _editor_create(command: str) -> dict[str, Any] | None:
+    match = _HEREDOC_WRITE.match(command)
+    if match is None:
+        return None
+    delimiter = match.group("d1") or match.group("d2")
+    body = match.group("body")
+    if any(line.strip() == delimiter for line in body.splitlines()):
+        return None  # more than one heredoc: a script, not one file write
+    return {"command": "create", "path": match.group("p1") or match.group("p2"), "file_text": body + "\n"}
+
+
+def rewrite(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` (one JSONL record) with its calls in the OpenHands-style forms."""
+    created: dict[str, str] = {}  # tool_call_id -> path written by an editor create
+    messages: list[dict[str, Any]] = []
+    for message in run["messages"]:
+        message = dict(message)
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                call = json.loads(json.dumps(call))
+                fn = call.get("function", call)  # OpenAI's nested form or the flat one
+                args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+                command = args.get("command") if isinstance(args, dict) else None
+                if fn["name"] == "bash" and isinstance(command, str):
+                    editor = _editor_create(command)
+                    if editor is not None:
+                        fn["name"], fn["arguments"] = "str_replace_editor", json.dumps(editor)
+                        created[call["id"]] = editor["path"]
+                    else:
+                        fn["name"] = "execute_bash"
+                        fn["arguments"] = json.dumps({"command": command, "is_input": "false"})
+                calls.append(call)
+            message["tool_calls"] = calls
+        elif message.get("role") == "tool":
+            path = created.get(message.get("tool_call_id", ""))
+            if path is not None:
+                message["name"] = "str_replace_editor"
+                message["content"] = f"File created successfully at: {path}"
+            elif message.get("name") == "bash":
+                message["name"] = "execute_bash"
+        messages.append(message)
+    return {**run, "messages": messages, "source": f"{run.get('source', '')}+openhands-form"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
+    out = [rewrite(row) for row in rows]
+    args.out.write_text("".join(json.dumps(row) + "\n" for row in out))
+    edits = sum(
+        1
+        for row in out
+        for m in row["messages"]
+        for c in m.get("tool_calls") or []
+        if c.get("function", c)["name"] == "str_replace_editor"
+    )
+    print(f"{len(out)} runs -> {args.out} ({edits} heredoc writes as editor creates)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""``bench/openhands_form.py`` rewrites a bash-only run into an OpenHands-style harness's
+tool forms, keeping every text and result it does not rewrite."""
+
+from __future__ import annotations
+
+import json
+
+from bench.openhands_form import rewrite
+
+
+def _run(*commands: str) -> dict[str, object]:
+    messages: list[dict[str, object]] = [{"role": "user", "content": "Fix it."}]
+    for n, command in enumerate(commands):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "THOUGHT: next.",
+                "tool_calls": [
+                    {"id": f"c{n}", "name": "bash", "arguments": json.dumps({"command": command})}
+                ],
+            }
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": f"c{n}", "name": "bash", "content": "<returncode>0</returncode>"}
+        )
+    return {"id": "r1", "source": "mini", "messages": messages}
+
+
+def _calls(run: dict[str, object]) -> list[tuple[str, dict[str, object]]]:
+    out = []
+    for message in run["messages"]:  # type: ignore[attr-defined]
+        for call in message.get("tool_calls") or []:
+            out.append((call["name"], json.loads(call["arguments"])))
+    return out
+
+
+def test_a_lone_heredoc_write_becomes_an_editor_create_and_the_rest_execute_bash() -> None:
+    write = "cat <<'EOF' > check.py\nimport os\nprint(os.sep)\nEOF"
+    script = "cat <<'EOF' > a.py\nx = 1\nEOF\npython3 a.py"
+    out = rewrite(_run(write, script, "ls -la"))
+    assert _calls(out) == [
+        (
+            "str_replace_editor",
+            {"command": "create", "path": "check.py", "file_text": "import os\nprint(os.sep)\n"},
+        ),
+        ("execute_bash", {"command": script, "is_input": "false"}),
+        ("execute_bash", {"command": "ls -la", "is_input": "false"}),
+    ]
+    results = [m for m in out["messages"] if m["role"] == "tool"]  # type: ignore[index]
+    assert results[0] == {
+        "role": "tool",
+        "tool_call_id": "c0",
+        "name": "str_replace_editor",
+        "content": "File created successfully at: check.py",
+    }
+    assert [r["name"] for r in results[1:]] == ["execute_bash", "execute_bash"]
+    assert [m["content"] for m in out["messages"] if m["role"] != "tool"] == [  # type: ignore[index]
+        "Fix it.",
+        "THOUGHT: next.",
+        "THOUGHT: next.",
+        "THOUGHT: next.",
+    ]
