@@ -248,3 +248,62 @@ def test_a_crafted_deeply_nested_result_is_summarised_as_text(model: ExtractiveM
         ToolMessage(tool_call_id="c1", name="fetch", content="[" * 50_000 + "]" * 50_000),
     ]
     assert "Fetch the record." in summary(model, source, 200)
+
+
+def test_a_shell_command_is_whole_beside_the_harness_arguments(model: ExtractiveModel) -> None:
+    # An OpenHands-style shell tool takes flags beside the command; they must not push the
+    # command into a short ``key=value`` list cut after its first line number.
+    call = ToolCall(id="c1", name="execute_bash", arguments=json.dumps({"command": SED, "is_input": "false"}))
+    source: list[AnyMessage] = [
+        UserMessage(content="Rename the fields."),
+        AssistantMessage(content="Apply the five edits.", tool_calls=[call]),
+        ToolMessage(tool_call_id="c1", name="execute_bash", content="done"),
+    ]
+    text = summary(model, source, 300)
+    assert any(SED in line for line in lines_of(text)), text
+    assert "is_input" not in text, text
+
+
+def test_the_code_an_editor_call_writes_competes_line_by_line(model: ExtractiveModel) -> None:
+    # An editor writes a script through an argument, as a shell writes one through a
+    # heredoc: its code lines are the agent's own (``script_lines``), what it replaced is not.
+    script = "import signal\n\ndef handler(signum, frame):\n    raise TimeoutError('Operation timed out')\n\nsignal.signal(signal.SIGALRM, handler)\n"
+    create = ToolCall(
+        id="c1",
+        name="str_replace_editor",
+        arguments=json.dumps({"command": "create", "path": "/testbed/check_timeout.py", "file_text": script}),
+    )
+    edit = ToolCall(
+        id="c2",
+        name="str_replace_editor",
+        arguments=json.dumps(
+            {
+                "command": "str_replace",
+                "path": "/testbed/lib/core.py",
+                "old_str": "    total = legacy_total(rows)\n    return total",
+                "new_str": "    rows = [r for r in rows if r.valid]\n    total = sum(r.amount for r in rows)\n    return round_half_even(total, places=2)",
+            }
+        ),
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Make the check time out."),
+        AssistantMessage(content="Write the timeout check.", tool_calls=[create]),
+        ToolMessage(
+            tool_call_id="c1",
+            name="str_replace_editor",
+            content="File created successfully at: /testbed/check_timeout.py",
+        ),
+        AssistantMessage(content="Use the fast path.", tool_calls=[edit]),
+        ToolMessage(
+            tool_call_id="c2",
+            name="str_replace_editor",
+            content="The file /testbed/lib/core.py has been edited.",
+        ),
+    ]
+    text = summary(model, source, 400)
+    assert "- assistant: signal.signal(signal.SIGALRM, handler)" in text, text
+    assert "- assistant: raise TimeoutError('Operation timed out')" in text, text
+    assert "- assistant: return round_half_even(total, places=2)" in text, text
+    assert "- assistant: total = legacy_total(rows)" not in text, text
+    without_rule = summary(ExtractiveModel(TiktokenCounter(), rules=without("script_lines")), source, 400)
+    assert "signal.signal(signal.SIGALRM, handler)" not in without_rule, without_rule

@@ -41,13 +41,13 @@ from ctxcore.summarize.extractive.tools import (
     args_short,
     call_path,
     command_text,
-    heredoc_lines,
     json_fields,
     parse_args,
     result_line,
     shell_removed,
     shell_write_target,
     writes_file,
+    written_lines,
 )
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 
@@ -378,8 +378,10 @@ class Extractor:
             for gone in shell_removed(command):
                 self.removed[gone] = order
         if self.rules.script_lines:
-            # A script the agent writes is code it reuses in the next script (issue 33c).
-            for sub, code in enumerate(heredoc_lines(parsed)[: _CALL_ORDER - 1], start=1):
+            # A script the agent writes is code it reuses in the next script (issue 33c),
+            # through a heredoc or an editor's argument.
+            code_lines = written_lines(parsed, writes_file(name, written, path))
+            for sub, code in enumerate(code_lines[: _CALL_ORDER - 1], start=1):
                 self.add((index, (2 + pos) * _CALL_ORDER + sub), "work", code, tag="assistant")
         return line
 

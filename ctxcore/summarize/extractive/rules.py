@@ -27,8 +27,9 @@ class Rules:
     its message, dropped when it has none; a call's line and an earlier summary's lines are
     taken as they are), ``output_errors`` (a tool output's error lines beyond its first
     line; kept for the eval's last-exception check, bench/README issue 33c),
-    ``script_lines`` (each code line a shell call writes through a heredoc, a script the agent
-    writes, competes as a line of the agent's own), ``json_fields`` (a tool result that is one
+    ``script_lines`` (each code line a call writes, a script the agent writes, competes as a
+    line of the agent's own: a shell command's heredoc bodies, an editor's ``file_text`` or
+    ``new_str``), ``json_fields`` (a tool result that is one
     JSON document competes field by field, each top-level field or array item a line of
     compact JSON, instead of as its first 200 characters). Weights:
     ``category_priors`` (a prior per kind of line, else one flat prior), ``summary_bonus``

@@ -27,6 +27,7 @@ __all__ = [
     "shell_removed",
     "shell_write_target",
     "writes_file",
+    "written_lines",
 ]
 
 _WRITE_TOOL = re.compile(
@@ -131,15 +132,37 @@ def _heredoc_split(command: str) -> tuple[list[str], list[str]]:
 
 def args_short(arguments: str, parsed: Any) -> str:
     """A call's arguments as ``key=value, ...`` with long values shortened; a shell
-    command alone, whole (``command_text``)."""
+    command whole (``command_text``) and alone: it says what the call did, and the flags a
+    harness adds beside it (OpenHands' ``is_input``, a ``timeout``) do not. A one-word
+    ``command`` is an editor's sub-command (``create``, ``str_replace``): the other
+    arguments follow it in brackets, shortened."""
     command = command_text(parsed)
-    if command is not None and isinstance(parsed, dict) and len(parsed) == 1:
-        return command
-    if isinstance(parsed, dict):
-        text = ", ".join(f"{k}={_short_value(v)}" for k, v in parsed.items())
-    else:
-        text = collapse(arguments)
+    if command is not None and isinstance(parsed, dict):
+        rest = {k: v for k, v in parsed.items() if k not in _COMMAND_KEYS}
+        if not rest or len(command.split()) > 1:
+            return command
+        return f"{command} [{clip(_pairs(rest), 160, mark=True)}]"
+    text = _pairs(parsed) if isinstance(parsed, dict) else collapse(arguments)
     return clip(text, 160, mark=True)
+
+
+def _pairs(parsed: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_short_value(v)}" for k, v in parsed.items())
+
+
+def written_lines(parsed: Any, writes: bool) -> list[str]:
+    """The code lines a call writes, in order: the bodies of its shell command's heredocs
+    and, for a call that writes a file (``writes``), its other text arguments (an editor's
+    ``file_text`` or ``new_str``, a ``content``), not the path nor what an edit replaces
+    (``old_str``: no longer in the file). Blank lines left out, each stripped."""
+    lines = heredoc_lines(parsed)
+    if not writes or not isinstance(parsed, dict):
+        return lines
+    for key, value in parsed.items():
+        if key in _COMMAND_KEYS or key in _PATH_KEYS or key.startswith("old") or not isinstance(value, str):
+            continue
+        lines.extend(line.strip() for line in value.splitlines() if line.strip())
+    return lines
 
 
 def shell_write_target(command: str) -> str | None:
