@@ -7,9 +7,13 @@ an argument (``str_replace_editor`` with ``command="create"``, ``path`` and
 ``file_text``). This rewrites each run into those forms so the summaries can be measured on
 them: a call whose command is one heredoc write (``cat <<'EOF' > path`` ... ``EOF``, nothing
 else) becomes an editor ``create`` of that file with the heredoc's body, answered as the
-editor answers; every other call becomes ``execute_bash`` with ``is_input="false"``. Texts,
-results and everything else are kept. Values the rewrite adds (``create``, ``false``) are
-no reference the eval counts (no path, identifier, number or quoted string).
+editor answers; a numbered view (``nl -ba path | sed -n 'a,bp'``, whose output is ``cat -n``'s
+format) that printed its lines becomes an editor ``view`` with ``view_range`` [a, b],
+answered with the editor's header and the same lines; every other call becomes
+``execute_bash`` with ``is_input="false"``. Texts, other results and everything else are
+kept. The words the rewrite adds (``create``, ``view``, ``false``) are no reference the eval
+counts; the editor's answers name the path the command named, and a view's range holds the
+numbers its command held.
 
     .venv/bin/python bench/openhands_form.py ../shared/data/minisweagent_dev.jsonl /tmp/oh.jsonl
     ctxcore eval /tmp/oh.jsonl --ids <half> --policy steps,full --budget 16000
@@ -42,9 +46,33 @@ def _editor_create(command: str) -> dict[str, Any] | None:
     return {"command": "create", "path": match.group("p1") or match.group("p2"), "file_text": body + "\n"}
 
 
+# ``nl -ba path | sed -n 'a,bp'``: a numbered view of lines a..b, printed as ``cat -n`` prints.
+_NUMBERED_VIEW = re.compile(r"\A\s*nl -ba (?P<path>[\w./@-]+) \| sed -n '(?P<a>\d+),(?P<b>\d+)p'\s*\Z")
+# A mini-swe-agent result: the return code, then the output.
+_RESULT = re.compile(r"\A<returncode>0</returncode>\n<output>\n(?P<out>.*)</output>\s*\Z", re.S)
+
+
+def _editor_view(command: str) -> dict[str, Any] | None:
+    match = _NUMBERED_VIEW.match(command)
+    if match is None:
+        return None
+    return {
+        "command": "view",
+        "path": match.group("path"),
+        "view_range": [int(match.group("a")), int(match.group("b"))],
+    }
+
+
 def rewrite(run: dict[str, Any]) -> dict[str, Any]:
     """``run`` (one JSONL record) with its calls in the OpenHands-style forms."""
     created: dict[str, str] = {}  # tool_call_id -> path written by an editor create
+    viewed: dict[str, str] = {}  # tool_call_id -> path an editor view shows
+    # A view is rewritten only when its result is a whole output (no error, no warning).
+    results_ok: dict[str, str] = {}
+    for message in run["messages"]:
+        found = _RESULT.match(message.get("content") or "") if message.get("role") == "tool" else None
+        if found is not None:
+            results_ok[message.get("tool_call_id", "")] = found.group("out")
     messages: list[dict[str, Any]] = []
     for message in run["messages"]:
         message = dict(message)
@@ -57,19 +85,29 @@ def rewrite(run: dict[str, Any]) -> dict[str, Any]:
                 command = args.get("command") if isinstance(args, dict) else None
                 if fn["name"] == "bash" and isinstance(command, str):
                     editor = _editor_create(command)
+                    view = _editor_view(command)
                     if editor is not None:
                         fn["name"], fn["arguments"] = "str_replace_editor", json.dumps(editor)
                         created[call["id"]] = editor["path"]
+                    elif view is not None and call["id"] in results_ok:
+                        fn["name"], fn["arguments"] = "str_replace_editor", json.dumps(view)
+                        viewed[call["id"]] = view["path"]
                     else:
                         fn["name"] = "execute_bash"
                         fn["arguments"] = json.dumps({"command": command, "is_input": "false"})
                 calls.append(call)
             message["tool_calls"] = calls
         elif message.get("role") == "tool":
-            path = created.get(message.get("tool_call_id", ""))
+            call_id = message.get("tool_call_id", "")
+            path = created.get(call_id)
             if path is not None:
                 message["name"] = "str_replace_editor"
                 message["content"] = f"File created successfully at: {path}"
+            elif call_id in viewed:
+                message["name"] = "str_replace_editor"
+                message["content"] = (
+                    f"Here's the result of running `cat -n` on {viewed[call_id]}:\n{results_ok[call_id]}"
+                )
             elif message.get("name") == "bash":
                 message["name"] = "execute_bash"
         messages.append(message)
@@ -91,7 +129,7 @@ def main() -> None:
         for c in m.get("tool_calls") or []
         if c.get("function", c)["name"] == "str_replace_editor"
     )
-    print(f"{len(out)} runs -> {args.out} ({edits} heredoc writes as editor creates)")
+    print(f"{len(out)} runs -> {args.out} ({edits} heredoc writes and numbered views as editor calls)")
 
 
 if __name__ == "__main__":

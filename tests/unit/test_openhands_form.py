@@ -60,3 +60,23 @@ def test_a_lone_heredoc_write_becomes_an_editor_create_and_the_rest_execute_bash
         "THOUGHT: next.",
         "THOUGHT: next.",
     ]
+
+
+def test_a_numbered_view_that_printed_becomes_an_editor_view() -> None:
+    run = _run("nl -ba src/app.py | sed -n '519,521p'", "nl -ba src/gone.py | sed -n '1,2p'")
+    messages = run["messages"]
+    messages[2]["content"] = (
+        "<returncode>0</returncode>\n<output>\n   519\tdef f():\n   520\t    return 1\n</output>"  # type: ignore[index]
+    )
+    messages[4]["content"] = "<returncode>1</returncode>\n<output>\nnl: src/gone.py: No such file\n</output>"  # type: ignore[index]
+    out = rewrite(run)
+    assert _calls(out) == [
+        ("str_replace_editor", {"command": "view", "path": "src/app.py", "view_range": [519, 521]}),
+        ("execute_bash", {"command": "nl -ba src/gone.py | sed -n '1,2p'", "is_input": "false"}),
+    ]
+    results = [m for m in out["messages"] if m["role"] == "tool"]  # type: ignore[index]
+    assert (
+        results[0]["content"]
+        == "Here's the result of running `cat -n` on src/app.py:\n   519\tdef f():\n   520\t    return 1\n"
+    )
+    assert results[1]["content"] == messages[4]["content"]  # type: ignore[index]
