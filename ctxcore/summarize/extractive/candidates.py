@@ -15,11 +15,10 @@ from ctxcore.markers import INTERNAL_USER_PREFIXES
 from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage
 from ctxcore.summarize.extractive.features import (
     CONSTRAINT,
-    DECISION,
     MAX_LINE_CHARS,
-    PENDING,
     SENTENCE_SPLIT,
     SPEAKER,
+    agent_line_kind,
     classify_title,
     clip,
     collapse,
@@ -297,20 +296,10 @@ class Extractor:
 
     def assistant(self, index: int, message: AssistantMessage) -> None:
         """The lines of an assistant message's text, classified by what they say."""
-
-        def classify(line: str) -> str:
-            if is_error(line):
-                return "error"
-            if PENDING.search(line):
-                return "pending"
-            if DECISION.search(line):
-                return "decision"
-            return "work"
-
         text = message.text
         if self.rules.lists_joined:
             text = with_lists_joined(text)
-        self.lines(index, text, classify, "assistant")
+        self.lines(index, text, agent_line_kind, "assistant")
 
     def scanned(self, index: int, message: ToolMessage) -> list[tuple[str, bool]]:
         """The scanned lines of a tool result, computed once per message."""

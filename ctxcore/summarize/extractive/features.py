@@ -23,6 +23,7 @@ __all__ = [
     "PENDING",
     "SENTENCE_SPLIT",
     "SPEAKER",
+    "agent_line_kind",
     "classify_title",
     "clip",
     "collapse",
@@ -290,3 +291,14 @@ def earlier_lines(text: str) -> Iterator[tuple[str, str, str]]:
             line = line[len("Summary:") :]
         tag, rest = split_tag(line.lstrip("-*• ").strip())
         yield section, tag, rest
+
+
+def agent_line_kind(line: str) -> str:
+    """What a line of the agent's own text is, for its prior."""
+    if is_error(line):
+        return "error"
+    if PENDING.search(line):
+        return "pending"
+    if DECISION.search(line):
+        return "decision"
+    return "work"
