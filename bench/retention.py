@@ -20,7 +20,7 @@ each run's tokens, and optionally LoCoMo (QA). It asserts nothing.
     .venv/bin/python bench/retention.py --quick               # 3 runs per half, 16k, lag 0 and 5
     .venv/bin/python bench/retention.py --budgets 16000 --lags 0 --json out.json
     .venv/bin/python bench/retention.py --system-padding 4 --tau-runs 0   # a 5k-token system prompt
-    .venv/bin/python bench/retention.py --openhands-form --tau-runs 0    # OpenHands' tool forms
+    .venv/bin/python bench/retention.py --harness-form openhands --tau-runs 0   # OpenHands' tools
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """
@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.openhands_form import rewrite  # noqa: E402
+from bench.harness_forms import FORMS, Form, rewrite  # noqa: E402
 from bench.summary_lines import line_stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -147,12 +147,12 @@ def padded(swe: Path, tau: Path, copies: int, into: Path) -> Path:
     return out
 
 
-def openhands_form(swe: Path, into: Path) -> Path:
-    """``swe`` with its calls in an OpenHands-style harness's forms (``bench/openhands_form.py``)."""
-    out = into / f"openhands-{swe.name}"
+def harness_form(swe: Path, form: Form, into: Path) -> Path:
+    """``swe`` with its calls in another harness's forms (``bench/harness_forms.py``)."""
+    out = into / f"{form}-{swe.name}"
     with swe.open() as src, out.open("w") as dst:
         for line in src:
-            dst.write(json.dumps(rewrite(json.loads(line))) + "\n")
+            dst.write(json.dumps(rewrite(json.loads(line), form)) + "\n")
     return out
 
 
@@ -180,10 +180,11 @@ def main() -> None:
         "mini-swe-agent system message: a large system prompt, as OpenHands' (0: none)",
     )
     parser.add_argument(
-        "--openhands-form",
-        action="store_true",
-        help="the development runs with their calls in an OpenHands-style harness's forms "
-        "(execute_bash with is_input, heredoc writes as str_replace_editor creates)",
+        "--harness-form",
+        choices=FORMS,
+        help="the development runs with their calls in another harness's forms: openhands "
+        "(execute_bash with is_input, heredoc writes and numbered views as editor calls), "
+        "codex (shell with an argument vector)",
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
@@ -197,8 +198,8 @@ def main() -> None:
         raise SystemExit(f"no data in {args.data} (set CTXCORE_DATA_DIR)")
     split = json.loads(SPLIT.read_text())
     scratch = tempfile.TemporaryDirectory()
-    if args.openhands_form:
-        swe = openhands_form(swe, Path(scratch.name))
+    if args.harness_form:
+        swe = harness_form(swe, args.harness_form, Path(scratch.name))
     if args.system_padding:
         swe = padded(swe, tau, args.system_padding, Path(scratch.name))
     budgets = [16000] if args.quick else args.budgets
@@ -222,8 +223,8 @@ def main() -> None:
                 label = f"half {half} ({len(ids)} runs), {budget} tokens, lag {lag}"
                 if args.system_padding:
                     label += f", system prompt + {args.system_padding} manuals"
-                if args.openhands_form:
-                    label += ", OpenHands form"
+                if args.harness_form:
+                    label += f", {args.harness_form} form"
                 reports.append(run(swe, label, config))
     tau_runs = min(20, args.tau_runs) if args.quick else args.tau_runs
     if tau_runs and tau.exists():

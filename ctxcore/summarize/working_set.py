@@ -78,7 +78,12 @@ def _texts(message: AnyMessage) -> Iterable[str]:
                 yield call.arguments
                 continue
             if isinstance(decoded, dict):
-                yield from (v for v in decoded.values() if isinstance(v, str))
+                for value in decoded.values():
+                    if isinstance(value, str):
+                        yield value
+                    elif isinstance(value, list):
+                        # An argument vector (``["bash", "-lc", "<script>"]``).
+                        yield from (part for part in value if isinstance(part, str))
             elif isinstance(decoded, str):
                 yield decoded
 

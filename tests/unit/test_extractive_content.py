@@ -307,3 +307,19 @@ def test_the_code_an_editor_call_writes_competes_line_by_line(model: ExtractiveM
     assert "- assistant: total = legacy_total(rows)" not in text, text
     without_rule = summary(ExtractiveModel(TiktokenCounter(), rules=without("script_lines")), source, 400)
     assert "signal.signal(signal.SIGALRM, handler)" not in without_rule, without_rule
+
+
+def test_a_command_given_as_an_argument_vector_is_kept_whole(model: ExtractiveModel) -> None:
+    # Codex CLI's shell takes ``["bash", "-lc", "<script>"]`` and a ``workdir``: the script is
+    # the command, shown whole as the agent wrote it, and the file it edits is a file written.
+    call = ToolCall(
+        id="c1", name="shell", arguments=json.dumps({"command": ["bash", "-lc", SED], "workdir": "/testbed"})
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Rename the fields."),
+        AssistantMessage(content="Apply the five edits.", tool_calls=[call]),
+        ToolMessage(tool_call_id="c1", name="shell", content="done"),
+    ]
+    text = summary(model, source, 300)
+    assert f"- tool shell: django/db/models/base.py <- bash -lc {SED} -> done" in text, text
+    assert "workdir" not in text, text

@@ -51,6 +51,19 @@ def test_working_set_names_the_files_and_symbols_the_newest_calls_act_on() -> No
     assert working_set([out("c9", "some_function other_name")]).symbols == frozenset()
 
 
+def test_working_set_reads_a_command_given_as_an_argument_vector() -> None:
+    # Codex CLI calls its shell with ``["bash", "-lc", "<script>"]``.
+    call = ToolCall(
+        id="c1",
+        name="shell",
+        arguments=json.dumps(
+            {"command": ["bash", "-lc", "sed -i '526s/a/b/' src/pytest/main.py"], "workdir": "/r"}
+        ),
+    )
+    found = working_set([AssistantMessage(content="", tool_calls=[call])])
+    assert {"src/pytest/main.py", "main.py"} <= found.files
+
+
 def test_mentions_matches_whole_names_only() -> None:
     assert mentions("a = self.config.getini('x')", frozenset(["self.config.getini"]))
     assert not mentions("a = self.config.getini_list('x')", frozenset(["self.config.getini"]))

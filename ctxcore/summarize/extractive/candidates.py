@@ -43,6 +43,7 @@ from ctxcore.summarize.extractive.tools import (
     json_fields,
     parse_args,
     result_line,
+    shell_command,
     shell_removed,
     shell_write_target,
     writes_file,
@@ -336,8 +337,8 @@ class Extractor:
         item_text = f"{head(args)} -> {shown}"
         name = call.name.casefold()
         path = call_path(call, parsed)
-        command = parsed.get("command") if isinstance(parsed, dict) else None
-        written = shell_write_target(command) if isinstance(command, str) else None
+        command = shell_command(parsed)
+        written = shell_write_target(command) if command is not None else None
         # A shell command is shown whole (``command_text``): never cut after its first
         # line number.
         whole = self.rules.commands_whole and command_text(parsed) is not None
@@ -363,7 +364,7 @@ class Extractor:
             self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
         if written:
             self.note_path(written, 6.0, tag)
-        if isinstance(command, str) and not failed:
+        if command is not None and not failed:
             for gone in shell_removed(command):
                 self.removed[gone] = order
         if self.rules.script_lines:

@@ -22,7 +22,8 @@ class Rules:
     """Which rules apply (every one by default).
 
     Content rules: ``commands_whole`` (a shell command up to 1,000 characters, never cut at
-    320), ``lists_joined`` (bare list items joined to their sentence), ``bare_joined`` (a
+    320; a text or an argument vector, printed without the flags a harness adds beside it),
+    ``lists_joined`` (bare list items joined to their sentence), ``bare_joined`` (a
     line of bare names or numbers is no candidate alone: joined to the line it belongs to in
     its message, dropped when it has none; a call's line and an earlier summary's lines are
     taken as they are), ``output_errors`` (a tool output's error lines beyond its first

@@ -24,6 +24,7 @@ __all__ = [
     "json_fields",
     "parse_args",
     "result_line",
+    "shell_command",
     "shell_removed",
     "shell_write_target",
     "writes_file",
@@ -88,7 +89,7 @@ def command_text(parsed: Any) -> str | None:
     they write is named on the command's line), None when the call has no command."""
     if not isinstance(parsed, dict):
         return None
-    command = _command(parsed)
+    command = shell_command(parsed)
     if command is None or not command.strip():
         return None
     text = "\n".join(_heredoc_split(command)[0])
@@ -100,12 +101,22 @@ def heredoc_lines(parsed: Any) -> list[str]:
     ``[]`` when it has none."""
     if not isinstance(parsed, dict):
         return []
-    command = _command(parsed)
+    command = shell_command(parsed)
     return [] if command is None else _heredoc_split(command)[1]
 
 
-def _command(parsed: dict[str, Any]) -> str | None:
-    return next((parsed[k] for k in _COMMAND_KEYS if isinstance(parsed.get(k), str)), None)
+def shell_command(parsed: Any) -> str | None:
+    """A call's shell command as written, heredocs included; an argument vector (Codex's
+    ``["bash", "-lc", "<script>"]``) joined by spaces, each part verbatim. None without one."""
+    if not isinstance(parsed, dict):
+        return None
+    for key in _COMMAND_KEYS:
+        value = parsed.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
+            return " ".join(value)
+    return None
 
 
 def _heredoc_split(command: str) -> tuple[list[str], list[str]]:
@@ -133,13 +144,13 @@ def _heredoc_split(command: str) -> tuple[list[str], list[str]]:
 def args_short(arguments: str, parsed: Any) -> str:
     """A call's arguments as ``key=value, ...`` with long values shortened; a shell
     command whole (``command_text``) and alone: it says what the call did, and the flags a
-    harness adds beside it (OpenHands' ``is_input``, a ``timeout``) do not. A one-word
-    ``command`` is an editor's sub-command (``create``, ``str_replace``): the other
-    arguments follow it in brackets, shortened."""
+    harness adds beside it (OpenHands' ``is_input``, a ``timeout``, a ``workdir``) do not. A
+    ``command`` beside a ``path`` is an editor's sub-command (``create``, ``str_replace``): the
+    other arguments follow it in brackets, shortened."""
     command = command_text(parsed)
     if command is not None and isinstance(parsed, dict):
         rest = {k: v for k, v in parsed.items() if k not in _COMMAND_KEYS}
-        if not rest or len(command.split()) > 1:
+        if not any(k in _PATH_KEYS for k in rest):
             return command
         return f"{command} [{clip(_pairs(rest), 160, mark=True)}]"
     text = _pairs(parsed) if isinstance(parsed, dict) else collapse(arguments)

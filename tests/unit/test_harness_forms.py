@@ -1,11 +1,11 @@
-"""``bench/openhands_form.py`` rewrites a bash-only run into an OpenHands-style harness's
-tool forms, keeping every text and result it does not rewrite."""
+"""``bench/harness_forms.py`` rewrites a bash-only run into other harnesses' tool forms,
+keeping every text and result it does not rewrite."""
 
 from __future__ import annotations
 
 import json
 
-from bench.openhands_form import rewrite
+from bench.harness_forms import rewrite
 
 
 def _run(*commands: str) -> dict[str, object]:
@@ -80,3 +80,9 @@ def test_a_numbered_view_that_printed_becomes_an_editor_view() -> None:
         == "Here's the result of running `cat -n` on src/app.py:\n   519\tdef f():\n   520\t    return 1\n"
     )
     assert results[1]["content"] == messages[4]["content"]  # type: ignore[index]
+
+
+def test_the_codex_form_calls_shell_with_an_argument_vector() -> None:
+    out = rewrite(_run("ls -la"), "codex")
+    assert _calls(out) == [("shell", {"command": ["bash", "-lc", "ls -la"], "workdir": "/testbed"})]
+    assert [m["name"] for m in out["messages"] if m["role"] == "tool"] == ["shell"]  # type: ignore[index]

@@ -1,21 +1,25 @@
-"""Rewrite mini-swe-agent runs into the tool forms of an OpenHands-style harness.
+"""Rewrite mini-swe-agent runs into the tool forms of other agent harnesses.
 
 The development runs call one tool, ``bash``, with one argument (``{"command": ...}``).
-Harnesses like OpenHands call a shell tool with more than one argument (``execute_bash``
-with ``command`` and ``is_input``) and write files through an editor tool whose content is
-an argument (``str_replace_editor`` with ``command="create"``, ``path`` and
-``file_text``). This rewrites each run into those forms so the summaries can be measured on
-them: a call whose command is one heredoc write (``cat <<'EOF' > path`` ... ``EOF``, nothing
-else) becomes an editor ``create`` of that file with the heredoc's body, answered as the
-editor answers; a numbered view (``nl -ba path | sed -n 'a,bp'``, whose output is ``cat -n``'s
-format) that printed its lines becomes an editor ``view`` with ``view_range`` [a, b],
-answered with the editor's header and the same lines; every other call becomes
-``execute_bash`` with ``is_input="false"``. Texts, other results and everything else are
-kept. The words the rewrite adds (``create``, ``view``, ``false``) are no reference the eval
-counts; the editor's answers name the path the command named, and a view's range holds the
-numbers its command held.
+Other harnesses call a shell tool with more than one argument, or with an argument vector,
+and write and read files through an editor tool. This rewrites each run into one of those
+forms so the summaries can be measured on them (``bench/retention.py --harness-form``):
 
-    .venv/bin/python bench/openhands_form.py ../shared/data/minisweagent_dev.jsonl /tmp/oh.jsonl
+* ``openhands``: a call whose command is one heredoc write (``cat <<'EOF' > path`` ...
+  ``EOF``, nothing else) becomes ``str_replace_editor`` ``create`` of that file with the
+  heredoc's body, answered as the editor answers; a numbered view (``nl -ba path | sed -n
+  'a,bp'``, whose output is ``cat -n``'s format) that printed its lines becomes an editor
+  ``view`` with ``view_range`` [a, b], answered with the editor's caption and the same lines;
+  every other call becomes ``execute_bash`` with ``is_input="false"``.
+* ``codex``: every call becomes ``shell`` with the argument vector ``["bash", "-lc",
+  <command>]`` and a ``workdir``, as Codex CLI calls its shell.
+
+Texts, other results and everything else are kept. The words the rewrite adds (``create``,
+``view``, ``false``, ``bash``, ``-lc``, ``/testbed``) are no reference the eval counts; the
+editor's answers name the path the command named, and a view's range holds the numbers its
+command held.
+
+    .venv/bin/python bench/harness_forms.py openhands ../shared/data/minisweagent_dev.jsonl /tmp/oh.jsonl
     ctxcore eval /tmp/oh.jsonl --ids <half> --policy steps,full --budget 16000
 """
 
@@ -24,8 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+Form = Literal["openhands", "codex"]
+FORMS: tuple[Form, ...] = ("openhands", "codex")
 
 # ``cat <<'EOF' > path`` (or ``cat > path <<'EOF'``), its body, the delimiter: the whole command.
 _HEREDOC_WRITE = re.compile(
@@ -63,8 +71,10 @@ def _editor_view(command: str) -> dict[str, Any] | None:
     }
 
 
-def rewrite(run: dict[str, Any]) -> dict[str, Any]:
-    """``run`` (one JSONL record) with its calls in the OpenHands-style forms."""
+def rewrite(run: dict[str, Any], form: Form = "openhands") -> dict[str, Any]:
+    """``run`` (one JSONL record) with its calls in ``form``'s tool forms."""
+    if form == "codex":
+        return _codex(run)
     created: dict[str, str] = {}  # tool_call_id -> path written by an editor create
     viewed: dict[str, str] = {}  # tool_call_id -> path an editor view shows
     # A view is rewritten only when its result is a whole output (no error, no warning).
@@ -114,22 +124,44 @@ def rewrite(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "messages": messages, "source": f"{run.get('source', '')}+openhands-form"}
 
 
+def _codex(run: dict[str, Any]) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    for message in run["messages"]:
+        message = dict(message)
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                call = json.loads(json.dumps(call))
+                fn = call.get("function", call)
+                args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+                command = args.get("command") if isinstance(args, dict) else None
+                if fn["name"] == "bash" and isinstance(command, str):
+                    fn["name"] = "shell"
+                    fn["arguments"] = json.dumps({"command": ["bash", "-lc", command], "workdir": "/testbed"})
+                calls.append(call)
+            message["tool_calls"] = calls
+        elif message.get("role") == "tool" and message.get("name") == "bash":
+            message["name"] = "shell"
+        messages.append(message)
+    return {**run, "messages": messages, "source": f"{run.get('source', '')}+codex-form"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("form", choices=FORMS)
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
-    out = [rewrite(row) for row in rows]
+    out = [rewrite(row, args.form) for row in rows]
     args.out.write_text("".join(json.dumps(row) + "\n" for row in out))
-    edits = sum(
-        1
+    names = Counter(
+        c.get("function", c)["name"]
         for row in out
         for m in row["messages"]
         for c in m.get("tool_calls") or []
-        if c.get("function", c)["name"] == "str_replace_editor"
     )
-    print(f"{len(out)} runs -> {args.out} ({edits} heredoc writes and numbered views as editor calls)")
+    print(f"{len(out)} runs -> {args.out}; calls: {dict(names.most_common())}")
 
 
 if __name__ == "__main__":
