@@ -29,6 +29,7 @@ import argparse
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,15 +75,52 @@ def _editor_view(command: str) -> dict[str, Any] | None:
 def rewrite(run: dict[str, Any], form: Form = "openhands") -> dict[str, Any]:
     """``run`` (one JSONL record) with its calls in ``form``'s tool forms."""
     if form == "codex":
-        return _codex(run)
-    created: dict[str, str] = {}  # tool_call_id -> path written by an editor create
-    viewed: dict[str, str] = {}  # tool_call_id -> path an editor view shows
+        return _rewrite(
+            run,
+            lambda _id, command: ("shell", {"command": ["bash", "-lc", command], "workdir": "/testbed"}),
+            lambda _id, content: ("shell", content),
+            form,
+        )
     # A view is rewritten only when its result is a whole output (no error, no warning).
     results_ok: dict[str, str] = {}
     for message in run["messages"]:
         found = _RESULT.match(message.get("content") or "") if message.get("role") == "tool" else None
         if found is not None:
             results_ok[message.get("tool_call_id", "")] = found.group("out")
+    created: dict[str, str] = {}  # tool_call_id -> path written by an editor create
+    viewed: dict[str, str] = {}  # tool_call_id -> path an editor view shows
+
+    def call_form(call_id: str, command: str) -> tuple[str, dict[str, Any]]:
+        editor = _editor_create(command)
+        if editor is not None:
+            created[call_id] = editor["path"]
+            return "str_replace_editor", editor
+        view = _editor_view(command)
+        if view is not None and call_id in results_ok:
+            viewed[call_id] = view["path"]
+            return "str_replace_editor", view
+        return "execute_bash", {"command": command, "is_input": "false"}
+
+    def result_form(call_id: str, content: str) -> tuple[str, str]:
+        if call_id in created:
+            return "str_replace_editor", f"File created successfully at: {created[call_id]}"
+        if call_id in viewed:
+            caption = f"Here's the result of running `cat -n` on {viewed[call_id]}:"
+            return "str_replace_editor", f"{caption}\n{results_ok[call_id]}"
+        return "execute_bash", content
+
+    return _rewrite(run, call_form, result_form, form)
+
+
+def _rewrite(
+    run: dict[str, Any],
+    call_form: Callable[[str, str], tuple[str, dict[str, Any]]],
+    result_form: Callable[[str, str], tuple[str, str]],
+    form: Form,
+) -> dict[str, Any]:
+    """``run`` with each ``bash`` call renamed and re-argued by ``call_form`` (its id, its
+    command) and its result by ``result_form`` (its call's id, its content), in order."""
+    rewritten: set[str] = set()
     messages: list[dict[str, Any]] = []
     for message in run["messages"]:
         message = dict(message)
@@ -94,56 +132,17 @@ def rewrite(run: dict[str, Any], form: Form = "openhands") -> dict[str, Any]:
                 args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
                 command = args.get("command") if isinstance(args, dict) else None
                 if fn["name"] == "bash" and isinstance(command, str):
-                    editor = _editor_create(command)
-                    view = _editor_view(command)
-                    if editor is not None:
-                        fn["name"], fn["arguments"] = "str_replace_editor", json.dumps(editor)
-                        created[call["id"]] = editor["path"]
-                    elif view is not None and call["id"] in results_ok:
-                        fn["name"], fn["arguments"] = "str_replace_editor", json.dumps(view)
-                        viewed[call["id"]] = view["path"]
-                    else:
-                        fn["name"] = "execute_bash"
-                        fn["arguments"] = json.dumps({"command": command, "is_input": "false"})
+                    fn["name"], new_args = call_form(call["id"], command)
+                    fn["arguments"] = json.dumps(new_args)
+                    rewritten.add(call["id"])
                 calls.append(call)
             message["tool_calls"] = calls
-        elif message.get("role") == "tool":
-            call_id = message.get("tool_call_id", "")
-            path = created.get(call_id)
-            if path is not None:
-                message["name"] = "str_replace_editor"
-                message["content"] = f"File created successfully at: {path}"
-            elif call_id in viewed:
-                message["name"] = "str_replace_editor"
-                message["content"] = (
-                    f"Here's the result of running `cat -n` on {viewed[call_id]}:\n{results_ok[call_id]}"
-                )
-            elif message.get("name") == "bash":
-                message["name"] = "execute_bash"
+        elif message.get("role") == "tool" and message.get("tool_call_id") in rewritten:
+            message["name"], message["content"] = result_form(
+                message["tool_call_id"], message.get("content") or ""
+            )
         messages.append(message)
-    return {**run, "messages": messages, "source": f"{run.get('source', '')}+openhands-form"}
-
-
-def _codex(run: dict[str, Any]) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    for message in run["messages"]:
-        message = dict(message)
-        if message.get("role") == "assistant" and message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                call = json.loads(json.dumps(call))
-                fn = call.get("function", call)
-                args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
-                command = args.get("command") if isinstance(args, dict) else None
-                if fn["name"] == "bash" and isinstance(command, str):
-                    fn["name"] = "shell"
-                    fn["arguments"] = json.dumps({"command": ["bash", "-lc", command], "workdir": "/testbed"})
-                calls.append(call)
-            message["tool_calls"] = calls
-        elif message.get("role") == "tool" and message.get("name") == "bash":
-            message["name"] = "shell"
-        messages.append(message)
-    return {**run, "messages": messages, "source": f"{run.get('source', '')}+codex-form"}
+    return {**run, "messages": messages, "source": f"{run.get('source', '')}+{form}-form"}
 
 
 def main() -> None:
