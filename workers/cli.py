@@ -75,7 +75,9 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    def command(name: str, text: str, func: Any, *options: tuple[str, dict[str, Any]]) -> argparse.ArgumentParser:
+    def command(
+        name: str, text: str, func: Any, *options: tuple[str, dict[str, Any]]
+    ) -> argparse.ArgumentParser:
         """A subcommand with ``options``: each ``(flag, add_argument's keywords)``."""
         p = sub.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
         p.set_defaults(func=func)
@@ -90,7 +92,10 @@ def build_parser() -> Parser:
         "count",
         "token counts of the conversations of a JSONL file",
         commands.cmd_count,
-        ("file", {"nargs": "?", "help": "JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"}),
+        (
+            "file",
+            {"nargs": "?", "help": "JSONL of {'id', 'messages': [...]} (default: the bundled sample runs)"},
+        ),
         model_option,
         ("--json", {"action": "store_true", "help": "print JSON instead of a table"}),
     )
@@ -187,11 +192,19 @@ def build_parser() -> Parser:
         ("file", {"help": "JSONL of {'id', 'messages': [...]}, one conversation a line"}),
         (
             "--out",
-            {"required": True, "help": "where to write the windows (JSONL); replaced only when the batch ends"},
+            {
+                "required": True,
+                "help": "where to write the windows (JSONL); replaced only when the batch ends",
+            },
         ),
         (
             "--budget",
-            {"type": positive_int, "required": True, "metavar": "TOKENS", "help": "token budget of each window"},
+            {
+                "type": positive_int,
+                "required": True,
+                "metavar": "TOKENS",
+                "help": "token budget of each window",
+            },
         ),
         model_option,
         (
@@ -255,7 +268,10 @@ def build_parser() -> Parser:
         ("--json", {"metavar": "FILE", "help": "write the full JSON report here (default: not written)"}),
         (
             "--plot",
-            {"metavar": "PNG", "help": "write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)"},
+            {
+                "metavar": "PNG",
+                "help": "write a PNG plot here; needs pip install 'ctxcore[plot]' (default: none)",
+            },
         ),
         (
             "--limit",

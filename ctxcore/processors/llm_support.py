@@ -52,7 +52,9 @@ def _check_client(value: Any) -> Any:
 ModelClientSpec = Annotated[
     Any,
     BeforeValidator(_check_client),
-    PlainSerializer(lambda v: v.model_dump() if isinstance(v, ModelSettings) else (None if v is None else v.name)),
+    PlainSerializer(
+        lambda v: v.model_dump() if isinstance(v, ModelSettings) else (None if v is None else v.name)
+    ),
 ]
 
 

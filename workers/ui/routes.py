@@ -108,7 +108,9 @@ def ui_router(api: ApiState) -> APIRouter:
         try:
             rate_limit(api, session.tenant)
         except ApiError as exc:
-            raise _Answer(_page("limited.html", 429, session, error=exc.detail, headers=exc.headers)) from None
+            raise _Answer(
+                _page("limited.html", 429, session, error=exc.detail, headers=exc.headers)
+            ) from None
         return session
 
     def conversation(session: UiSession, cid: str) -> ConversationKey:
