@@ -323,3 +323,24 @@ def test_a_command_given_as_an_argument_vector_is_kept_whole(model: ExtractiveMo
     text = summary(model, source, 300)
     assert f"- tool shell: django/db/models/base.py <- bash -lc {SED} -> done" in text, text
     assert "workdir" not in text, text
+
+
+def test_each_new_text_of_a_list_of_edits_competes_and_no_old_one(model: ExtractiveModel) -> None:
+    edits = [
+        {
+            "old_string": "total = legacy_total(rows)",
+            "new_string": "total = sum(r.amount for r in valid_rows)",
+        },
+        {"old_string": "return total", "new_string": "return round_half_even(total, places=2)"},
+    ]
+    call = ToolCall(
+        id="c1", name="MultiEdit", arguments=json.dumps({"file_path": "/r/lib/core.py", "edits": edits})
+    )
+    source: list[AnyMessage] = [
+        UserMessage(content="Round the totals."),
+        AssistantMessage(content="Edit the total.", tool_calls=[call]),
+        ToolMessage(tool_call_id="c1", name="MultiEdit", content="Applied 2 edits to /r/lib/core.py"),
+    ]
+    text = summary(model, source, 400)
+    assert "- assistant: return round_half_even(total, places=2)" in text, text
+    assert "- assistant: total = legacy_total(rows)" not in text, text

@@ -164,16 +164,28 @@ def _pairs(parsed: dict[str, Any]) -> str:
 def written_lines(parsed: Any, writes: bool) -> list[str]:
     """The code lines a call writes, in order: the bodies of its shell command's heredocs
     and, for a call that writes a file (``writes``), its other text arguments (an editor's
-    ``file_text`` or ``new_str``, a ``content``), not the path nor what an edit replaces
-    (``old_str``: no longer in the file). Blank lines left out, each stripped."""
+    ``file_text`` or ``new_str``, a ``content``, each ``new_string`` of a list of edits), not
+    the path nor what an edit replaces (``old_str``: no longer in the file). Blank lines left
+    out, each stripped."""
     lines = heredoc_lines(parsed)
-    if not writes or not isinstance(parsed, dict):
-        return lines
-    for key, value in parsed.items():
-        if key in _COMMAND_KEYS or key in _PATH_KEYS or key.startswith("old") or not isinstance(value, str):
-            continue
-        lines.extend(line.strip() for line in value.splitlines() if line.strip())
+    if writes and isinstance(parsed, dict):
+        lines.extend(_argument_lines(parsed, top=True))
     return lines
+
+
+def _argument_lines(value: Any, *, top: bool = False) -> list[str]:
+    if isinstance(value, str):
+        return [line.strip() for line in value.splitlines() if line.strip()]
+    if isinstance(value, list):
+        return [line for item in value for line in _argument_lines(item)]
+    if not isinstance(value, dict):
+        return []
+    return [
+        line
+        for key, item in value.items()
+        if not key.startswith("old") and key not in _PATH_KEYS and not (top and key in _COMMAND_KEYS)
+        for line in _argument_lines(item)
+    ]
 
 
 def shell_write_target(command: str) -> str | None:
