@@ -136,7 +136,7 @@ def run(path: Path, label: str, config: EvalConfig) -> dict[str, Any]:
 def padded(swe: Path, tau: Path, copies: int, into: Path) -> Path:
     """``swe`` with ``copies`` of tau-bench's first system prompt after each system message."""
     manual = json.loads(tau.open().readline())["messages"][0]["content"]
-    out = into / swe.name
+    out = into / f"padded-{swe.name}"
     with swe.open() as src, out.open("w") as dst:
         for line in src:
             run = json.loads(line)
