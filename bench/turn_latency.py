@@ -39,269 +39,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import html
-import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ctxcore.eval.data import Conversation, QAItem, load_conversations
-from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy
-from ctxcore.eval.scoring import QATally, compacted_questions, evidence_texts, score_qa
-from ctxcore.markers import ROUND_LEVEL_MEMORY_BLOCK
-from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, UserMessage, message_text
-from ctxcore.summarize.extractive import ExtractiveModel
-from ctxcore.summarize.model import ContractBlock, OutputContract
-from ctxcore.summarize.openai_chat import OpenAIChatModel
-from ctxcore.tokens import TiktokenCounter
-from ctxcore.turns import DEFAULT_DETECTOR
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.locomo_agent import Result, Script, build_script, percentile, replay  # noqa: E402
+from bench.slow_summariser import SummariserProcess, transcript_summary  # noqa: E402
+from ctxcore.eval.policies import CountingModel, PolicySetup, make_policy  # noqa: E402
+from ctxcore.messages import AnyMessage, AssistantMessage, SystemMessage, UserMessage, message_text  # noqa: E402
+from ctxcore.summarize.extractive import ExtractiveModel  # noqa: E402
+from ctxcore.summarize.openai_chat import OpenAIChatModel  # noqa: E402
+from ctxcore.tokens import TiktokenCounter  # noqa: E402
+from ctxcore.turns import DEFAULT_DETECTOR  # noqa: E402
 
 DEFAULT_DATA = Path(
     os.environ.get("CTXCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
 )
 SYSTEM = SystemMessage(content="You are chatting with a friend. Reply in their conversation's style.")
-
-# --- the summariser behind the local server ---------------------------------------------------
-
-_BLOCK = re.compile(r"^\[Block: (.+)\]$")
-_TARGET = re.compile(r"^target_summary_tokens: (\d+)$")
-_MESSAGE = re.compile(r"^\[([^\]\n]+)\] role=(user|assistant|tool|system)\b.*? \| content=(.*)$")
-_XML_MESSAGE = re.compile(r'<message type="(\w+)">(.*?)</message>', re.DOTALL)
-
-
-def _as_message(role: str, text: str) -> AnyMessage:
-    return UserMessage(content=text) if role in ("user", "human") else AssistantMessage(content=text)
-
-
-def blocks_reply(prompt: str, model: ExtractiveModel) -> str:
-    """The JSON blocks answer to a compaction stage's prompt, summarised extractively."""
-    blocks: list[tuple[str, int, list[tuple[str, str]]]] = []
-    current: tuple[str, int, list[tuple[str, str]]] | None = None
-    for line in prompt.splitlines():
-        block = _BLOCK.match(line)
-        if block:
-            current = (block.group(1), 0, [])
-            blocks.append(current)
-            continue
-        if current is None:
-            continue
-        if line.startswith("[Protected Recent Context]") or line.startswith("[Output Contract]"):
-            current = None
-            continue
-        target = _TARGET.match(line)
-        if target and not current[2]:
-            current = (current[0], int(target.group(1)), current[2])
-            blocks[-1] = current
-            continue
-        found = _MESSAGE.match(line)
-        if found:
-            current[2].append((found.group(2), found.group(3)))
-        elif current[2]:
-            role, text = current[2][-1]
-            current[2][-1] = (role, f"{text}\n{line}")
-    contract = OutputContract(
-        kind="blocks",
-        blocks=[
-            ContractBlock(
-                block_id=bid, target_tokens=max(target, 1), source=[_as_message(r, t) for r, t in msgs]
-            )
-            for bid, target, msgs in blocks
-        ],
-    )
-    total = sum(max(t, 1) for _, t, _ in blocks) * 2 + 64 * len(blocks) + 64
-    return model.complete([UserMessage(content="summarise")], max_tokens=total, contract=contract).text
-
-
-def transcript_summary(prompt: str, target: int, model: ExtractiveModel) -> str:
-    """An extractive summary of the ``<message>`` elements of a LangChain summary prompt."""
-    source: list[AnyMessage] = []
-    for kind, body in _XML_MESSAGE.findall(prompt):
-        text = html.unescape(body)
-        if text.startswith("Here is a summary of the conversation to date:"):
-            # An earlier summary: mined as one, the way ctxcore's blocks are.
-            source.append(UserMessage(content=f"{ROUND_LEVEL_MEMORY_BLOCK}\n{text}"))
-        else:
-            source.append(_as_message(kind, text))
-    contract = OutputContract(
-        kind="blocks", blocks=[ContractBlock(block_id="s", target_tokens=target, source=source)]
-    )
-    reply = model.complete([UserMessage(content="summarise")], max_tokens=target * 2, contract=contract).text
-    return str(json.loads(reply)["blocks"][0]["summary"])
-
-
-def serve_summariser(port_file: str, delay: float) -> None:
-    """Subprocess entry: an ``OpenAIServer`` answering compaction prompts extractively."""
-    from ctxcore.testing.openai_server import OpenAIServer
-
-    model = ExtractiveModel(TiktokenCounter())
-
-    def responder(request: dict[str, Any]) -> str:
-        messages = request.get("messages") or []
-        prompt = next(
-            (m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"),
-            "",
-        )
-        if isinstance(prompt, str) and "[Block: " in prompt:
-            return blocks_reply(prompt, model)
-        return json.dumps({"blocks": []})
-
-    server = OpenAIServer(delay=delay, responder=responder).start()
-    Path(port_file).write_text(str(server.port))
-    try:
-        while True:
-            time.sleep(3600)
-    finally:
-        server.stop()
-
-
-class SummariserProcess:
-    """The local OpenAI-compatible summariser in its own process (no GIL shared with the agent)."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.process: subprocess.Popen[bytes] | None = None
-        self.base_url = ""
-
-    def __enter__(self) -> SummariserProcess:
-        port_file = f"/tmp/ctxcore-bench-summariser-{uuid.uuid4().hex[:8]}"
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve-summariser", port_file, "--delay", str(self.delay)],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if os.path.exists(port_file) and Path(port_file).read_text().strip():
-                self.base_url = f"http://127.0.0.1:{Path(port_file).read_text().strip()}/v1"
-                os.unlink(port_file)
-                return self
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError("the summariser server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
-# --- the simulated agent ----------------------------------------------------------------------
-
-
-@dataclass
-class Turn:
-    """What the agent appends before asking for a window, and the reply it appends after."""
-
-    user: list[AnyMessage]
-    reply: list[AnyMessage]
-
-
-@dataclass
-class Script:
-    """Turns to replay and the questions whose evidence they contain."""
-
-    turns: list[Turn]
-    questions: list[tuple[list[QAItem], dict[str, str]]]
-    conversations: list[str]
-
-
-def build_script(path: Path, turns: int) -> Script:
-    """LoCoMo conversations in file order, cut after ``turns`` real user turns."""
-    out: list[Turn] = []
-    questions: list[tuple[list[QAItem], dict[str, str]]] = []
-    used: list[str] = []
-    for conv in load_conversations(path):
-        if len(out) >= turns:
-            break
-        messages = _with_date_line(conv)
-        replayed: list[AnyMessage] = []
-        for message in messages:
-            if DEFAULT_DETECTOR.is_real(message):
-                if len(out) >= turns:
-                    break
-                out.append(Turn([message], []))
-            elif out:
-                out[-1].reply.append(message)
-            else:
-                out.append(Turn([], [message]))
-            replayed.append(message)
-        evidence = evidence_texts(replayed)
-        kept = [q for q in conv.qa if q.answerable and q.evidence and all(e in evidence for e in q.evidence)]
-        questions.append((kept, evidence))
-        used.append(conv.id)
-    return Script(out, questions, used)
-
-
-def _with_date_line(conv: Conversation) -> list[AnyMessage]:
-    messages = list(conv.messages)
-    date = " ".join(message_text(m) for m in conv.system)
-    if date and messages:
-        first = messages[0]
-        messages[0] = first.model_copy(update={"content": f"{date}\n{message_text(first)}"})
-    return messages
-
-
-@dataclass
-class Result:
-    """One system's run."""
-
-    name: str
-    latencies_ms: list[float] = field(default_factory=list)
-    fallbacks: int = 0
-    summariser_calls: int = 0
-    final_window: list[AnyMessage] = field(default_factory=list)
-    final_tokens: int = 0
-    over_budget: int = 0
-    seconds: float = 0.0
-    note: str = ""
-    qa: QATally = field(default_factory=QATally)
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    index = min(round(q * (len(ordered) - 1)), len(ordered) - 1)
-    return ordered[index]
-
-
-def _replay(
-    script: Script,
-    agent_delay: float,
-    append: Callable[[list[AnyMessage]], None],
-    window: Callable[[], tuple[list[AnyMessage], bool]],
-    result: Result,
-    counter: TiktokenCounter,
-    budget: int,
-) -> None:
-    started = time.perf_counter()
-    for turn in script.turns:
-        if turn.user:
-            append(turn.user)
-        t0 = time.perf_counter()
-        messages, fallback = window()
-        result.latencies_ms.append((time.perf_counter() - t0) * 1000)
-        result.fallbacks += int(fallback)
-        result.over_budget += int(counter.count_messages(messages) > budget)
-        if agent_delay:
-            time.sleep(agent_delay)
-        if turn.reply:
-            append(turn.reply)
-    messages, _ = window()
-    result.final_window = messages
-    result.final_tokens = counter.count_messages(messages)
-    result.seconds = time.perf_counter() - started
-    for questions, evidence in script.questions:
-        # Compacted by this system's own final window (the bench compares systems, not a run).
-        result.qa.add(score_qa(messages, questions, compacted_questions(messages, questions, evidence)))
 
 
 def run_background(
@@ -343,7 +107,7 @@ def run_background(
                 served = service.get_window(key, args.budget, [SYSTEM])
                 return served.messages, served.fallback_applied
 
-            _replay(
+            replay(
                 script,
                 args.agent_delay,
                 lambda msgs: service.append(key, msgs),
@@ -428,7 +192,7 @@ def run_inline(script: Script, args: argparse.Namespace, base_url: str, counter:
         served = policy.window()
         return served.messages, served.fallback
 
-    _replay(script, args.agent_delay, policy.append, window, result, counter, args.budget)
+    replay(script, args.agent_delay, policy.append, window, result, counter, args.budget)
     result.summariser_calls = model.calls
     return result
 
@@ -504,7 +268,7 @@ def run_langchain(script: Script, args: argparse.Namespace, counter: TiktokenCou
         return served, False
 
     result = Result("langchain")
-    _replay(script, args.agent_delay, append, window, result, counter, args.budget)
+    replay(script, args.agent_delay, append, window, result, counter, args.budget)
     result.summariser_calls = calls[0]
     return result
 
@@ -522,16 +286,16 @@ def report(results: list[Result], args: argparse.Namespace, script: Script) -> s
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = next((r for r in results if r.name.startswith("ctxcore-bg") and r.latencies_ms), None)
-    base_p99 = _percentile(base.latencies_ms, 0.99) if base else 0.0
+    base_p99 = percentile(base.latencies_ms, 0.99) if base else 0.0
     for r in results:
         if not r.latencies_ms:
             lines.append(f"| {r.name} | {r.note} |" + " |" * 12)
             continue
         rates = r.qa.rates()
-        p99 = _percentile(r.latencies_ms, 0.99)
+        p99 = percentile(r.latencies_ms, 0.99)
         ratio = f"{p99 / base_p99:.1f}x" if base_p99 else "-"
         lines.append(
-            f"| {r.name} | {statistics.median(r.latencies_ms):.2f} | {_percentile(r.latencies_ms, 0.95):.2f} "
+            f"| {r.name} | {statistics.median(r.latencies_ms):.2f} | {percentile(r.latencies_ms, 0.95):.2f} "
             f"| {p99:.2f} | {max(r.latencies_ms):.1f} | {ratio} | {r.summariser_calls} "
             f"| {r.fallbacks}/{len(r.latencies_ms)} | {r.over_budget} | {r.final_tokens} "
             f"| {rates['answer_recall']} | {rates['substring_hit_rate']} | {rates['compacted_answer_recall']} "
@@ -595,13 +359,9 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA / "locomo.jsonl")
     parser.add_argument("--plot", help="write the latency CDF here (PNG, needs matplotlib)")
-    parser.add_argument("--serve-summariser", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.turns = args.turns or (1000 if args.long else 200)
     args.delay = args.delay if args.delay is not None else (2.0 if args.long else 0.5)
-    if args.serve_summariser:
-        serve_summariser(args.serve_summariser, args.delay)
-        return
     args.agent_delay = args.agent_delay if args.agent_delay is not None else args.delay / 2
     if not args.data.exists():
         raise SystemExit(f"no data at {args.data} (set CTXCORE_DATA_DIR)")
