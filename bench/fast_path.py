@@ -41,100 +41,27 @@ import pstats
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from fast_path_flat import BUDGET, DEFAULT_DATA, conversation, covered_state, tau_tools
+from fast_path_parts import SchedulerQueue, Tail, floor_call, pct, step
 
 import workers.service.context_service as service_module
 from ctxcore.config import Settings
-from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
+from ctxcore.messages import AnyMessage
 from ctxcore.state import ConversationKey
-from ctxcore.status import CompactionStatus
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window_counter import WindowCounter
 from workers.embedded import ensure_redis
-from workers.failures import FailureRecord
 from workers.runtime import Runtime, build_service
 from workers.service import ContextService
 
 LOG_MESSAGES = 10_000
 TAILS = (50, 500, 5_000)
-PAGE = 128
 # Tails over this get a fifth of the rounds (at least 3): a window there reads and rules the
 # whole tail (about a second at 5,000 messages) until newest-first reads land.
 SLOW_TAIL = 500
-
-
-class SchedulerQueue:
-    """``CeleryQueue``'s reads without Celery: the failure record, then the scheduler."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
-    def status(self, key: ConversationKey) -> CompactionStatus:
-        failing = self.runtime.failures.get(key).failing
-        return "failing" if failing else self.runtime.scheduler.status(key)
-
-    def status_from(self, record: FailureRecord) -> CompactionStatus:
-        """As ``CeleryQueue``: from the record the window read (the scheduler mirrors into it)."""
-        return "failing" if record.failing else record.scheduler_status
-
-    def request(self, key: ConversationKey) -> CompactionStatus:
-        self.runtime.scheduler.request(key)
-        return self.status(key)
-
-
-@dataclass
-class Tail:
-    """One conversation at a nominal tail, and the samples measured on it (nanoseconds)."""
-
-    tail: int
-    key: ConversationKey
-    system: list[AnyMessage]
-    nominal_last: str
-    cursor: int
-    pinned: list[str]
-    miss: list[int] = field(default_factory=list)
-    hit: list[int] = field(default_factory=list)
-    append: list[int] = field(default_factory=list)
-    floor: list[int] = field(default_factory=list)
-    step: list[int] = field(default_factory=list)
-    fallback: int = 0
-
-
-def step(i: int) -> list[AnyMessage]:
-    """One agent step: a tool call and its short result, ids unique in the run."""
-    call = ToolCall(
-        id=f"bench-{i}", name="get_reservation_details", arguments=f'{{"reservation_id": "R{i:05d}"}}'
-    )
-    result = f'{{"reservation_id": "R{i:05d}", "status": "confirmed", "cabin": "economy", "passengers": 2}}'
-    return [
-        AssistantMessage(content="", tool_calls=[call]),
-        ToolMessage(tool_call_id=call.id, content=result),
-    ]
-
-
-def floor_call(client: redis.Redis, prefix: str, runtime: Runtime, size: Tail) -> Callable[[], object]:
-    """The redefined floor: one round trip of what a window reads, undecoded."""
-    tag = size.key.hash_tag
-    stream = f"{prefix}:{tag}:log"
-    failures = runtime.failures.key(size.key)
-
-    def call() -> object:
-        pipe = client.pipeline(transaction=False)
-        pipe.lindex(f"{prefix}:{tag}:state:history", 0)
-        for log_id in size.pinned:
-            pipe.xrange(stream, f"{int(log_id)}-0", f"{int(log_id)}-0", count=1)
-        pipe.xrevrange(stream, "+", f"{size.cursor + 1}-0", count=PAGE)
-        pipe.hgetall(failures)
-        pipe.hgetall(f"{prefix}:{tag}:compaction")
-        pipe.get(f"{prefix}:{tag}:budget")
-        return pipe.execute()
-
-    return call
 
 
 class Forgetful(dict):  # type: ignore[type-arg]
@@ -261,12 +188,6 @@ def cache_variants(runtime: Runtime, size: Tail, tools: list[Any], rounds: int, 
         p50 = pct(steps[name])[0]
         ratio = p50 / (with_model if name in MODEL_VARIANTS else base)
         print(f"| {name} | {p50:.2f} | {pct(windows[name])[0]:.2f} | {ratio:.2f} |")
-
-
-def pct(samples: list[int]) -> tuple[float, float, float]:
-    ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6  # noqa: E731
-    return pick(0.50), pick(0.95), pick(0.99)
 
 
 def main() -> None:
