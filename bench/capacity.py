@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,9 @@ for path in (REPO, REPO / "bench"):
         sys.path.insert(0, str(path))
 
 import redis  # noqa: E402
-import soak  # noqa: E402
 from capacity_redis import Monitor, RedisServer, memory_by_key  # noqa: E402
+from redis_cost import Cost, read  # noqa: E402
+from soak_workload import BUDGET, WORKER_LIMITS, SoakQueue, soak_settings  # noqa: E402
 
 from ctxcore.messages import AssistantMessage, UserMessage  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
@@ -51,85 +51,6 @@ from workers.prom_worker import snapshot  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 
 FIELDS = ("cmds", "bytes_in", "bytes_out", "usec", "cpu_s")
-
-
-@dataclass
-class Reading:
-    """Server-wide counters at one instant (INFO's own command left out)."""
-
-    cmds: dict[str, int]
-    usec: int
-    bytes_in: int
-    bytes_out: int
-    cpu_s: float
-
-
-def read(client: redis.Redis) -> Reading:
-    info: dict[str, Any] = client.execute_command("INFO", "commandstats", "stats", "cpu")
-    cmds: dict[str, int] = {}
-    usec = 0
-    for name, value in info.items():
-        if name.startswith("cmdstat_") and name != "cmdstat_info":
-            cmds[name.removeprefix("cmdstat_")] = int(value["calls"])
-            usec += int(value["usec"])
-    return Reading(
-        cmds,
-        usec,
-        int(info["total_net_input_bytes"]),
-        int(info["total_net_output_bytes"]),
-        float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
-    )
-
-
-@dataclass
-class Cost:
-    """Accumulated deltas of one kind of operation."""
-
-    ops: int = 0
-    cmds: float = 0.0
-    bytes_in: float = 0.0
-    bytes_out: float = 0.0
-    usec: float = 0.0
-    cpu_s: float = 0.0
-    by_command: dict[str, float] = field(default_factory=dict)
-
-    def add(
-        self, a: Reading, b: Reading, overhead: Cost | None = None, ops: int = 1, times: float = 1.0
-    ) -> None:
-        """Add the delta ``a -> b`` for ``ops`` operations, minus ``times`` x ``overhead`` (per-op means)."""
-        self.ops += ops
-        o = overhead or Cost(ops=1)
-        for name in set(a.cmds) | set(b.cmds):
-            d = (
-                b.cmds.get(name, 0)
-                - a.cmds.get(name, 0)
-                - times * o.by_command.get(name, 0.0) / max(o.ops, 1)
-            )
-            if d:
-                self.by_command[name] = self.by_command.get(name, 0.0) + d
-        self.cmds += sum(b.cmds.values()) - sum(a.cmds.values()) - times * o.cmds / max(o.ops, 1)
-        self.bytes_in += b.bytes_in - a.bytes_in - times * o.bytes_in / max(o.ops, 1)
-        self.bytes_out += b.bytes_out - a.bytes_out - times * o.bytes_out / max(o.ops, 1)
-        self.usec += b.usec - a.usec - times * o.usec / max(o.ops, 1)
-        self.cpu_s += b.cpu_s - a.cpu_s - times * o.cpu_s / max(o.ops, 1)
-
-    def per(self, n: float | None = None) -> dict[str, float]:
-        """Means per operation (or per ``n``)."""
-        d = n if n is not None else self.ops
-        d = d if d > 0 else 1.0  # nothing measured: the totals, not a division by zero
-        return {
-            "cmds": self.cmds / d,
-            "bytes_in": self.bytes_in / d,
-            "bytes_out": self.bytes_out / d,
-            "usec": self.usec / d,
-            "cpu_s": self.cpu_s / d,
-        }
-
-    def top(self, n: float | None = None, k: int = 6) -> str:
-        d = n if n is not None else self.ops
-        d = d if d > 0 else 1.0
-        ranked = sorted(self.by_command.items(), key=lambda kv: -kv[1])[:k]
-        return " ".join(f"{name}={v / d:.2f}" for name, v in ranked if v / d >= 0.005)
 
 
 def _batch(rng: random.Random, tag: str) -> list[Any]:
@@ -156,15 +77,15 @@ def _cpu_seconds(worker: WorkerProcess) -> float:
 
 def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dict[str, Any]:
     prefix = f"cap{uuid.uuid4().hex[:6]}"
-    rt = Runtime(soak._settings(server.url, prefix))
-    queue = soak._Queue(rt)
+    rt = Runtime(soak_settings(server.url, prefix))
+    queue = SoakQueue(rt)
     service = build_service(rt, queue)
     probe = redis.Redis.from_url(server.url)
     keys = [ConversationKey(f"tenant-{i % 5}", f"conv-{i:04d}") for i in range(args.conversations)]
     # The worker's processes record their stages there (prometheus-client's multiprocess mode).
     metrics_dir = workdir / "metrics"
     metrics_dir.mkdir(exist_ok=True)
-    env = worker_env(server.url, prefix, **soak.WORKER_LIMITS)
+    env = worker_env(server.url, prefix, **WORKER_LIMITS)
     env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     worker = WorkerProcess(env, workdir / "worker.log", concurrency=args.concurrency, name="capacity")
     rng = random.Random(7)
@@ -240,7 +161,7 @@ def measure(args: argparse.Namespace, server: RedisServer, workdir: Path) -> dic
                     b = read(probe)
                     appends.add(a, b, info)
                     before = queue.requests
-                    window = service.get_window(key, soak.BUDGET)
+                    window = service.get_window(key, BUDGET)
                     c = read(probe)
                     kind = (
                         "hit, no compaction due"
