@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from ctxcore.messages import UserMessage
 from ctxcore.state import CompressionState, ConversationKey, SummaryBlock
-from tests.integration.test_http import AUTH_A, AUTH_B, CONV, Api, _assistant, _user, api, make_api
-
-__all__ = ["api", "make_api"]  # fixtures
+from tests.integration.http_api.helpers import AUTH_A, AUTH_B, CONV, Api, assistant, user
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}}}
@@ -14,7 +12,7 @@ TOOLS = [
 
 
 def test_window_format_and_tools(api: Api) -> None:
-    api.append("c1", [_user("hello", message_id="u1", metadata={"k": 1}), _assistant("hi")])
+    api.append("c1", [user("hello", message_id="u1", metadata={"k": 1}), assistant("hi")])
     body = {"budget_tokens": 2000, "tools": TOOLS, "system_messages": [{"role": "system", "content": "s"}]}
     full = api.client.post(f"{CONV}/c1/window", json=body, headers=AUTH_A).json()
     assert full["messages"][1]["context_message_id"] == "000000000001"
@@ -33,7 +31,7 @@ def test_window_format_and_tools(api: Api) -> None:
 
 
 def test_read_the_raw_log_in_pages(api: Api) -> None:
-    api.append("c1", [_user(f"m{i}") if i % 2 == 0 else _assistant(f"m{i}") for i in range(5)])
+    api.append("c1", [user(f"m{i}") if i % 2 == 0 else assistant(f"m{i}") for i in range(5)])
     first = api.client.get(f"{CONV}/c1/messages?limit=3", headers=AUTH_A).json()
     assert [m["content"] for m in first["messages"]] == ["m0", "m1", "m2"] and first["next"] == "000000000003"
     rest = api.client.get(f"{CONV}/c1/messages?after={first['next']}&limit=3", headers=AUTH_A).json()
@@ -44,7 +42,7 @@ def test_read_the_raw_log_in_pages(api: Api) -> None:
 
 
 def test_truncate_after_removes_the_uncovered_tail_only(api: Api) -> None:
-    api.append("c1", [_user("task", message_id="t"), _assistant("a"), _user("more"), _assistant("b")])
+    api.append("c1", [user("task", message_id="t"), assistant("a"), user("more"), assistant("b")])
     # If-Match that is not the end: nothing removed
     moved = api.client.delete(
         f"{CONV}/c1/messages?after=000000000003", headers={**AUTH_A, "If-Match": '"000000000003"'}
@@ -56,7 +54,7 @@ def test_truncate_after_removes_the_uncovered_tail_only(api: Api) -> None:
     )
     assert r.status_code == 200 and r.json() == {"removed": ["000000000004"], "last_id": "000000000003"}
     # The next append gets a new id; the log ends where the truncation left it
-    assert api.append("c1", [_assistant("b2")]).json()["ids"] == ["000000000005"]
+    assert api.append("c1", [assistant("b2")]).json()["ids"] == ["000000000005"]
     # A compaction covering message 2 makes everything above 1 untouchable
     key = ConversationKey("tenant-a", "c1")
     block = SummaryBlock(

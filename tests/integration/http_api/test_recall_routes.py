@@ -14,7 +14,7 @@ from ctxcore.messages import to_openai
 from ctxcore.processors.recall_tool import RECALL_TOOL_NAME
 from ctxcore.state import ConversationKey
 from tests.datasets import swe_runs
-from tests.integration.test_http import AUTH_A, AUTH_B, CONV, Api, make_api  # noqa: F401 (fixture)
+from tests.integration.http_api.helpers import AUTH_A, AUTH_B, CONV, Api
 from tests.pipeline_helpers import logged
 from workers.runtime import build_service
 
@@ -45,7 +45,7 @@ def compacted(api: Api, conversation: str = "run") -> dict[str, Any]:
 
 
 def test_recall_over_http_finds_folded_commands_and_the_window_offers_the_tool(
-    make_api: Callable[..., Api],  # noqa: F811 (the fixture imported above)
+    make_api: Callable[..., Api],
 ) -> None:
     api = make_api(recall={"enabled": True, "chunk_size_tokens": 800, "chunk_overlap_tokens": 80})
     record = compacted(api)
@@ -88,7 +88,7 @@ def test_recall_over_http_finds_folded_commands_and_the_window_offers_the_tool(
     assert api.runtime.state_store.load_archive(key) is None
 
 
-def test_recall_disabled_is_a_409_naming_the_setting(make_api: Callable[..., Api]) -> None:  # noqa: F811
+def test_recall_disabled_is_a_409_naming_the_setting(make_api: Callable[..., Api]) -> None:
     api = make_api()
     assert (
         api.client.post(
