@@ -46,7 +46,7 @@ from soak_workload import BUDGET, WORKER_LIMITS, SoakQueue, soak_settings  # noq
 
 from ctxcore.messages import AssistantMessage, UserMessage  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
-from tests.chaos.helpers import WorkerProcess, broker_idle, worker_env  # noqa: E402
+from tests.chaos.processes import WorkerProcess, broker_idle, worker_env  # noqa: E402
 from workers.prom_worker import snapshot  # noqa: E402
 from workers.runtime import Runtime, build_service  # noqa: E402
 

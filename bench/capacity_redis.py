@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from ctxcore.state import ConversationKey
-from tests.chaos.helpers import answers
+from tests.chaos.processes import answers
 
 
 class RedisServer:

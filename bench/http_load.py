@@ -79,7 +79,7 @@ from bench.rawhttp import RawClient  # noqa: E402
 from ctxcore.config import Settings  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
 from ctxcore.state.redis import RedisMessageLog  # noqa: E402
-from tests.chaos.helpers import free_port, worker_command  # noqa: E402
+from tests.chaos.processes import free_port, worker_command  # noqa: E402
 from workers.app import queue_names  # noqa: E402
 from workers.embedded import ensure_redis  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402

@@ -59,7 +59,7 @@ if str(REPO) not in sys.path:
 from bench.http_load import cpu_seconds, pct  # noqa: E402
 from bench.rawhttp import RawClient  # noqa: E402
 from ctxcore.config import Settings, hash_token  # noqa: E402
-from tests.chaos.helpers import free_port  # noqa: E402
+from tests.chaos.processes import free_port  # noqa: E402
 from workers.embedded import ensure_redis  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
 

@@ -45,13 +45,8 @@ import redis  # noqa: E402
 
 from bench.soak_workload import WORKER_LIMITS, run_client, soak_keys, soak_settings  # noqa: E402
 from ctxcore.state import ConversationKey  # noqa: E402
-from tests.chaos.helpers import (  # noqa: E402
-    WorkerProcess,
-    block_responder,
-    broker_idle,
-    conversation_problems,
-    worker_env,
-)
+from tests.chaos.helpers import block_responder, conversation_problems  # noqa: E402
+from tests.chaos.processes import WorkerProcess, broker_idle, worker_env  # noqa: E402
 from workers.keyspace import delete_prefixed_keys  # noqa: E402
 from workers.prom_worker import snapshot  # noqa: E402
 from workers.runtime import Runtime  # noqa: E402

@@ -19,7 +19,7 @@ import redis
 import uvicorn
 
 from ctxcore.config import Settings, hash_token
-from tests.chaos.helpers import free_port
+from tests.chaos.processes import free_port
 from workers.keyspace import delete_prefixed_keys
 from workers.runtime import Runtime
 

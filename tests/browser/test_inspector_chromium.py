@@ -213,7 +213,9 @@ def test_an_expired_session_in_chromium(live: LiveApi, browser: Any) -> None:
     assert int(row.find_element(By.CLASS_NAME, "tokens").text) > 0  # the stored count of the append
     # The session's Redis key runs out (WebDriver reads the HttpOnly cookie; no page script can).
     cookie = browser.get_cookie(COOKIE)["value"]
-    name = f"{live.runtime.settings.redis.key_prefix}:ui:session:{hashlib.sha256(cookie.encode()).hexdigest()}"
+    name = (
+        f"{live.runtime.settings.redis.key_prefix}:ui:session:{hashlib.sha256(cookie.encode()).hexdigest()}"
+    )
     assert live.runtime.redis.pexpire(name, 1)
     time.sleep(0.05)
     browser.get(f"{live.url}/ui/c/{key.conversation_id}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.helpers import RedisProcess
+from tests.chaos.processes import RedisProcess
 
 
 @pytest.fixture()

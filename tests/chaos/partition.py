@@ -34,16 +34,8 @@ from celery import Celery
 from ctxcore.config import Settings
 from ctxcore.state import CompressionState, ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import (
-    agent_round,
-    answers,
-    block_responder,
-    deployment_queues,
-    free_port,
-    state_problems,
-    worker_command,
-    worker_env,
-)
+from tests.chaos.helpers import agent_round, block_responder, state_problems
+from tests.chaos.processes import answers, deployment_queues, free_port, worker_command, worker_env
 from tests.redis_binaries import NoSuitableRedis, pick_redis_server
 from workers.app import celery_config, queue_names
 from workers.prom_worker import node_registry

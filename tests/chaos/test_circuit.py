@@ -11,7 +11,7 @@ import redis
 from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.summarize.errors import ModelCallError
 from ctxcore.summarize.model import Completion, OutputContract, Usage
-from tests.chaos.helpers import quick_client
+from tests.chaos.processes import quick_client
 from workers.circuit import CircuitBreaker, CircuitBreakerClient, CircuitOpenError
 from workers.keyspace import delete_prefixed_keys
 from workers.redis_clients import cluster_client

@@ -29,7 +29,8 @@ import redis
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import REPO, WorkerProcess, agent_round, block_responder, free_port, worker_env
+from tests.chaos.helpers import agent_round, block_responder
+from tests.chaos.processes import REPO, WorkerProcess, free_port, worker_env
 from workers.runtime import Runtime
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(180)]

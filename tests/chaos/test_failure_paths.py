@@ -31,15 +31,8 @@ from ctxcore.state import ConversationKey
 from ctxcore.summarize.model import Completion, OutputContract
 from ctxcore.testing import OpenAIServer
 from tests.chaos.celery_helpers import EventLog, in_process_worker
-from tests.chaos.helpers import (
-    RedisProcess,
-    WorkerProcess,
-    agent_round,
-    block_responder,
-    conversation_problems,
-    free_port,
-    worker_env,
-)
+from tests.chaos.helpers import agent_round, block_responder, conversation_problems
+from tests.chaos.processes import RedisProcess, WorkerProcess, free_port, worker_env
 from workers.runtime import Runtime
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]

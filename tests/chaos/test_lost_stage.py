@@ -18,14 +18,8 @@ from ctxcore.config import Settings
 from ctxcore.errors import StoreUnavailable
 from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import (
-    RedisProcess,
-    WorkerProcess,
-    agent_round,
-    block_responder,
-    conversation_problems,
-    worker_env,
-)
+from tests.chaos.helpers import agent_round, block_responder, conversation_problems
+from tests.chaos.processes import RedisProcess, WorkerProcess, worker_env
 from workers.runtime import Runtime
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(180)]

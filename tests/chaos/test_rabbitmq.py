@@ -32,7 +32,8 @@ from kombu import Connection
 from ctxcore.config import Settings
 from ctxcore.state import ConversationKey
 from tests.chaos.celery_helpers import EventLog, in_process_worker
-from tests.chaos.helpers import agent_round, conversation_problems, free_port
+from tests.chaos.helpers import agent_round, conversation_problems
+from tests.chaos.processes import free_port
 from tests.integration.test_cli import run_cli
 from workers.keyspace import delete_prefixed_keys
 

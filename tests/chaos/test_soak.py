@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.chaos.helpers import LONG, REPO, RedisProcess
+from tests.chaos.helpers import LONG
+from tests.chaos.processes import REPO, RedisProcess
 from tests.conftest import server_unavailable
 from tests.redis_binaries import (
     CLUSTER_VERSION,

@@ -27,7 +27,8 @@ from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage, to_opena
 from ctxcore.state import ConversationKey
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.window import check_window
-from tests.chaos.helpers import RedisProcess, conversation_problems
+from tests.chaos.helpers import conversation_problems
+from tests.chaos.processes import RedisProcess
 from workers.http import create_app
 from workers.runtime import Runtime, build_service
 from workers.service import InlineQueue

@@ -36,15 +36,8 @@ from ctxcore.config import Settings
 from ctxcore.messages import AnyMessage
 from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import (
-    LONG,
-    WorkerProcess,
-    agent_round,
-    block_responder,
-    broker_idle,
-    conversation_problems,
-    worker_env,
-)
+from tests.chaos.helpers import LONG, agent_round, block_responder, conversation_problems
+from tests.chaos.processes import WorkerProcess, broker_idle, worker_env
 from tests.rabbitmq import ready_messages
 from workers.app import celery_config, queue_names
 from workers.runtime import Runtime

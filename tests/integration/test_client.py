@@ -33,7 +33,7 @@ from ctxcore.messages import AssistantMessage, ToolCall, ToolMessage, UserMessag
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state import ConversationKey
 from ctxcore.window import check_window
-from tests.chaos.helpers import RedisProcess
+from tests.chaos.processes import RedisProcess
 from tests.datasets import swe_runs
 from tests.live_server import SLOW_TOKEN, TOKEN, LiveApi, live_api, serve_api
 

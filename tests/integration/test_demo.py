@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.chaos.helpers import free_port
+from tests.chaos.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DB = 8  # a database of the test server no other test writes to (nothing is flushed)

@@ -278,7 +278,7 @@ def test_celery_config_isolates_deployments(settings: Settings) -> None:
 
 def test_a_lock_on_an_unreachable_redis_is_store_unavailable() -> None:
     from ctxcore.errors import StoreUnavailable
-    from tests.chaos.helpers import free_port, quick_client
+    from tests.chaos.processes import free_port, quick_client
     from workers.locks import conversation_lock
 
     client = quick_client(f"redis://127.0.0.1:{free_port()}/0")

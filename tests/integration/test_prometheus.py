@@ -21,7 +21,7 @@ from ctxcore.config import Settings
 from ctxcore.errors import ConfigError
 from ctxcore.messages import AssistantMessage, UserMessage
 from ctxcore.state import ConversationKey
-from tests.chaos.helpers import REPO, free_port
+from tests.chaos.processes import REPO, free_port
 from workers.keyspace import delete_prefixed_keys
 from workers.prom_worker import disable_multiprocess, enable_multiprocess, node_registry, start_node_metrics
 from workers.scheduler import FairScheduler

@@ -13,7 +13,7 @@ import pytest
 from ctxcore.messages import AssistantMessage, ToolMessage, UserMessage
 from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import free_port
+from tests.chaos.processes import free_port
 from tests.live_server import SLOW_TOKEN, TOKEN, LiveApi, live_api, serve_api
 
 pytestmark = pytest.mark.redis

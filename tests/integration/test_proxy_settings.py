@@ -14,7 +14,7 @@ import pytest
 from ctxcore.errors import ConfigError
 from ctxcore.state import ConversationKey
 from ctxcore.testing import OpenAIServer
-from tests.chaos.helpers import free_port
+from tests.chaos.processes import free_port
 from tests.live_server import TOKEN, LiveApi, live_api, serve_api
 
 pytestmark = pytest.mark.redis

@@ -32,7 +32,7 @@ from ctxcore.state import ConversationKey
 from ctxcore.tokens import TiktokenCounter
 from ctxcore.turns import anchors
 from ctxcore.window import check_window
-from tests.chaos.helpers import free_port
+from tests.chaos.processes import free_port
 from tests.conftest import server_unavailable
 from tests.datasets import swe_runs
 from tests.workers_fixture import in_process_worker

@@ -20,7 +20,7 @@ import redis
 
 from ctxcore.config import Settings, hash_token
 from ctxcore.errors import ConfigError
-from tests.chaos.helpers import REPO, free_port
+from tests.chaos.processes import REPO, free_port
 from workers.keyspace import delete_prefixed_keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
