@@ -1,4 +1,5 @@
-"""Running processors: hooks, failure isolation, state events, active compression, recovery."""
+"""Running processors: hooks, failure isolation, state events, active compression (overflow
+recovery is in ``test_overflow_recovery.py``)."""
 
 from __future__ import annotations
 
@@ -6,127 +7,35 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 import ctxcore.engine.store as engine_store
 from ctxcore.engine import ContextEngine, ModelContext
 from ctxcore.errors import ConfigError, CtxcoreError
-from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage, replace_content
+from ctxcore.messages import AnyMessage, UserMessage
 from ctxcore.processors import (
     CompressionStateEvent,
     ContextEvent,
     ContextProcessor,
     ProcessorConfig,
     ProcessorRegistry,
-    builtin_registry,
 )
 from ctxcore.processors.events import HISTORY_LIMIT
-from ctxcore.window import ContextWindow
-
-# --- test processors ------------------------------------------------------------------
-
-
-class TagConfig(ProcessorConfig):
-    tag: str = "x"
-    fail: bool = False
-    cancel: bool = False
-
-
-class Tagger(ContextProcessor[TagConfig]):
-    """Appends its tag to every added user message (a visible, checkable rewrite)."""
-
-    config_model = TagConfig
-    kind = "compressor"
-    calls: ClassVar[list[str]] = []
-
-    def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
-        return True
-
-    def on_add_messages(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
-    ) -> tuple[ContextEvent | None, list[AnyMessage]]:
-        Tagger.calls.append(self.config.tag)
-        if self.config.cancel:
-            raise KeyboardInterrupt
-        if self.config.fail:
-            raise RuntimeError(f"boom {self.config.tag}")
-        out = [
-            replace_content(m, f"{m.content}+{self.config.tag}") if m.role == "user" else m for m in messages
-        ]
-        return ContextEvent(self.processor_type(), messages_to_modify=[0]), out
-
-
-class WindowCanceller(ContextProcessor[ProcessorConfig]):
-    kind = "view"
-
-    def trigger_get_context_window(self, ctx: ModelContext, window: ContextWindow, **kwargs: Any) -> bool:
-        return True
-
-    def on_get_context_window(
-        self, ctx: ModelContext, window: ContextWindow, **kwargs: Any
-    ) -> tuple[ContextEvent | None, ContextWindow]:
-        raise asyncio.CancelledError
-
-
-class Recorder(ContextProcessor[TagConfig]):
-    """Records active-compression order; drops the oldest message when compressing."""
-
-    config_model = TagConfig
-    order: ClassVar[list[str]] = []
-
-    def on_compress(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
-    ) -> tuple[ContextEvent | None, list[AnyMessage]]:
-        Recorder.order.append(self.config.tag)
-        assert kwargs["force"] is True
-        if self.config.fail:
-            return None, messages
-        return ContextEvent(self.processor_type(), compact_summary=f"summary {self.config.tag}"), messages[1:]
-
-
-class OffloadRecorder(Recorder):
-    kind = "offloader"
-
-
-class ViewRecorder(Recorder):
-    kind = "view"
-
-
-class Blocker(ContextProcessor[ProcessorConfig]):
-    """Holds the processor lock inside its add hook until released."""
-
-    kind = "compressor"
-
-    def __init__(self, config: Any = None) -> None:
-        super().__init__(config)
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def trigger_add_messages(self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any) -> bool:
-        return True
-
-    def on_add_messages(
-        self, ctx: ModelContext, messages: list[AnyMessage], **kwargs: Any
-    ) -> tuple[ContextEvent | None, list[AnyMessage]]:
-        self.entered.set()
-        assert self.release.wait(5)
-        return None, messages
+from tests.unit.engine_processors import (
+    Blocker,
+    Recorder,
+    TagConfig,
+    Tagger,
+    make,
+    registry_with_test_processors,
+)
 
 
 @pytest.fixture
 def registry() -> ProcessorRegistry:
-    reg = builtin_registry()
-    for cls in (Tagger, WindowCanceller, Recorder, OffloadRecorder, ViewRecorder):
-        reg.register(cls)
-    Tagger.calls.clear()
-    Recorder.order.clear()
-    return reg
-
-
-def make(registry: ProcessorRegistry, processors: list[Any], **config: Any) -> ModelContext:
-    return ContextEngine(config, registry=registry).create_context("c", processors=processors)
+    return registry_with_test_processors()
 
 
 # --- add pipeline ---------------------------------------------------------------------
@@ -363,69 +272,3 @@ def test_engine_compress_context_needs_an_existing_context(registry: ProcessorRe
         [UserMessage(content="a"), UserMessage(content="b")]
     )
     assert eng.compress_context("c") == "compressed"
-
-
-# --- overflow recovery ----------------------------------------------------------------
-
-
-class ProviderError(Exception):
-    def __init__(self, body: dict[str, Any]) -> None:
-        super().__init__("request failed")
-        self.body = body
-
-
-def test_overflow_recovery_compresses_once_for_a_wrapped_provider_error(registry: ProcessorRegistry) -> None:
-    eng = ContextEngine(registry=registry)
-    ctx = eng.create_context("c", processors=[("Recorder", None)])
-    ctx.add_messages([UserMessage(content="a"), UserMessage(content="b")])
-    try:
-        try:
-            raise ProviderError({"error": {"message": "This model's maximum context length is 8192 tokens"}})
-        except ProviderError as inner:
-            raise RuntimeError("agent step failed") from inner
-    except RuntimeError as wrapped:
-        assert eng.recover_from_model_exception(wrapped, "c") is True
-    assert Recorder.order == ["x"]
-    assert ctx.compression_states[-1].trigger == "model_context_overflow"
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        RuntimeError("You exceeded your current quota, please check your plan and billing details"),
-        RuntimeError("maximum output tokens exceeded"),
-        RuntimeError("output token limit reached"),
-        TimeoutError("network timeout"),
-    ],
-)
-def test_overflow_recovery_ignores_other_errors(registry: ProcessorRegistry, error: Exception) -> None:
-    ctx = make(registry, [("Recorder", None)])
-    ctx.add_messages([UserMessage(content="a"), UserMessage(content="b")])
-    assert ctx.recover_from_model_exception(error) is False
-    assert Recorder.order == []
-
-
-def test_overflow_recovery_never_retries_after_streamed_output(registry: ProcessorRegistry) -> None:
-    ctx = make(registry, [("Recorder", None)])
-    ctx.add_messages([UserMessage(content="a"), UserMessage(content="b")])
-    assert ctx.recover_from_model_exception(RuntimeError("prompt is too long"), stream_started=True) is False
-    assert ctx.recover_from_model_exception(RuntimeError("prompt is too long")) is True
-
-
-def test_forced_compression_ignores_thresholds_of_rule_processors() -> None:
-    big = "line of output\n" * 200
-    call = ToolCall(id="1", name="bash", arguments="{}")
-    ctx = ContextEngine({"strict_processors": True}).create_context(
-        "c", processors=[("MessageOffloader", {"tokens_threshold": 10**9, "keep_last_round": False})]
-    )
-    ctx.add_messages(
-        [
-            UserMessage(content="run it"),
-            AssistantMessage(content="", tool_calls=[call]),
-            ToolMessage(content=big, tool_call_id="1"),
-            AssistantMessage(content="done"),
-        ]
-    )
-    assert ctx.get_messages()[2].content == big
-    assert ctx.compress_context() == "compressed"
-    assert "[[OFFLOAD: handle=" in str(ctx.get_messages()[2].content)

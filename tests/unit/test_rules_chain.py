@@ -1,14 +1,13 @@
-"""apply_rules and the default chain: determinism, recoverability, and a property test."""
+"""apply_rules and the default chain: determinism and recoverability (the property test is in
+``test_rules_chain_properties.py``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings
 
 from ctxcore.engine import ContextEngine
 from ctxcore.errors import ConfigError, StoreUnavailable
@@ -16,7 +15,6 @@ from ctxcore.messages import (
     AnyMessage,
     AssistantMessage,
     SystemMessage,
-    ToolCall,
     ToolMessage,
     UserMessage,
     from_openai,
@@ -27,9 +25,8 @@ from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.memory import MemoryOffloadStore
 from ctxcore.tokens import EstimateCounter, TiktokenCounter
-from ctxcore.turns import anchors
-from ctxcore.window import check_window
 from tests.datasets import conversations
+from tests.unit.rules_chain_checks import assert_sound, with_ids
 
 settings.register_profile(
     "ctxcore-rules", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -97,27 +94,9 @@ class FailingBatch(CountingStore):
         return MemoryOffloadStore.put_many_if_absent(self, key, items)
 
 
-def with_ids(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
-    return [m.model_copy(update={"context_message_id": f"{i + 1:012d}"}) for i, m in enumerate(messages)]
-
-
 def swe_run() -> list[AnyMessage]:
     record = next(conversations("minisweagent.jsonl"))
     return with_ids([m for m in from_openai(record["messages"]) if not isinstance(m, SystemMessage)])
-
-
-def assert_sound(
-    before: list[AnyMessage], after: list[AnyMessage], store: MemoryOffloadStore, key: ConversationKey
-) -> None:
-    assert check_window(after) == []
-    for index in anchors(before).indices():
-        assert before[index] in after
-    by_id = {m.context_message_id: m for m in before}
-    for message in after:
-        for handle, _, _ in OFFLOAD_MARKER_RE.findall(str(message.content)):
-            stored = store.get(key, handle)
-            assert stored is not None
-            assert messages_to_json(stored) == messages_to_json([by_id[message.context_message_id]])
 
 
 def test_default_chain_order_and_scaling() -> None:
@@ -273,146 +252,3 @@ def test_removed_ranges_and_handles_cover_everything_left_out() -> None:
         ):
             continue
         assert any(r.first <= log_id <= r.last for r in result.removed_ranges), log_id
-
-
-# --- property test --------------------------------------------------------------------
-
-BIG_LOG = "\n".join(
-    [*(f"test_{i} PASSED" for i in range(60)), "test_x FAILED", "E   AssertionError", "1 failed"]
-)
-BIG_JSON = json.dumps([{"id": i, "name": f"item {i}", "tags": ["a", "b", "c"]} for i in range(80)])
-BIG_DIFF = (
-    "diff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1,40 +1,40 @@\n"
-    + "\n".join(f" same {i}" for i in range(40))
-    + "\n-old\n+new"
-)
-CONTENTS = st.sampled_from(["ok", "", "short result", BIG_LOG, BIG_JSON, BIG_DIFF, "line\n" * 300])
-TOOLS = st.sampled_from(["bash", "grep", "read_file", "search"])
-
-
-@st.composite
-def tool_step(draw: st.DrawFn, in_flight: bool = False) -> list[AnyMessage]:
-    n = draw(st.integers(1, 3))
-    # Ids come from a small pool: real agents reuse them across steps.
-    ids = draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=n, max_size=n, unique=True))
-    calls = [
-        ToolCall(id=i, name=draw(TOOLS), arguments=json.dumps({"q": draw(st.sampled_from(["x", "test_x"]))}))
-        for i in ids
-    ]
-    results: list[AnyMessage] = [
-        ToolMessage(
-            content=draw(CONTENTS),
-            tool_call_id=i,
-            metadata={"is_error": True} if draw(st.integers(0, 9)) == 0 else {},
-        )
-        for i in draw(st.permutations(ids))
-    ]
-    if in_flight:
-        results = results[: draw(st.integers(0, n - 1))]
-    return [AssistantMessage(content=draw(st.sampled_from(["", "thinking"])), tool_calls=calls), *results]
-
-
-@st.composite
-def conversation(draw: st.DrawFn) -> list[AnyMessage]:
-    messages: list[AnyMessage] = []
-    if draw(st.booleans()):
-        messages.append(UserMessage(content="<memory_block_dialogue>earlier work</memory_block_dialogue>"))
-    n_turns = draw(st.integers(1, 6))
-    for t in range(n_turns):
-        messages.append(
-            UserMessage(
-                content=f"request {t}: " + draw(st.sampled_from(["fix test_x", "find item 7", BIG_LOG]))
-            )
-        )
-        if draw(st.booleans()):
-            messages.append(UserMessage(content="<system-reminder>stay on task</system-reminder>"))
-        for _ in range(draw(st.integers(0, 4))):
-            messages += draw(tool_step())
-        last = t == n_turns - 1
-        ending = draw(st.sampled_from(["final", "in_flight", "open"] if last else ["final"]))
-        if ending == "final":
-            messages.append(AssistantMessage(content=f"answer {t}"))
-        elif ending == "in_flight":
-            messages += draw(tool_step(in_flight=True))
-    return with_ids(messages)
-
-
-@RULES_PROFILE
-@given(messages=conversation(), window=st.sampled_from([300, 2_000, 16_000]))
-def test_default_chain_never_breaks_the_protocol_or_drops_an_anchor(
-    messages: list[AnyMessage], window: int
-) -> None:
-    assert check_window(messages) == []
-    store = MemoryOffloadStore()
-    out = apply_rules(
-        messages, default_rule_chain(window), EstimateCounter(), store, KEY, budget_tokens=window
-    )
-    assert_sound(messages, out, store, KEY)
-    assert (
-        apply_rules(messages, default_rule_chain(window), EstimateCounter(), store, KEY, budget_tokens=window)
-        == out
-    )
-
-
-TIGHT_RULES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
-    "MessageOffloader": st.fixed_dictionaries(
-        {
-            "tokens_threshold": st.just(1),
-            "large_message_threshold": st.sampled_from([50, 500]),
-            "trim_size": st.just(10),
-            "keep_last_round": st.booleans(),
-            "offload_message_type": st.just(["user", "assistant", "tool"]),
-        }
-    ),
-    "MessageSummaryOffloader": st.fixed_dictionaries(
-        {"add_message_threshold_ratio": st.sampled_from([0.01, 0.1])}
-    ),
-    "ToolResultBudgetProcessor": st.fixed_dictionaries(
-        {
-            "tokens_threshold": st.integers(1, 300),
-            "large_message_threshold": st.just(20),
-            "trim_size": st.just(10),
-        }
-    ),
-    "ToolResultWindowProcessor": st.fixed_dictionaries(
-        {
-            "tool_names": st.just(["bash", "grep"]),
-            "keep_last_k": st.integers(1, 2),
-            "min_offload_chars": st.sampled_from([0, 300]),
-        }
-    ),
-    "MicroCompactProcessor": st.fixed_dictionaries(
-        {
-            "compactable_tool_names": st.just(["*"]),
-            "keep_recent_per_tool": st.integers(0, 2),
-            "trigger_threshold": st.integers(1, 2),
-        }
-    ),
-    "CompactCompletedToolTurns": st.fixed_dictionaries({"keep_recent_turns": st.integers(0, 2)}),
-    "WindowLimit": st.fixed_dictionaries(
-        {
-            "max_attached_turns": st.none() | st.integers(1, 3),
-            "max_attached_messages": st.none() | st.integers(1, 20),
-        }
-    ),
-}
-
-
-@st.composite
-def tight_chain(draw: st.DrawFn) -> list[tuple[str, dict[str, object]]]:
-    names = draw(st.permutations(sorted(TIGHT_RULES)))[: draw(st.integers(1, len(TIGHT_RULES)))]
-    return [(name, draw(TIGHT_RULES[name])) for name in names]
-
-
-@RULES_PROFILE
-@given(messages=conversation(), chain=tight_chain())
-def test_any_chain_of_tight_rules_keeps_the_protocol_and_the_anchors(
-    messages: list[AnyMessage], chain: list[tuple[str, dict[str, object]]]
-) -> None:
-    store = MemoryOffloadStore()
-    out = apply_rules(messages, chain, EstimateCounter(), store, KEY, budget_tokens=300)
-    assert_sound(messages, out, store, KEY)
-
-
-def test_the_profile_runs_one_hundred_examples() -> None:
-    assert RULES_PROFILE.max_examples == 100
