@@ -13,11 +13,15 @@ forms so the summaries can be measured on them (``bench/retention.py --harness-f
   every other call becomes ``execute_bash`` with ``is_input="false"``.
 * ``codex``: every call becomes ``shell`` with the argument vector ``["bash", "-lc",
   <command>]`` and a ``workdir``, as Codex CLI calls its shell.
+* ``claude``: as Claude Code calls its tools: a lone heredoc write becomes ``Write`` with
+  ``file_path`` and ``content``; a numbered view that printed becomes ``Read`` with
+  ``file_path``, ``offset`` and ``limit``, answered with the same lines numbered ``N→``;
+  every other call becomes ``Bash`` with ``command`` and a ``description``.
 
 Texts, other results and everything else are kept. The words the rewrite adds (``create``,
-``view``, ``false``, ``bash``, ``-lc``, ``/testbed``) are no reference the eval counts; the
-editor's answers name the path the command named, and a view's range holds the numbers its
-command held.
+``view``, ``false``, ``bash``, ``-lc``, ``/testbed``, the description) are no reference the
+eval counts; the editor's answers name the path the command named, and a view's range holds
+the numbers its command held (a ``Read``'s ``limit`` is its line count).
 
     .venv/bin/python bench/harness_forms.py openhands ../shared/data/minisweagent_dev.jsonl /tmp/oh.jsonl
     ctxcore eval /tmp/oh.jsonl --ids <half> --policy steps,full --budget 16000
@@ -33,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-Form = Literal["openhands", "codex"]
-FORMS: tuple[Form, ...] = ("openhands", "codex")
+Form = Literal["openhands", "codex", "claude"]
+FORMS: tuple[Form, ...] = ("openhands", "codex", "claude")
 
 # ``cat <<'EOF' > path`` (or ``cat > path <<'EOF'``), its body, the delimiter: the whole command.
 _HEREDOC_WRITE = re.compile(
@@ -81,12 +85,10 @@ def rewrite(run: dict[str, Any], form: Form = "openhands") -> dict[str, Any]:
             lambda _id, content: ("shell", content),
             form,
         )
+    if form == "claude":
+        return _claude(run)
     # A view is rewritten only when its result is a whole output (no error, no warning).
-    results_ok: dict[str, str] = {}
-    for message in run["messages"]:
-        found = _RESULT.match(message.get("content") or "") if message.get("role") == "tool" else None
-        if found is not None:
-            results_ok[message.get("tool_call_id", "")] = found.group("out")
+    results_ok = _whole_outputs(run)
     created: dict[str, str] = {}  # tool_call_id -> path written by an editor create
     viewed: dict[str, str] = {}  # tool_call_id -> path an editor view shows
 
@@ -110,6 +112,39 @@ def rewrite(run: dict[str, Any], form: Form = "openhands") -> dict[str, Any]:
         return "execute_bash", content
 
     return _rewrite(run, call_form, result_form, form)
+
+
+def _whole_outputs(run: dict[str, Any]) -> dict[str, str]:
+    """Each call's output when its result is a whole one (return code 0, no warning)."""
+    out: dict[str, str] = {}
+    for message in run["messages"]:
+        found = _RESULT.match(message.get("content") or "") if message.get("role") == "tool" else None
+        if found is not None:
+            out[message.get("tool_call_id", "")] = found.group("out")
+    return out
+
+
+def _claude(run: dict[str, Any]) -> dict[str, Any]:
+    results_ok = _whole_outputs(run)
+    answers: dict[str, tuple[str, str]] = {}  # tool_call_id -> (tool, result)
+
+    def call_form(call_id: str, command: str) -> tuple[str, dict[str, Any]]:
+        editor = _editor_create(command)
+        if editor is not None:
+            answers[call_id] = ("Write", f"File created successfully at: {editor['path']}")
+            return "Write", {"file_path": editor["path"], "content": editor["file_text"]}
+        view = _editor_view(command)
+        if view is not None and call_id in results_ok:
+            first, last = view["view_range"]
+            lines = re.sub(r"(?m)^(\s*\d+)\t", "\\1→", results_ok[call_id])
+            answers[call_id] = ("Read", lines)
+            return "Read", {"file_path": view["path"], "offset": first, "limit": last - first + 1}
+        return "Bash", {"command": command, "description": "Run the command"}
+
+    def result_form(call_id: str, content: str) -> tuple[str, str]:
+        return answers.get(call_id, ("Bash", content))
+
+    return _rewrite(run, call_form, result_form, "claude")
 
 
 def _rewrite(

@@ -86,3 +86,20 @@ def test_the_codex_form_calls_shell_with_an_argument_vector() -> None:
     out = rewrite(_run("ls -la"), "codex")
     assert _calls(out) == [("shell", {"command": ["bash", "-lc", "ls -la"], "workdir": "/testbed"})]
     assert [m["name"] for m in out["messages"] if m["role"] == "tool"] == ["shell"]  # type: ignore[index]
+
+
+def test_the_claude_form_writes_reads_and_runs_as_claude_code_does() -> None:
+    write = "cat <<'EOF' > check.py\nprint(1)\nEOF"
+    run = _run(write, "nl -ba src/app.py | sed -n '519,520p'", "ls")
+    run["messages"][4]["content"] = (
+        "<returncode>0</returncode>\n<output>\n   519\tdef f():\n   520\t    return 1\n</output>"  # type: ignore[index]
+    )
+    out = rewrite(run, "claude")
+    assert _calls(out) == [
+        ("Write", {"file_path": "check.py", "content": "print(1)\n"}),
+        ("Read", {"file_path": "src/app.py", "offset": 519, "limit": 2}),
+        ("Bash", {"command": "ls", "description": "Run the command"}),
+    ]
+    results = [m for m in out["messages"] if m["role"] == "tool"]  # type: ignore[index]
+    assert [r["name"] for r in results] == ["Write", "Read", "Bash"]
+    assert results[1]["content"] == "   519→def f():\n   520→    return 1\n"
