@@ -339,6 +339,7 @@ class Extractor:
         path = call_path(call, parsed)
         command = shell_command(parsed)
         written = shell_write_target(command) if command is not None else None
+        writes = writes_file(name, written, path)
         # A shell command is shown whole (``command_text``): never cut after its first
         # line number.
         whole = self.rules.commands_whole and command_text(parsed) is not None
@@ -346,7 +347,7 @@ class Extractor:
         order = (index, _CALL_ORDER + pos)
         if failed or is_error(line):
             self.add(order, "error", item_text, tag=tag, limit=limit, call=True)
-        elif writes_file(name, written, path):
+        elif writes:
             target = written or path or ""
             # Keyed by path: only the last write of each file survives deduplication, and
             # the path leads so that clipping the arguments never hides it. A shell
@@ -361,7 +362,7 @@ class Extractor:
         else:
             self.add(order, "tool", item_text, tag=tag, limit=limit, call=True)
         if path:
-            self.note_path(path, 6.0 if writes_file(name, written, path) else 3.0, tag)
+            self.note_path(path, 6.0 if writes else 3.0, tag)
         if written:
             self.note_path(written, 6.0, tag)
         if command is not None and not failed:
@@ -370,8 +371,7 @@ class Extractor:
         if self.rules.script_lines:
             # A script the agent writes is code it reuses in the next script (issue 33c),
             # through a heredoc or an editor's argument.
-            code_lines = written_lines(parsed, writes_file(name, written, path))
-            for sub, code in enumerate(code_lines[: _CALL_ORDER - 1], start=1):
+            for sub, code in enumerate(written_lines(parsed, writes)[: _CALL_ORDER - 1], start=1):
                 self.add((index, (2 + pos) * _CALL_ORDER + sub), "work", code, tag="assistant")
         return line
 

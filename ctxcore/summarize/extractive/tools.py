@@ -20,7 +20,6 @@ __all__ = [
     "args_short",
     "call_path",
     "command_text",
-    "heredoc_lines",
     "json_fields",
     "parse_args",
     "result_line",
@@ -96,7 +95,7 @@ def command_text(parsed: Any) -> str | None:
     return text if len(text) <= COMMAND_CHARS else clip(collapse(text), COMMAND_CHARS, mark=True)
 
 
-def heredoc_lines(parsed: Any) -> list[str]:
+def _heredoc_lines(parsed: Any) -> list[str]:
     """The lines a call's shell command writes through heredocs (a script's code), in order;
     ``[]`` when it has none."""
     if not isinstance(parsed, dict):
@@ -167,7 +166,7 @@ def written_lines(parsed: Any, writes: bool) -> list[str]:
     ``file_text`` or ``new_str``, a ``content``, each ``new_string`` of a list of edits), not
     the path nor what an edit replaces (``old_str``: no longer in the file). Blank lines left
     out, each stripped."""
-    lines = heredoc_lines(parsed)
+    lines = _heredoc_lines(parsed)
     if writes and isinstance(parsed, dict):
         lines.extend(_argument_lines(parsed, top=True))
     return lines
