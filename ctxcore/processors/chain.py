@@ -52,14 +52,15 @@ def default_rule_chain(
     """The default chain as (name, config) pairs, scaled to the window's budget (an engine's
     context passes its model's window): headroom first.
 
-    ``ToolResultBudgetProcessor -> MicroCompactProcessor -> CompactCompletedToolTurns ->
-    ToolResultCap``, all with ``act_only_over_budget``: while the messages fit
-    ``RuleEnv.tail_budget_tokens`` they are served verbatim, and once over, each rule works
-    oldest first and stops as soon as they fit (large results offloaded to a preview, then
-    results cleared one at a time, then old completed tool turns reduced to request and
-    answer, then results over ``max_result_ratio`` of the budget cut to their head and tail,
-    the original offloaded). Only the cap touches the newest step, and only when the rest
-    could not free enough. Pass the same budget to ``apply_rules(budget_tokens=...)`` and the
+    ``ToolResultCap (newest step) -> ToolResultBudgetProcessor -> MicroCompactProcessor ->
+    CompactCompletedToolTurns -> ToolResultCap``, all with ``act_only_over_budget``: while the
+    messages fit ``RuleEnv.tail_budget_tokens`` they are served verbatim, and once over, each
+    rule works oldest first and stops as soon as they fit (an output of the newest step that
+    could not fit even with every older result cleared cut to the room the older messages
+    leave, no smaller than the cap; large results offloaded to a preview, then results
+    cleared one at a time, then old completed tool turns reduced to request and answer, then
+    results over ``max_result_ratio`` of the budget cut to their head and tail, the original
+    offloaded). Only the cap touches the newest step. Pass the same budget to ``apply_rules(budget_tokens=...)`` and the
     room the messages have as ``tail_budget_tokens``; without it the chain does nothing.
 
     Raises:
@@ -69,7 +70,9 @@ def default_rule_chain(
         raise ConfigError(f"default_rule_chain: max_result_ratio must be in (0, 1], got {max_result_ratio}")
     m = budget_tokens
     large = max(m // 20, 2)
+    cap = {"max_result_ratio": max_result_ratio, "act_only_over_budget": True}
     return [
+        ("ToolResultCap", {**cap, "scope": "newest_step"}),
         (
             "ToolResultBudgetProcessor",
             {
@@ -80,7 +83,7 @@ def default_rule_chain(
         ),
         ("MicroCompactProcessor", {"compactable_tool_names": ["*"], "act_only_over_budget": True}),
         ("CompactCompletedToolTurns", {"act_only_over_budget": True}),
-        ("ToolResultCap", {"max_result_ratio": max_result_ratio, "act_only_over_budget": True}),
+        ("ToolResultCap", cap),
     ]
 
 

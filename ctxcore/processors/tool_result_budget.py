@@ -7,7 +7,8 @@ tokens (the counter's); the preview length ``trim_size`` is characters.
 With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the turn
 budget is unused: results over ``large_message_threshold`` are offloaded oldest first,
 across turns, only while the messages are over ``RuleEnv.tail_budget_tokens``, and never
-in the newest step.
+in the newest step; a result whose preview alone would bring them under goes before older
+ones that would not.
 
 Not carried over from the reference: ``offload_message_type`` (only tool results are ever
 handled), ``offload_file_prefix`` (offloads are named by content handle) and the
@@ -22,9 +23,9 @@ from functools import partial
 from pydantic import PositiveInt, model_validator
 
 from ctxcore.errors import ConfigError
-from ctxcore.messages import AnyMessage, ToolMessage
+from ctxcore.messages import AnyMessage, ToolMessage, replace_content
 from ctxcore.processors.base import HeadroomConfig
-from ctxcore.processors.offload import has_offload_marker
+from ctxcore.processors.offload import has_offload_marker, offload_marker
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import (
     HeadroomBudget,
@@ -122,6 +123,25 @@ def _headroom_candidates(
     return _offloadable(messages, range(newest_step_start(messages)), config, env)
 
 
+# A marker as long as any the offload store writes: previews are sized with it before one is.
+_SIZING_MARKER = offload_marker("0" * 16, "in_memory")
+
+
+def _next_to_offload(
+    messages: list[AnyMessage], pending: list[int], over: int, config: ToolResultBudgetConfig, env: RuleEnv
+) -> int:
+    """The oldest pending result whose preview alone frees ``over`` tokens, else the oldest.
+
+    Oldest first alone previewed two 660-token file views before the 20k-token log after
+    them that was the whole excess, and served 1.2k tokens of a 6.7k room (``bench/README.md``,
+    "The newest output"): one result that suffices goes instead of several that do not."""
+    for i in pending:
+        preview = persisted_output(str(messages[i].content), _SIZING_MARKER, config.trim_size)
+        if env.tokens(messages[i]) - env.tokens(replace_content(messages[i], preview)) >= over:
+            return i
+    return pending[0]
+
+
 def triggers(messages: list[AnyMessage], config: ToolResultBudgetConfig, env: RuleEnv) -> bool:
     """True if some turn is over budget and has a result that could be offloaded (headroom
     mode: the messages are over the tail budget and an older result is large)."""
@@ -141,11 +161,13 @@ def apply(
     the budget is the rule). Headroom mode: oldest large results first, while over."""
     rewrite = Rewrite(messages)
     if config.act_only_over_budget:
-        HeadroomBudget(messages, env).rewrite_oldest_first(
-            rewrite,
-            _headroom_candidates(messages, config, env),
-            lambda i: rewrite.offload_replace(i, env, _render(str(messages[i].content), config.trim_size)),
-        )
+        budget = HeadroomBudget(messages, env)
+        pending = _headroom_candidates(messages, config, env)
+        while pending and budget.over:
+            i = _next_to_offload(messages, pending, budget.total - (budget.limit or 0), config, env)
+            pending.remove(i)
+            rewrite.offload_replace(i, env, _render(str(messages[i].content), config.trim_size))
+            budget.saved(messages[i], rewrite.current(i))
         return rewrite.result()
     for total, candidates in _plan(messages, config, env):
         for i in candidates:

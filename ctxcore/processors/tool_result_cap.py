@@ -10,17 +10,30 @@ again, from the original, for a smaller one.
 
 With ``act_only_over_budget`` (the default chain's mode) the cap is headroom-aware: a result
 is served whole while the window fits, and once it does not, results over the cap are cut
-oldest first and only until the messages fit their room. The default chain runs it last, so
-older results are previewed, cleared or reduced first and the cap is what cuts the newest
-step's output when nothing else frees enough. A cap that cut every large result whatever
-the room served a 3,000-token file view at 8k as its head and tail while a plain truncation
-served it whole (issue 32); compaction still plans each result at the cap (it does not
-summarise history to make room for an output the window would cut when tight).
+oldest first and only until the messages fit their room. A cap that cut every large result
+whatever the room served a 3,000-token file view at 8k as its head and tail while a plain
+truncation served it whole (issue 32); compaction still plans each result at the cap (it
+does not summarise history to make room for an output the window would cut when tight).
+
+The default chain runs it twice. First with ``scope="newest_step"``: when the newest step
+would not fit its room even with every older tool result cleared, its outputs over the cap
+are cut only as far as the window is over (never below the cap), so they take the room the
+older messages leave; a newest step that would fit is left to the older rules, which free
+room for it to be served whole. Without that pass the older rules,
+which act while the window is over, previewed and cleared every older result although no
+amount of freeing there could make a 20k-token output fit an 8k window, and the cap then cut
+that output to a quarter of the window: the agent read 4.7k of its 57k characters in a
+window a quarter full, where a plain truncation served 21.8k (``bench/README.md``, "The
+newest output"). Then last, with ``scope="all"``: older results are previewed, cleared or
+reduced first, and the cap cuts what is still over it, to the cap (a size that stays put
+from one window to the next, which the prompt cache needs).
 
 ctxcore's own processor (not in the reference); the only rule that touches the newest step.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -28,6 +41,7 @@ from ctxcore.messages import AnyMessage, message_text
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
+from ctxcore.turns import newest_step_start
 
 __all__ = ["ToolResultCap", "ToolResultCapConfig", "apply", "capped_text", "triggers"]
 
@@ -43,10 +57,14 @@ class ToolResultCapConfig(HeadroomConfig):
         max_result_ratio: the most of the window one tool result may use, in (0, 1].
         head_ratio: the share of the kept text taken from the head, in [0, 1].
         act_only_over_budget: headroom-aware mode (see the module docstring).
+        scope: ``all`` results, or only those of the ``newest_step``; in headroom mode a
+            newest-step result is cut only as far as the window is over, to no less than
+            the cap (see the module docstring).
     """
 
     max_result_ratio: float = Field(default=0.25, gt=0, le=1)
     head_ratio: float = Field(default=0.5, ge=0, le=1)
+    scope: Literal["all", "newest_step"] = "all"
 
 
 def _cap(config: ToolResultCapConfig, env: RuleEnv) -> int:
@@ -76,9 +94,23 @@ def capped_text(text: str, keep: int, head_ratio: float, marker: str) -> str:
     return f"{text[:head_end]}\n[... {cut} characters cut; the whole output: {marker}]\n{text[tail_start:]}"
 
 
+def _newest_step_cannot_fit(messages: list[AnyMessage], first: int, env: RuleEnv) -> bool:
+    """True when the newest step (from ``first``) would not fit its room even with every older
+    tool result cleared: only then is it the newest output that must give way."""
+    if env.tail_budget_tokens is None:
+        return True
+    kept = [m for m in messages[:first] if m.role != "tool"]
+    return env.tail_tokens(kept + messages[first:]) > env.tail_budget_tokens
+
+
 def _over(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> list[int]:
     cap = _cap(config, env)
-    return [i for i, m in enumerate(messages) if m.role == "tool" and env.tokens(m) > cap]
+    first = 0
+    if config.scope == "newest_step":
+        first = newest_step_start(messages)
+        if config.act_only_over_budget and not _newest_step_cannot_fit(messages, first, env):
+            return []
+    return [i for i, m in enumerate(messages) if i >= first and m.role == "tool" and env.tokens(m) > cap]
 
 
 def triggers(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> bool:
@@ -89,17 +121,21 @@ def triggers(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleE
 def apply(
     messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv, *, force: bool = False
 ) -> RuleResult:
-    """Cap every tool result over ``max_result_ratio`` of the window (headroom mode: the oldest
-    first, while the messages are over their room; ``force`` is moot)."""
+    """Cap every tool result in scope over ``max_result_ratio`` of the window (headroom mode:
+    the oldest first, while the messages are over their room, a newest-step result only as
+    far as they are over; ``force`` is moot)."""
     rewrite = Rewrite(messages)
     cap = _cap(config, env)
     budget = HeadroomBudget(messages, env)
     for i in _over(messages, config, env):
         if config.act_only_over_budget and not budget.over:
             break
+        limit = cap
+        if config.act_only_over_budget and config.scope == "newest_step" and budget.limit is not None:
+            limit = max(cap, env.tokens(messages[i]) - (budget.total - budget.limit))
         original = env.original(messages[i])
         text = message_text(original)
-        keep = int(len(text) * max(cap - _NOTE_TOKENS, 1) / max(env.tokens(original), 1))
+        keep = int(len(text) * max(limit - _NOTE_TOKENS, 1) / max(env.tokens(original), 1))
         markers: list[str] = []
 
         def render(marker: str, keep: int = keep, text: str = text, markers: list[str] = markers) -> str:
@@ -108,12 +144,15 @@ def apply(
 
         if not rewrite.offload_replace(i, env, render):
             continue
-        # Characters per token vary along an output: shrink until it fits the cap.
+        # Characters per token vary along an output: shrink until it fits, by the share it is
+        # over (a fixed 15% step left a 6k-token cut up to 900 tokens short of its room).
         for _ in range(_FIT_ATTEMPTS):
             current = rewrite.current(i)
-            if env.tokens(current) <= cap or keep == 0:
+            tokens = env.tokens(current)
+            if tokens <= limit or keep == 0:
                 break
-            keep = int(keep * 0.85)
+            ratio = (limit - _NOTE_TOKENS) / max(tokens - _NOTE_TOKENS, 1)
+            keep = max(min(int(keep * ratio * 0.99), keep - 1), 0)
             content = capped_text(text, keep, config.head_ratio, markers[0])
             rewrite.replace(i, current.model_copy(update={"content": content}))
         budget.saved(messages[i], rewrite.current(i))

@@ -93,12 +93,62 @@ def test_the_cap_keeps_head_and_tail_of_a_huge_result_and_offloads_it() -> None:
     result = assemble_window(CompressionState(), tail, budget, SYSTEM, [], rules(budget, store), COUNTER)
     text = message_text(result.messages[-1])
     assert text.startswith("first line of the log") and text.endswith("ValueError: the end")
-    assert COUNTER.count_messages([result.messages[-1]]) <= budget // 4
-    assert COUNTER.count_messages([result.messages[-1]]) > budget // 4 - 300  # it fills the cap
+    # The older steps are kept whole and the output takes the room they leave, well past the
+    # cap (a quarter of the window), which is what it was cut to while 3/4 of the window
+    # stayed free.
+    assert result.messages[1:-1] == [*tail[:-1]]
+    served = COUNTER.count_messages(result.messages)
+    assert served <= budget and served > budget - 600
+    assert COUNTER.count_messages([result.messages[-1]]) > budget // 2
     handle = OFFLOAD_MARKER_RE.search(text).group(1)  # type: ignore[union-attr]
     stored = store.get(KEY, handle)
     assert stored is not None and message_text(stored[0]) == huge
     assert not result.fallback_applied
+
+
+def test_a_huge_newest_output_leaves_older_outputs_whole_and_fills_what_they_leave() -> None:
+    tail = run(6, 120)
+    huge = "collected 512 items\n" + "tests/test_core.py::test_case PASSED\n" * 6000 + "FAILED test_x - boom"
+    tail[-1] = tail[-1].model_copy(update={"content": huge})
+    budget = 8000
+    result = assemble_window(
+        CompressionState(), tail, budget, SYSTEM, [], rules(budget, MemoryOffloadStore()), COUNTER
+    )
+    served = result.messages
+    assert check_window(served) == [] and COUNTER.count_messages(served) <= budget
+    # Freeing the older outputs could never make the newest one fit: they stay as they were.
+    assert served[1:-1] == tail[:-1]
+    text = message_text(served[-1])
+    assert text.startswith("collected 512 items") and text.endswith("FAILED test_x - boom")
+    assert COUNTER.count_messages(served) > budget - 600
+
+
+def test_a_newest_output_that_fits_once_older_outputs_go_is_served_whole() -> None:
+    tail = run(12, 400)
+    output = "\n".join(f"{n:5d}  line {n} of the file view" for n in range(360))
+    tail[-1] = tail[-1].model_copy(update={"content": output})
+    budget = 8000
+    result = assemble_window(
+        CompressionState(), tail, budget, SYSTEM, [], rules(budget, MemoryOffloadStore()), COUNTER
+    )
+    served = result.messages
+    assert COUNTER.count_messages([tail[-1]]) > budget // 4  # over the cap, under the room
+    assert COUNTER.count_messages(served) <= budget and served[-1] == tail[-1]
+
+
+def test_one_older_output_that_is_the_whole_excess_goes_alone() -> None:
+    tail = run(4, 400)
+    huge = "collected 512 items\n" + "tests/test_core.py::test_case PASSED\n" * 3000
+    tail[6] = tail[6].model_copy(update={"content": huge})  # the third step's output
+    budget = 8000
+    store = MemoryOffloadStore()
+    result = assemble_window(CompressionState(), tail, budget, SYSTEM, [], rules(budget, store), COUNTER)
+    served = result.messages
+    assert COUNTER.count_messages(served) <= budget
+    outputs = [m for m in served if isinstance(m, ToolMessage)]
+    # Oldest first alone would have previewed the two 400-word views before it as well.
+    assert outputs[0] == tail[2] and outputs[1] == tail[4] and outputs[3] == tail[8]
+    assert OFFLOAD_MARKER_RE.search(message_text(outputs[2]))
 
 
 def test_the_cap_reads_list_content_by_its_text_parts() -> None:

@@ -117,12 +117,14 @@ def test_the_default_chain_is_valid_for_any_window(window: int) -> None:
         "c", processors=default_rule_chain(window)
     )
     assert [name for name, _ in ctx.processors] == [
+        "ToolResultCap",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
         "CompactCompletedToolTurns",
         "ToolResultCap",
     ]
-    assert all(p.config.act_only_over_budget for _, p in ctx.processors[1:])
+    assert all(p.config.act_only_over_budget for _, p in ctx.processors)
+    assert [p.config.scope for _, p in ctx.processors[::4]] == ["newest_step", "all"]
 
 
 @pytest.mark.parametrize("ratio", [0.0, -0.1, 1.5])
