@@ -40,8 +40,9 @@ from ctxcore.window import ContextStats, compute_stats
 
 __all__ = ["CompactionStatus", "RuleFn", "WindowResult", "assemble_window", "elided_marker", "fit_to_budget"]
 
-# (raw tail, the tokens it may use in the window or None) -> the tail to serve.
-RuleFn = Callable[[Sequence[AnyMessage], int | None], list[AnyMessage]]
+# (raw tail, the tokens it may use in the window or None, the chunk the rules free room in
+# while over it, 0 for none) -> the tail to serve.
+RuleFn = Callable[[Sequence[AnyMessage], int | None, int], list[AnyMessage]]
 
 
 @dataclass
@@ -93,10 +94,8 @@ def assemble_window(
     passages near the intent (``ctxcore.recall.auto``), unless the fallback applied.
 
     ``rule_chunk_tokens`` (> 0) makes the rules free room in chunks of that size while the
-    view is over the budget (a worker lagging behind): the room they are given is lowered to
-    a whole number of chunks below the view, so the windows that follow, each one step
-    longer, ask the rules for the same saving and get the same rewritten prefix until the
-    next chunk is due, and a provider's prompt cache keeps serving it.
+    view is over the budget (a worker lagging behind), passed to ``rules`` with the room
+    (``apply_rules_result``'s ``chunk_tokens``).
     """
     counter = tolerant(counter)  # a counter that raises must not stop the window being served
     view = View.from_state(state, tail, pinned, system=system_messages, tools=tools, detector=detector)
@@ -117,10 +116,9 @@ def assemble_window(
     # results are part of what is served and counted.
     closed_tail = close_interrupted_tool_calls(tail)
     tail_budget_tokens = budget_tokens - replace(view, tail=()).tokens(counter)
-    over = raw_tokens - budget_tokens
-    if rule_chunk_tokens > 0 and over > 0:
-        tail_budget_tokens -= -(-over // rule_chunk_tokens) * rule_chunk_tokens - over
-    ruled_tail = list(rules(closed_tail, tail_budget_tokens)) if rules is not None else closed_tail
+    ruled_tail = (
+        list(rules(closed_tail, tail_budget_tokens, rule_chunk_tokens)) if rules is not None else closed_tail
+    )
     unchanged = len(ruled_tail) == len(tail) and all(a is b for a, b in zip(ruled_tail, tail, strict=True))
     # The usual window (the tail fits): the view itself, whose sizes are counted already.
     current = view if unchanged else replace(view, tail=tuple(ruled_tail))

@@ -72,7 +72,7 @@ def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadSt
         return None
     chain = build_rule_chain(default_rule_chain(setup.budget, max_result_ratio=engine.max_result_ratio))
 
-    def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None) -> list[AnyMessage]:
+    def rules(messages: Sequence[AnyMessage], tail_budget_tokens: int | None, chunk: int) -> list[AnyMessage]:
         return apply_rules(
             messages,
             chain,
@@ -82,6 +82,7 @@ def _rule_fn(setup: PolicySetup, key: ConversationKey, offloads: MemoryOffloadSt
             budget_tokens=setup.budget,
             detector=setup.detector,
             tail_budget_tokens=tail_budget_tokens,
+            chunk_tokens=chunk,
         )
 
     return rules

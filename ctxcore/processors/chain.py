@@ -120,6 +120,7 @@ class WindowRules:
         self,
         messages: Sequence[AnyMessage],
         tail_budget_tokens: int | None,
+        chunk_tokens: int = 0,
         *,
         counter: TokenCounter,
         offloads: OffloadStore | None,
@@ -144,6 +145,7 @@ class WindowRules:
             budget_tokens=self.budget_tokens,
             detector=detector,
             tail_budget_tokens=tail_budget_tokens,
+            chunk_tokens=chunk_tokens,
         ).messages
 
 
@@ -168,6 +170,7 @@ def apply_rules_result(
     detector: UserDetector = DEFAULT_DETECTOR,
     originals: Mapping[str, AnyMessage] | None = None,
     tail_budget_tokens: int | None = None,
+    chunk_tokens: int = 0,
 ) -> ChainResult:
     """Apply a chain in passive mode (as on every add), collecting what each rule reported.
 
@@ -176,6 +179,8 @@ def apply_rules_result(
     ``budget_tokens`` is the window's (the rules' ``RuleEnv.context_max``);
     ``tail_budget_tokens`` is the room the messages have in the window (None: unknown,
     the reference behaviour; headroom-aware rules then do nothing).
+
+    ``chunk_tokens`` (> 0): the rules free room in whole chunks (``RuleEnv.chunk_tokens``).
     """
     rules = build_rule_chain(chain)
     total = counter.sum_messages(messages)
@@ -192,6 +197,7 @@ def apply_rules_result(
         originals=originals,
         context_max=budget_tokens,
         tail_budget_tokens=tail_budget_tokens,
+        chunk_tokens=chunk_tokens,
     )
     if offloads is None or isinstance(offloads, DeferredOffloads):
         return _run(messages, rules, env)

@@ -59,6 +59,10 @@ class RuleEnv:
             (the budget minus system messages, tools, anchors and blocks). Rules with
             ``act_only_over_budget`` act only while the messages are over it, and not at
             all when it is None (the reference behaviour: no budget is known).
+        chunk_tokens: > 0: a rule over that room frees it in whole chunks of this size
+            (``HeadroomBudget``): while a worker lags behind, the windows that follow, each
+            one step longer, ask the rules for the same saving and get the same rewritten
+            prefix until the next chunk is due, and a provider's prompt cache keeps serving it.
     """
 
     counter: TokenCounter
@@ -69,6 +73,7 @@ class RuleEnv:
     context_max: int = DEFAULT_CONTEXT_MAX_TOKENS
     new_ids: frozenset[str] | None = None
     tail_budget_tokens: int | None = None
+    chunk_tokens: int = 0
     # Handles of originals offloaded by earlier windows (a service's; None: hash each time).
     # ``tail_tokens`` of the lists seen, keyed by their messages' identities (the list is
     # held so the ids cannot be reused): each headroom rule of a chain sizes its input, and
@@ -221,13 +226,18 @@ class HeadroomBudget:
     """The running size of a rule's input against ``env.tail_budget_tokens``.
 
     Headroom-aware rules act one message at a time, oldest first, and stop as soon as the
-    messages fit: ``over`` says whether they still do not, ``saved`` records a rewrite.
+    messages fit: ``over`` says whether they still do not, ``saved`` records a rewrite. Over
+    the room, the limit is lowered so that a whole number of ``env.chunk_tokens`` is freed
+    (``in_chunks=False``: the room itself, for what is rewritten on every window anyway).
     """
 
-    def __init__(self, messages: Sequence[AnyMessage], env: RuleEnv) -> None:
+    def __init__(self, messages: Sequence[AnyMessage], env: RuleEnv, *, in_chunks: bool = True) -> None:
         self.limit = env.tail_budget_tokens
         self.total = env.tail_tokens(messages) if self.limit is not None else 0
         self._env = env
+        chunk = env.chunk_tokens if in_chunks else 0
+        if self.limit is not None and chunk > 0 and self.total > self.limit:
+            self.limit = self.total - -(-(self.total - self.limit) // chunk) * chunk
 
     @property
     def over(self) -> bool:

@@ -104,7 +104,8 @@ def test_rules_apply_to_tail_only() -> None:
     system, rest = logged(next(conversations("tau_bench.jsonl"))["messages"])
     seen: list[tuple[int, int | None]] = []
 
-    def rules(messages: list[AnyMessage], tail_budget: int | None) -> list[AnyMessage]:
+    def rules(messages: list[AnyMessage], tail_budget: int | None, chunk: int) -> list[AnyMessage]:
+        assert chunk == 0  # none asked for
         seen.append((len(messages), tail_budget))
         return list(messages)
 

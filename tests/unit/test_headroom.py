@@ -48,9 +48,16 @@ def run(steps: int, size: int, *, first_id: int = 1) -> list[AnyMessage]:
 def rules(budget: int, store: MemoryOffloadStore):  # type: ignore[no-untyped-def]
     chain = build_rule_chain(default_rule_chain(budget))
 
-    def apply(messages: list[AnyMessage], room: int | None) -> list[AnyMessage]:
+    def apply(messages: list[AnyMessage], room: int | None, chunk: int) -> list[AnyMessage]:
         return apply_rules_result(
-            messages, chain, COUNTER, store, KEY, budget_tokens=budget, tail_budget_tokens=room
+            messages,
+            chain,
+            COUNTER,
+            store,
+            KEY,
+            budget_tokens=budget,
+            tail_budget_tokens=room,
+            chunk_tokens=chunk,
         ).messages
 
     return apply
@@ -106,13 +113,23 @@ def test_the_cap_keeps_head_and_tail_of_a_huge_result_and_offloads_it() -> None:
     assert not result.fallback_applied
 
 
-def test_a_huge_newest_output_leaves_older_outputs_whole_and_fills_what_they_leave() -> None:
+@pytest.mark.parametrize("chunk", [0, 1600])
+def test_a_huge_newest_output_leaves_older_outputs_whole_and_fills_what_they_leave(chunk: int) -> None:
     tail = run(6, 120)
     huge = "collected 512 items\n" + "tests/test_core.py::test_case PASSED\n" * 6000 + "FAILED test_x - boom"
     tail[-1] = tail[-1].model_copy(update={"content": huge})
     budget = 8000
+    # Chunks keep a lagging worker's windows calm; the newest output, rewritten on the next
+    # window whatever its size, still fills the room rather than a chunk below it.
     result = assemble_window(
-        CompressionState(), tail, budget, SYSTEM, [], rules(budget, MemoryOffloadStore()), COUNTER
+        CompressionState(),
+        tail,
+        budget,
+        SYSTEM,
+        [],
+        rules(budget, MemoryOffloadStore()),
+        COUNTER,
+        rule_chunk_tokens=chunk,
     )
     served = result.messages
     assert check_window(served) == [] and COUNTER.count_messages(served) <= budget
