@@ -180,6 +180,43 @@ def _rewrite(
     return {**run, "messages": messages, "source": f"{run.get('source', '')}+{form}-form"}
 
 
+def as_content_parts(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with every non-empty text content sent as a list of one text part, as
+    harnesses that cache prompts send it (OpenHands with function calling, LiteLLM's
+    Anthropic route), the system prompt's part marked ``cache_control`` as they mark it."""
+    messages = []
+    for message in run["messages"]:
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            part: dict[str, Any] = {"type": "text", "text": content}
+            if message.get("role") == "system":
+                part["cache_control"] = {"type": "ephemeral"}
+            message = {**message, "content": [part]}
+        messages.append(message)
+    return {**run, "messages": messages, "source": f"{run.get('source', '')}+parts"}
+
+
+# A line of a verbose test log: words only, so that no reference the eval counts (a path, an
+# identifier, a number of the run) can be found in it.
+FILLER_LINE = "tests/generated/test_filler.py::test_case PASSED\n"
+
+
+def with_huge_outputs(run: dict[str, Any], chars: int, every: int = 8) -> dict[str, Any]:
+    """``run`` with every ``every``-th tool result (the ``every``-th, the ``2 * every``-th, ...)
+    preceded by filler log lines up to ``chars`` characters: an output no harness truncated
+    (a verbose test run whose verdict is at its end), larger than the window."""
+    messages = []
+    seen = 0
+    for message in run["messages"]:
+        if message.get("role") == "tool" and isinstance(message.get("content"), str):
+            seen += 1
+            if seen % every == 0:
+                filler = FILLER_LINE * max(chars // len(FILLER_LINE), 1)
+                message = {**message, "content": filler + message["content"]}
+        messages.append(message)
+    return {**run, "messages": messages, "source": f"{run.get('source', '')}+huge-outputs"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("form", choices=FORMS)

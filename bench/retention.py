@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.harness_forms import FORMS, Form, rewrite  # noqa: E402
+from bench.harness_forms import FORMS, Form, as_content_parts, rewrite, with_huge_outputs  # noqa: E402
 from bench.summary_lines import line_stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -156,6 +156,24 @@ def harness_form(swe: Path, form: Form, into: Path) -> Path:
     return out
 
 
+def content_parts(data: Path, into: Path) -> Path:
+    """``data`` with every text content sent as a list of parts (``as_content_parts``)."""
+    out = into / f"parts-{data.name}"
+    with data.open() as src, out.open("w") as dst:
+        for line in src:
+            dst.write(json.dumps(as_content_parts(json.loads(line))) + "\n")
+    return out
+
+
+def huge_outputs(data: Path, chars: int, into: Path) -> Path:
+    """``data`` with every 8th tool result grown to ``chars`` characters (``with_huge_outputs``)."""
+    out = into / f"huge-{data.name}"
+    with data.open() as src, out.open("w") as dst:
+        for line in src:
+            dst.write(json.dumps(with_huge_outputs(json.loads(line), chars)) + "\n")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 runs per half at 16k, 20 tau-bench runs")
@@ -186,6 +204,20 @@ def main() -> None:
         "(execute_bash with is_input, heredoc writes and numbered views as editor calls), "
         "codex (shell with an argument vector)",
     )
+    parser.add_argument(
+        "--content-parts",
+        action="store_true",
+        help="send every text content (both data sets, after the other rewrites) as a list of "
+        "text parts, as OpenHands and LiteLLM's Anthropic route send it",
+    )
+    parser.add_argument(
+        "--huge-outputs",
+        type=int,
+        default=0,
+        metavar="CHARS",
+        help="every 8th tool result of the development runs preceded by filler test-log lines "
+        "(words only) up to CHARS characters: an output no harness truncated (0: none)",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
     args = parser.parse_args()
@@ -202,6 +234,10 @@ def main() -> None:
         swe = harness_form(swe, args.harness_form, Path(scratch.name))
     if args.system_padding:
         swe = padded(swe, tau, args.system_padding, Path(scratch.name))
+    if args.huge_outputs:
+        swe = huge_outputs(swe, args.huge_outputs, Path(scratch.name))
+    if args.content_parts:
+        swe, tau = (content_parts(p, Path(scratch.name)) for p in (swe, tau))
     budgets = [16000] if args.quick else args.budgets
     # The service's settings as its start-up reads them (CTXCORE_* variables, a config file).
     settings = Settings.from_env()
@@ -225,6 +261,10 @@ def main() -> None:
                     label += f", system prompt + {args.system_padding} manuals"
                 if args.harness_form:
                     label += f", {args.harness_form} form"
+                if args.huge_outputs:
+                    label += f", every 8th output {args.huge_outputs} characters"
+                if args.content_parts:
+                    label += ", content as parts"
                 reports.append(run(swe, label, config))
     tau_runs = min(20, args.tau_runs) if args.quick else args.tau_runs
     if tau_runs and tau.exists():
@@ -232,7 +272,8 @@ def main() -> None:
             config = EvalConfig(
                 policies=policies, budget_ratio=0.5, limit=tau_runs, lag=lag, recall=recall, settings=settings
             )
-            reports.append(run(tau, f"tau-bench ({tau_runs} runs), 0.5 of each run, lag {lag}", config))
+            label = f"tau-bench ({tau_runs} runs), 0.5 of each run, lag {lag}"
+            reports.append(run(tau, label + (", content as parts" if args.content_parts else ""), config))
     for ratio in args.locomo_ratios:
         config = EvalConfig(policies=policies, budget_ratio=ratio, recall=recall, settings=settings)
         reports.append(run(locomo, f"LoCoMo, {ratio} of each conversation", config))

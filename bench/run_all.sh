@@ -55,6 +55,7 @@ if [[ $LONG -eq 1 ]]; then
     run proxy bench/proxy.py --long
     run proxy_reply_memory bench/proxy_reply_memory.py --long
     run retention bench/retention.py --locomo-ratios 0.25 --json "$OUT/retention.json"
+    run newest_output bench/newest_output.py
     run ui_page bench/ui_page.py --long
 else
     run rule_processors bench/rule_processors.py
@@ -73,6 +74,7 @@ else
     run proxy bench/proxy.py
     run proxy_reply_memory bench/proxy_reply_memory.py
     run retention bench/retention.py --quick --json "$OUT/retention.json"
+    run newest_output bench/newest_output.py --budgets 16000 --lags 0 --cuts-per-run 1
     run ui_page bench/ui_page.py
 fi
 
