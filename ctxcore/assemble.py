@@ -340,9 +340,7 @@ def _cut_tail_texts(view: View, fit: _Fit) -> tuple[View, Elided]:
     tail = list(view.tail)
     newest = newest_step_start(tail)
     candidates = [
-        i
-        for i, m in enumerate(tail)
-        if m.context_message_id not in fit.anchor_ids and isinstance(m.content, str) and not _is_marker(m)
+        i for i, m in enumerate(tail) if m.context_message_id not in fit.anchor_ids and not _is_marker(m)
     ]
     order = [i for i in candidates if i < newest] + [i for i in candidates if i >= newest]
     cut_ids: list[str] = []

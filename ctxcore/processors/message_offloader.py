@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import PositiveInt, model_validator
 
 from ctxcore.errors import ConfigError
-from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
+from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage, message_text
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
@@ -99,8 +99,7 @@ def _candidates(messages: list[AnyMessage], config: MessageOffloaderConfig, env:
             # Internal user messages (memory blocks, reminders) stay whole: trimmed, one
             # would lose its marker prefix and pass for a user request.
             or (isinstance(message, UserMessage) and not env.detector.is_real(message))
-            or not isinstance(message.content, str)
-            or len(message.content) <= config.large_message_threshold
+            or len(message_text(message)) <= config.large_message_threshold
             or has_offload_marker(message)
             or (message.role == "tool" and protected.protects_result(message, calls.get(i)))
         ):
@@ -134,7 +133,7 @@ def apply(
         return RuleResult(messages)
     rewrite = Rewrite(messages)
     for i in _candidates(messages, config, env):
-        rewrite.offload_replace(i, env, partial(_trimmed, str(messages[i].content)[: config.trim_size]))
+        rewrite.offload_replace(i, env, partial(_trimmed, message_text(messages[i])[: config.trim_size]))
     return rewrite.result()
 
 

@@ -103,7 +103,6 @@ def _processable(
         i
         for i, m in enumerate(messages)
         if isinstance(m, ToolMessage)
-        and isinstance(m.content, str)
         and not has_offload_marker(m)
         and not protected.protects_result(m, calls.get(i))
     ]
@@ -121,7 +120,7 @@ def _shrink(
 ) -> bool:
     """Compress (or plainly offload) one tool result; False if it stays as it is."""
     messages = rewrite.messages
-    text = str(messages[index].content)
+    text = message_text(messages[index])
     terms = query_terms(_latest_request(messages, index, env.detector), call.arguments if call else "")
     force_rules = pass_name == "ttl"
     # Leave room for the marker line so the placeholder usually fits on the first try.
@@ -165,10 +164,7 @@ def _large_new(messages: list[AnyMessage], env: RuleEnv, limits: Limits, everyth
     return [
         i
         for i, m in enumerate(messages)
-        if isinstance(m, ToolMessage)
-        and isinstance(m.content, str)
-        and (everything or env.is_new(m))
-        and env.tokens(m) > limits.tokens
+        if isinstance(m, ToolMessage) and (everything or env.is_new(m)) and env.tokens(m) > limits.tokens
     ]
 
 

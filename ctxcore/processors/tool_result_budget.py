@@ -23,7 +23,7 @@ from functools import partial
 from pydantic import PositiveInt, model_validator
 
 from ctxcore.errors import ConfigError
-from ctxcore.messages import AnyMessage, ToolMessage, replace_content
+from ctxcore.messages import AnyMessage, ToolMessage, message_text, replace_content
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.offload import has_offload_marker, offload_marker
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
@@ -92,7 +92,6 @@ def _offloadable(
         i
         for i in indices
         if isinstance(messages[i], ToolMessage)
-        and isinstance(messages[i].content, str)
         and not has_offload_marker(messages[i])
         and tool_name(messages[i], calls.get(i)) not in allow
         and env.tokens(messages[i]) > config.large_message_threshold
@@ -136,7 +135,7 @@ def _next_to_offload(
     them that was the whole excess, and served 1.2k tokens of a 6.7k room (``bench/README.md``,
     "The newest output"): one result that suffices goes instead of several that do not."""
     for i in pending:
-        preview = persisted_output(str(messages[i].content), _SIZING_MARKER, config.trim_size)
+        preview = persisted_output(message_text(messages[i]), _SIZING_MARKER, config.trim_size)
         if env.tokens(messages[i]) - env.tokens(replace_content(messages[i], preview)) >= over:
             return i
     return pending[0]
@@ -166,7 +165,7 @@ def apply(
         while pending and budget.over:
             i = _next_to_offload(messages, pending, budget.total - (budget.limit or 0), config, env)
             pending.remove(i)
-            rewrite.offload_replace(i, env, _render(str(messages[i].content), config.trim_size))
+            rewrite.offload_replace(i, env, _render(message_text(messages[i]), config.trim_size))
             budget.saved(messages[i], rewrite.current(i))
         return rewrite.result()
     for total, candidates in _plan(messages, config, env):
@@ -174,7 +173,7 @@ def apply(
             if total <= config.tokens_threshold:
                 break
             before = env.tokens(messages[i])
-            if rewrite.offload_replace(i, env, _render(str(messages[i].content), config.trim_size)):
+            if rewrite.offload_replace(i, env, _render(message_text(messages[i]), config.trim_size)):
                 total -= before - env.tokens(rewrite.current(i))
     return rewrite.result()
 

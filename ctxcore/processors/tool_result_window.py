@@ -13,7 +13,7 @@ from functools import partial
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from ctxcore.messages import AnyMessage, ToolMessage, replace_content
+from ctxcore.messages import AnyMessage, ToolMessage, message_text, replace_content
 from ctxcore.processors.base import ProcessorConfig
 from ctxcore.processors.offload import has_offload_marker
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
@@ -73,9 +73,7 @@ def apply(
     rewrite = Rewrite(messages)
     for i in _older(messages, config):
         message = messages[i]
-        content = message.content if isinstance(message.content, str) else None
-        if content is None:
-            continue
+        content = message_text(message)
         if config.min_offload_chars and len(content) < config.min_offload_chars:
             limit = config.small_result_trim_size
             if len(content) > limit:

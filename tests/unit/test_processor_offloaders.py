@@ -16,6 +16,7 @@ from ctxcore.messages import (
     ToolCall,
     ToolMessage,
     UserMessage,
+    message_text,
     messages_to_json,
 )
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
@@ -314,3 +315,36 @@ def test_empty_tool_list_does_nothing() -> None:
         ]
     )
     assert ctx.compression_states == []
+
+
+# --- list content ---------------------------------------------------------------------
+
+
+def as_parts(message: AnyMessage) -> AnyMessage:
+    if isinstance(message, ToolMessage) and isinstance(message.content, str):
+        return message.model_copy(update={"content": [{"type": "text", "text": message.content}]})
+    return message
+
+
+@pytest.mark.parametrize(
+    "processors",
+    [offloader(trim_size=10), budget(), window(), window(min_offload_chars=1000, small_result_trim_size=5)],
+    ids=["MessageOffloader", "ToolResultBudgetProcessor", "ToolResultWindowProcessor", "windowed in place"],
+)
+def test_a_result_sent_as_text_parts_is_handled_as_its_text(processors: list[Any]) -> None:
+    # OpenHands and LiteLLM's Anthropic route send every content as a list of parts: such a
+    # result was never offloaded, so the next rules cleared what these would have previewed.
+    messages = [
+        UserMessage(content="go"),
+        *step("1", "search", BIG),
+        *step("2", "search", words(400)),
+        *step("3", "search", "r3 " * 20),
+        *step("4", "search", "r4 " * 20),
+        AssistantMessage(content="done"),
+    ]
+    as_text, from_parts = context(processors), context(processors)
+    as_text.add_messages(messages)
+    from_parts.add_messages([as_parts(m) for m in messages])
+    texts = [OFFLOAD_MARKER_RE.sub("", message_text(m)) for m in as_text.get_messages()]
+    assert texts != [message_text(m) for m in messages]  # the processor acted
+    assert [OFFLOAD_MARKER_RE.sub("", message_text(m)) for m in from_parts.get_messages()] == texts

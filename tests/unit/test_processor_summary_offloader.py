@@ -110,6 +110,21 @@ def test_add_trigger_is_strictly_above_the_token_threshold() -> None:
     assert marker(above.get_messages()[2])
 
 
+def test_a_result_sent_as_text_parts_is_handled_as_its_text() -> None:
+    # OpenHands and LiteLLM's Anthropic route send every content as a list of parts.
+    as_text = offloader_context()
+    as_text.add_messages([UserMessage(content="go"), *tool(LOG, tokens=40)])
+    as_parts = offloader_context()
+    step = tool(LOG, tokens=40)
+    parts = step[1].model_copy(update={"content": [{"type": "text", "text": LOG}]})
+    as_parts.add_messages([UserMessage(content="go"), step[0], parts])
+    text, from_parts = as_text.get_messages()[2], as_parts.get_messages()[2]
+    assert marker(from_parts) and "test_broken FAILED" in message_text(from_parts)
+    assert OFFLOAD_MARKER_RE.sub("", message_text(from_parts)) == OFFLOAD_MARKER_RE.sub(
+        "", message_text(text)
+    )
+
+
 def test_a_small_result_under_the_character_budget_is_offloaded_plainly_with_its_text() -> None:
     ctx = offloader_context()
     text = "r" * 61  # 15 tokens > 10, but rules are skipped: 61 chars > 40 only by a little
