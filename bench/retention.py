@@ -33,7 +33,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.harness_forms import FORMS, Form, as_content_parts, rewrite, with_huge_outputs  # noqa: E402
+from bench.harness_forms import FORMS, as_content_parts, rewrite, with_huge_outputs  # noqa: E402
 from bench.summary_lines import line_stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -147,30 +148,12 @@ def padded(swe: Path, tau: Path, copies: int, into: Path) -> Path:
     return out
 
 
-def harness_form(swe: Path, form: Form, into: Path) -> Path:
-    """``swe`` with its calls in another harness's forms (``bench/harness_forms.py``)."""
-    out = into / f"{form}-{swe.name}"
-    with swe.open() as src, out.open("w") as dst:
-        for line in src:
-            dst.write(json.dumps(rewrite(json.loads(line), form)) + "\n")
-    return out
-
-
-def content_parts(data: Path, into: Path) -> Path:
-    """``data`` with every text content sent as a list of parts (``as_content_parts``)."""
-    out = into / f"parts-{data.name}"
+def rewritten(data: Path, name: str, change: Callable[[dict[str, Any]], dict[str, Any]], into: Path) -> Path:
+    """``data`` with each run rewritten by ``change`` (``bench/harness_forms.py``), in ``into``."""
+    out = into / f"{name}-{data.name}"
     with data.open() as src, out.open("w") as dst:
         for line in src:
-            dst.write(json.dumps(as_content_parts(json.loads(line))) + "\n")
-    return out
-
-
-def huge_outputs(data: Path, chars: int, into: Path) -> Path:
-    """``data`` with every 8th tool result grown to ``chars`` characters (``with_huge_outputs``)."""
-    out = into / f"huge-{data.name}"
-    with data.open() as src, out.open("w") as dst:
-        for line in src:
-            dst.write(json.dumps(with_huge_outputs(json.loads(line), chars)) + "\n")
+            dst.write(json.dumps(change(json.loads(line))) + "\n")
     return out
 
 
@@ -231,13 +214,14 @@ def main() -> None:
     split = json.loads(SPLIT.read_text())
     scratch = tempfile.TemporaryDirectory()
     if args.harness_form:
-        swe = harness_form(swe, args.harness_form, Path(scratch.name))
+        swe = rewritten(swe, args.harness_form, partial(rewrite, form=args.harness_form), Path(scratch.name))
     if args.system_padding:
         swe = padded(swe, tau, args.system_padding, Path(scratch.name))
     if args.huge_outputs:
-        swe = huge_outputs(swe, args.huge_outputs, Path(scratch.name))
+        grow = partial(with_huge_outputs, chars=args.huge_outputs)
+        swe = rewritten(swe, "huge", grow, Path(scratch.name))
     if args.content_parts:
-        swe, tau = (content_parts(p, Path(scratch.name)) for p in (swe, tau))
+        swe, tau = (rewritten(p, "parts", as_content_parts, Path(scratch.name)) for p in (swe, tau))
     budgets = [16000] if args.quick else args.budgets
     # The service's settings as its start-up reads them (CTXCORE_* variables, a config file).
     settings = Settings.from_env()
