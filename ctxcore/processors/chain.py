@@ -60,8 +60,9 @@ def default_rule_chain(
     leave, no smaller than the cap; large results offloaded to a preview, then results
     cleared one at a time, then old completed tool turns reduced to request and answer, then
     results over ``max_result_ratio`` of the budget cut to their head and tail, the original
-    offloaded). Only the cap touches the newest step. Pass the same budget to ``apply_rules(budget_tokens=...)`` and the
-    room the messages have as ``tail_budget_tokens``; without it the chain does nothing.
+    offloaded). Only the cap touches the newest step. Pass the same budget to
+    ``apply_rules(budget_tokens=...)`` and the room the messages have as
+    ``tail_budget_tokens``; without it the chain does nothing.
 
     Raises:
         ConfigError: ``max_result_ratio`` outside (0, 1].
