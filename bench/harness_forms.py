@@ -23,6 +23,10 @@ Texts, other results and everything else are kept. The words the rewrite adds (`
 eval counts; the editor's answers name the path the command named, and a view's range holds
 the numbers its command held (a ``Read``'s ``limit`` is its line count).
 
+Two more rewrites keep the calls as they are: ``as_content_parts`` sends every text as a list
+of text parts (``retention.py --content-parts``), ``with_huge_outputs`` grows every 8th tool
+result past any window (``retention.py --huge-outputs``, ``bench/newest_output.py``).
+
     .venv/bin/python bench/harness_forms.py openhands ../shared/data/minisweagent_dev.jsonl /tmp/oh.jsonl
     ctxcore eval /tmp/oh.jsonl --ids <half> --policy steps,full --budget 16000
 """
@@ -196,8 +200,8 @@ def as_content_parts(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "messages": messages, "source": f"{run.get('source', '')}+parts"}
 
 
-# A line of a verbose test log: words only, so that no reference the eval counts (a path, an
-# identifier, a number of the run) can be found in it.
+# A line of a verbose test log naming nothing the runs name (no path, identifier or number of
+# theirs), so that no reference the eval counts in a run's next steps can be found in it.
 FILLER_LINE = "tests/generated/test_filler.py::test_case PASSED\n"
 
 

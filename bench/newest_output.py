@@ -1,7 +1,7 @@
 """The window at an output larger than the window: what of it, and of the steps before it, is served.
 
 The development runs with every 8th tool result grown to CHARS characters by filler test-log
-lines before it (``bench/harness_forms.py: with_huge_outputs``: an output no harness
+lines (naming nothing the runs name) before it (``bench/harness_forms.py: with_huge_outputs``: an output no harness
 truncated). Each run is cut right after each of its first two grown outputs and replayed by ``ctxcore eval``
 (``steps`` and ``full``, lag 0 and 5); the final window of each cut is the one the agent
 reads with that output newest. Printed per budget and policy (medians over the cuts):

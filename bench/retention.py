@@ -199,7 +199,7 @@ def main() -> None:
         default=0,
         metavar="CHARS",
         help="every 8th tool result of the development runs preceded by filler test-log lines "
-        "(words only) up to CHARS characters: an output no harness truncated (0: none)",
+        "(naming nothing the runs name) up to CHARS characters: an output no harness truncated (0: none)",
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
