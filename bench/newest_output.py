@@ -1,10 +1,10 @@
 """The window at an output larger than the window: what of it, and of the steps before it, is served.
 
 The development runs with every 8th tool result grown to CHARS characters by filler test-log
-lines (naming nothing the runs name) before it (``bench/harness_forms.py: with_huge_outputs``: an output no harness
-truncated). Each run is cut right after each of its first two grown outputs and replayed by ``ctxcore eval``
-(``steps`` and ``full``, lag 0 and 5); the final window of each cut is the one the agent
-reads with that output newest. Printed per budget and policy (medians over the cuts):
+lines (naming nothing the runs name) before it (``bench/harness_forms.py:
+with_huge_outputs``: an output no harness truncated). Each run is cut right after each of its
+first two grown outputs and replayed by ``ctxcore eval`` (``steps`` and ``full``, lag 0 and
+5); the final window of each cut is the one the agent reads with that output newest. Printed per budget and policy (medians over the cuts):
 
 * ``fill``: the window's tokens over the budget;
 * ``newest kept``: characters of the grown output served, over its characters; its own
@@ -28,6 +28,7 @@ from typing import Any
 
 from ctxcore.config import Settings
 from ctxcore.eval import EvalConfig, evaluate_file
+from ctxcore.messages import content_text
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -65,10 +66,7 @@ def cuts(data: Path, ids: set[str], chars: int, per_run: int, out: Path) -> dict
 
 
 def text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
+    return content_text(message.get("content"))
 
 
 def main() -> None:

@@ -237,7 +237,8 @@ class HeadroomBudget:
         self._env = env
         chunk = env.chunk_tokens if in_chunks else 0
         if self.limit is not None and chunk > 0 and self.total > self.limit:
-            self.limit = self.total - -(-(self.total - self.limit) // chunk) * chunk
+            chunks = -(-(self.total - self.limit) // chunk)  # what is over, in whole chunks
+            self.limit = self.total - chunks * chunk
 
     @property
     def over(self) -> bool:
