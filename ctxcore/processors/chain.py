@@ -52,15 +52,21 @@ def default_rule_chain(
     """The default chain as (name, config) pairs, scaled to the window's budget (an engine's
     context passes its model's window): headroom first.
 
-    ``ToolResultCap (newest step) -> ToolResultBudgetProcessor -> MicroCompactProcessor ->
-    CompactCompletedToolTurns -> ToolResultCap``, all with ``act_only_over_budget``: while the
-    messages fit ``RuleEnv.tail_budget_tokens`` they are served verbatim, and once over, each
-    rule works oldest first and stops as soon as they fit (an output of the newest step that
-    could not fit even with every older result cleared cut to the room the older messages
-    leave, no smaller than the cap; large results offloaded to a preview, then results
-    cleared one at a time, then old completed tool turns reduced to request and answer, then
-    results over ``max_result_ratio`` of the budget cut to their head and tail, the original
-    offloaded). Only the cap touches the newest step. Pass the same budget to
+    ``ToolResultCap (newest step) -> ToolResultCap (older steps) -> ToolResultBudgetProcessor
+    -> MicroCompactProcessor -> CompactCompletedToolTurns -> ToolResultCap``, all with
+    ``act_only_over_budget``: while the messages fit ``RuleEnv.tail_budget_tokens`` they are
+    served verbatim, and once over, each rule works oldest first and stops as soon as they fit
+    (an output of the newest step that could not fit even with every older result cleared cut
+    to the room the older messages leave, no smaller than the cap; older results over
+    ``max_result_ratio`` of the budget cut to their head and tail at the cap, the original
+    offloaded; large results offloaded to a preview; results cleared one at a time; old
+    completed tool turns reduced to request and answer; last, a newest-step result still over
+    the cap cut to it). Only the caps touch the newest step.
+
+    Older results meet the cap before any preview because compaction plans every result at
+    the cap: previewing an older 37k-token log to a few hundred tokens left the room between
+    the two unused, windows 0.55-0.58 full at 16k after such an output (0.76 with the cap
+    first; ``bench/README.md``, "Older outputs at the cap"). Pass the same budget to
     ``apply_rules(budget_tokens=...)`` and the room the messages have as
     ``tail_budget_tokens``; without it the chain does nothing.
 
@@ -74,6 +80,7 @@ def default_rule_chain(
     cap = {"max_result_ratio": max_result_ratio, "act_only_over_budget": True}
     return [
         ("ToolResultCap", {**cap, "scope": "newest_step"}),
+        ("ToolResultCap", {**cap, "scope": "older_steps"}),
         (
             "ToolResultBudgetProcessor",
             {

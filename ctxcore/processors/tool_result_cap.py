@@ -15,7 +15,7 @@ whatever the room served a 3,000-token file view at 8k as its head and tail whil
 truncation served it whole (issue 32); compaction still plans each result at the cap (it
 does not summarise history to make room for an output the window would cut when tight).
 
-The default chain runs it twice. First with ``scope="newest_step"``: when the newest step
+The default chain runs it three times. First with ``scope="newest_step"``: when the newest step
 would not fit its room even with every older tool result cleared, its outputs over the cap
 are cut only as far as the window is over (never below the cap), so they take the room the
 older messages leave; a newest step that would fit is left to the older rules, which free
@@ -25,9 +25,13 @@ there could make a 20k-token output fit an 8k window, and the cap then cut that 
 quarter of the window: the agent read 4.7k of its 57k characters in a window a quarter
 full, where a plain truncation served 21.8k (``bench/README.md``, "The newest output"). Its
 cut fills the room itself, not a chunk below it (``RuleEnv.chunk_tokens``): the newest
-output is rewritten on the next window whatever its size. Then last, with ``scope="all"``: older results are previewed, cleared or
-reduced first, and the cap cuts what is still over it, to the cap (a size that stays put
-from one window to the next, which the prompt cache needs).
+output is rewritten on the next window whatever its size. Second, with
+``scope="older_steps"``: results before the newest step are cut to the cap before any other
+rule previews or clears them, as compaction plans them (a preview of a huge older log left
+the room between the cap and the preview unused until the next compaction). Last, with
+``scope="all"``: what is still over the cap (a newest-step result the older rules could not
+make room for) is cut to the cap, a size that stays put from one window to the next, which
+the prompt cache needs.
 
 ctxcore's own processor (not in the reference); the only rule that touches the newest step.
 """
@@ -58,14 +62,14 @@ class ToolResultCapConfig(HeadroomConfig):
         max_result_ratio: the most of the window one tool result may use, in (0, 1].
         head_ratio: the share of the kept text taken from the head, in [0, 1].
         act_only_over_budget: headroom-aware mode (see the module docstring).
-        scope: ``all`` results, or only those of the ``newest_step``; in headroom mode a
-            newest-step result is cut only as far as the window is over, to no less than
-            the cap (see the module docstring).
+        scope: ``all`` results, only those of the ``newest_step`` or only the
+            ``older_steps`` before it; in headroom mode a newest-step result is cut only as
+            far as the window is over, to no less than the cap (see the module docstring).
     """
 
     max_result_ratio: float = Field(default=0.25, gt=0, le=1)
     head_ratio: float = Field(default=0.5, ge=0, le=1)
-    scope: Literal["all", "newest_step"] = "all"
+    scope: Literal["all", "newest_step", "older_steps"] = "all"
 
 
 def _cap(config: ToolResultCapConfig, env: RuleEnv) -> int:
@@ -106,12 +110,14 @@ def _newest_step_cannot_fit(messages: list[AnyMessage], first: int, env: RuleEnv
 
 def _over(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> list[int]:
     cap = _cap(config, env)
-    first = 0
+    first, end = 0, len(messages)
     if config.scope == "newest_step":
         first = newest_step_start(messages)
         if config.act_only_over_budget and not _newest_step_cannot_fit(messages, first, env):
             return []
-    return [i for i, m in enumerate(messages) if i >= first and m.role == "tool" and env.tokens(m) > cap]
+    elif config.scope == "older_steps":
+        end = newest_step_start(messages)
+    return [i for i in range(first, end) if messages[i].role == "tool" and env.tokens(messages[i]) > cap]
 
 
 def triggers(messages: list[AnyMessage], config: ToolResultCapConfig, env: RuleEnv) -> bool:
@@ -130,7 +136,7 @@ def apply(
     # The newest output is rewritten on the next window whatever its size: it fills the
     # room, not a chunk below it (windows at a 150k-character output, lag 0: 0.85-0.91 of
     # the budget with the chunk, 1.00 without; bench/newest_output.py).
-    budget = HeadroomBudget(messages, env, in_chunks=config.scope == "all")
+    budget = HeadroomBudget(messages, env, in_chunks=config.scope != "newest_step")
     for i in _over(messages, config, env):
         if config.act_only_over_budget and not budget.over:
             break

@@ -168,6 +168,27 @@ def test_one_older_output_that_is_the_whole_excess_goes_alone() -> None:
     assert OFFLOAD_MARKER_RE.search(message_text(outputs[2]))
 
 
+def test_an_older_output_over_the_cap_is_served_at_the_cap_not_as_a_preview() -> None:
+    # Compaction plans every result at the cap: a window that previewed an older 30k-token
+    # log to a few hundred tokens left the room between them unused (retention.py
+    # --huge-outputs: windows 0.4-0.7 full at 16k).
+    tail = run(4, 200)
+    huge = "collected 512 items\n" + "tests/test_core.py::test_case PASSED\n" * 3000 + "FAILED test_x - boom"
+    tail[4] = tail[4].model_copy(update={"content": huge})  # the second step's output
+    budget = 8000
+    result = assemble_window(
+        CompressionState(), tail, budget, SYSTEM, [], rules(budget, MemoryOffloadStore()), COUNTER
+    )
+    served = result.messages
+    assert check_window(served) == [] and COUNTER.count_messages(served) <= budget
+    outputs = [m for m in served if isinstance(m, ToolMessage)]
+    assert outputs[0] == tail[2] and outputs[2:] == [tail[6], tail[8]]
+    text = message_text(outputs[1])
+    assert text.startswith("collected 512 items") and text.endswith("FAILED test_x - boom")
+    assert OFFLOAD_MARKER_RE.search(text)
+    assert budget // 4 - 150 <= COUNTER.count_messages([outputs[1]]) <= budget // 4
+
+
 def test_the_cap_reads_list_content_by_its_text_parts() -> None:
     tail = run(1, 10)
     parts = [{"type": "text", "text": "head " + "x " * 20_000}, {"type": "text", "text": "tail end"}]

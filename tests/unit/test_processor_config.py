@@ -118,13 +118,15 @@ def test_the_default_chain_is_valid_for_any_window(window: int) -> None:
     )
     assert [name for name, _ in ctx.processors] == [
         "ToolResultCap",
+        "ToolResultCap",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
         "CompactCompletedToolTurns",
         "ToolResultCap",
     ]
     assert all(p.config.act_only_over_budget for _, p in ctx.processors)
-    assert [p.config.scope for _, p in ctx.processors[::4]] == ["newest_step", "all"]
+    caps = [p.config.scope for name, p in ctx.processors if name == "ToolResultCap"]
+    assert caps == ["newest_step", "older_steps", "all"]
 
 
 @pytest.mark.parametrize("ratio", [0.0, -0.1, 1.5])

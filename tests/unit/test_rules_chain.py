@@ -103,12 +103,14 @@ def test_default_chain_order_and_scaling() -> None:
     chain = default_rule_chain()
     assert [name for name, _ in chain] == [
         "ToolResultCap",
+        "ToolResultCap",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
         "CompactCompletedToolTurns",
         "ToolResultCap",
     ]
-    assert chain[0][1]["scope"] == "newest_step" and "scope" not in chain[-1][1]
+    assert [c.get("scope") for _, c in chain[:2]] == ["newest_step", "older_steps"]
+    assert "scope" not in chain[-1][1]
     big, small = dict(default_rule_chain(200_000)), dict(default_rule_chain(16_000))
     assert big["ToolResultCap"]["max_result_ratio"] == 0.25
     assert dict(default_rule_chain(16_000, max_result_ratio=0.5))["ToolResultCap"]["max_result_ratio"] == 0.5
