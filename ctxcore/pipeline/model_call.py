@@ -18,6 +18,7 @@ from ctxcore.pipeline.fitting import (
     reserved_output,
 )
 from ctxcore.pipeline.models import PipelineConfig, Stage
+from ctxcore.pipeline.sizing import as_served
 from ctxcore.pipeline.targets import Target
 from ctxcore.pipeline.view import View
 from ctxcore.render import head_tail, serialize_messages
@@ -47,7 +48,12 @@ __all__ = ["llm_blocks"]
 
 
 def _task_prompt(
-    stage: Stage, targets: Sequence[Target], view: View, cfg: PipelineConfig, window_tokens: int
+    stage: Stage,
+    targets: Sequence[Target],
+    view: View,
+    cfg: PipelineConfig,
+    window_tokens: int,
+    counter: TokenCounter,
 ) -> str:
     first = min(t.first_id for t in targets)
     last = max(t.last_id for t in targets)
@@ -84,7 +90,7 @@ def _task_prompt(
             f"next_level: l{target.level}",
             f"source_block_count: {max(len(target.blocks), 1)}",
             f"target_summary_tokens: {target.target_tokens}",
-            serialize_messages(target.source_messages()),
+            serialize_messages(as_served(target.source_messages(), cfg, counter)),
             "",
         ]
     if cfg.protected_preview_chars:
@@ -126,7 +132,7 @@ def llm_blocks(
     window_tokens = view.tokens(counter)
 
     def prompt_of(group: Sequence[Target]) -> str:
-        prompt = _task_prompt(stage, group, view, cfg, window_tokens)
+        prompt = _task_prompt(stage, group, view, cfg, window_tokens, counter)
         return redact(prompt) if cfg.redact_secrets else prompt
 
     limits = CallLimits(cfg.context_window_tokens, cfg.max_output_tokens)
@@ -166,7 +172,7 @@ def llm_blocks(
         completion = client.complete(
             fitted,
             max_tokens=max_tokens,
-            contract=_contract(group, view),
+            contract=_contract(group, view, cfg, counter),
         )
         input_tokens += completion.usage.input_tokens
         output_tokens += completion.usage.output_tokens
@@ -185,7 +191,9 @@ def _echoes_prompt(text: str) -> bool:
     return any(marker in text for marker in _PROMPT_MARKERS)
 
 
-def _contract(targets: Sequence[Target], view: View) -> OutputContract:
+def _contract(
+    targets: Sequence[Target], view: View, cfg: PipelineConfig, counter: TokenCounter
+) -> OutputContract:
     task_id, intent_id = view.anchor_ids()
     by_id = view.messages_by_id()
     query = message_text(by_id[intent_id]) if intent_id in by_id else ""
@@ -197,7 +205,10 @@ def _contract(targets: Sequence[Target], view: View) -> OutputContract:
         kind="blocks",
         blocks=[
             ContractBlock(
-                block_id=t.target_id, target_tokens=t.target_tokens, source=t.source_messages(), scope=t.scope
+                block_id=t.target_id,
+                target_tokens=t.target_tokens,
+                source=as_served(t.source_messages(), cfg, counter),
+                scope=t.scope,
             )
             for t in targets
         ],

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ctxcore.messages import AnyMessage, ToolMessage
+from ctxcore.messages import AnyMessage, ToolMessage, message_text
 from ctxcore.pipeline.models import PipelineConfig
 from ctxcore.pipeline.view import View, block_message, log_id
+from ctxcore.render import head_tail
 from ctxcore.state.models import SummaryBlock
 from ctxcore.summarize.prompts import BLOCK_SECTIONS
 from ctxcore.summarize.sections import skeleton
@@ -20,6 +21,7 @@ from ctxcore.turns import newest_step_start
 
 __all__ = [
     "ViewSizes",
+    "as_served",
     "header_tokens",
     "held_tokens",
     "item_tokens",
@@ -73,6 +75,33 @@ def served_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> 
 def served_of(messages: Sequence[AnyMessage], config: PipelineConfig, counter: TokenCounter) -> int:
     """What ``messages`` cost in a served window (one list; results counted at the cap)."""
     return message_tokens(counter, messages) - _cap_excess(messages, config, counter)
+
+
+def as_served(
+    messages: Sequence[AnyMessage], config: PipelineConfig, counter: TokenCounter
+) -> list[AnyMessage]:
+    """``messages`` with each tool result over ``config.ceiling_tokens`` (the window's budget)
+    cut to its head and tail at it: what the summariser is sent of what it replaces. No window
+    ever served more of such a result (the newest-step cap cut it to the room), and its whole
+    text stays in the log and the offload store, one reload away. Sent whole, each 150k-
+    character test log of the grown development runs cost a call 37k input tokens. Cut at
+    the result cap instead (a quarter of the budget), tau-bench's next-step references fell
+    0.646 -> 0.636 at lag 0 and 0.571 -> 0.554 at lag 5: at half of a short run's tokens the
+    cap is a few hundred tokens, below the records the agent quotes next."""
+    limit = config.ceiling_tokens
+    if limit is None:
+        return list(messages)
+    out: list[AnyMessage] = []
+    for message in messages:
+        tokens = message_tokens(counter, [message]) if isinstance(message, ToolMessage) else 0
+        if tokens > limit:
+            text = message_text(message)
+            keep = len(text) * limit // tokens
+            message = message.model_copy(
+                update={"content": head_tail(text, keep, 0.5, config.truncated_marker)}
+            )
+        out.append(message)
+    return out
 
 
 def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter: TokenCounter) -> int:

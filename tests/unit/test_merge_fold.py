@@ -119,3 +119,29 @@ def test_the_protected_recent_messages_reach_the_summariser_as_previews() -> Non
         protected = prompts[0].split("[Protected Recent Context]", 1)[1]
         assert (newest in protected) is whole
         assert newest[:300] in protected and newest[-300:] in protected  # head and tail kept
+
+
+def test_a_result_over_the_budget_reaches_the_summariser_cut_to_the_budget() -> None:
+    tail = agent_steps(100, 10, output_words=60)
+    huge = " ".join(f"log_{w}" for w in range(6000)) + " VERDICT: 3 failed"
+    tail[1] = tail[1].model_copy(update={"content": huge})
+    view = View(version=0, tail=tuple(tail))
+    budget = message_tokens(COUNTER, [tail[1]]) // 3
+    prompts: list[str] = []
+
+    class _Recording(_Calls):
+        def complete(self, messages, *, max_tokens, contract=None):  # type: ignore[no-untyped-def]
+            prompts.append(str(messages[-1].content))
+            return super().complete(messages, max_tokens=max_tokens, contract=contract)
+
+    for ceiling, whole in ((budget, False), (None, True)):
+        prompts.clear()
+        cfg = PipelineConfig(target_tokens=budget // 2, keep_recent_messages=4, ceiling_tokens=ceiling)
+        compress_until_target(view, cfg, _Recording(), COUNTER)
+        selected = prompts[0].split("[Selected Targets]", 1)[1].split("[Protected Recent Context]", 1)[0]
+        assert (huge in selected) is whole
+        # Head and tail (the verdict) kept; the other results whole either way.
+        assert huge[:300] in selected and huge[-300:] in selected
+        assert str(tail[3].content) in selected
+        if not whole:
+            assert COUNTER.count_text(selected) < budget * 2
