@@ -19,6 +19,7 @@ from ctxcore.pipeline.sizing import ViewSizes, held_tokens, message_tokens, serv
 from ctxcore.pipeline.targets import build_targets, eligible_raw
 from ctxcore.recall.archive import ChunkingConfig
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, StateStore
+from ctxcore.state.budget import result_cap_tokens
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.summarize.blocks import Summarizer
 from ctxcore.summarize.model import ModelClient
@@ -90,7 +91,7 @@ class Coordinator:
     def pipeline_config(self, key: ConversationKey, budget: int | None = None) -> PipelineConfig:
         """Pipeline targets for ``key`` derived from its budget."""
         b = budget or self.budget(key)
-        cap = max(int(b * self.max_result_ratio), 1) if self.max_result_ratio is not None else None
+        cap = result_cap_tokens(b, self.max_result_ratio)
         limits = self.call_limits_for(key) if self.call_limits_for is not None else CallLimits()
         return PipelineConfig(
             target_tokens=max(int(b * self.target_ratio), 1),

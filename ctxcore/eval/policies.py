@@ -36,6 +36,7 @@ from ctxcore.eval.policy_base import (
 )
 from ctxcore.messages import AnyMessage, AssistantMessage, ToolCall, ToolMessage
 from ctxcore.pipeline.fitting import CallLimits
+from ctxcore.pipeline.sizing import unservable_tokens
 from ctxcore.processors.chain import apply_rules, build_rule_chain, default_rule_chain
 from ctxcore.processors.current_round import CurrentRoundCompressor
 from ctxcore.processors.dialogue import DialogueCompressor
@@ -196,7 +197,10 @@ class FullPolicy(Policy):
             self.pending = None
             return self.compact()
         view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in tools])
-        if view.tokens(s.counter) <= trigger_tokens(s.budget, room, s.trigger_ratio):
+        # As the service's trigger counts it: a result no window could serve whole at the cap.
+        cap = self.coordinator.pipeline_config(self.key).result_cap_tokens
+        due = view.tokens(s.counter) - unservable_tokens(view.tail, room, cap, s.counter)
+        if due <= trigger_tokens(s.budget, room, s.trigger_ratio):
             return [], []
         if s.lag == 0:
             return self.compact()

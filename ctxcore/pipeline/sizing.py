@@ -31,6 +31,7 @@ __all__ = [
     "served_of",
     "served_tokens",
     "summary_cap",
+    "unservable_tokens",
 ]
 
 Item = SummaryBlock | AnyMessage
@@ -115,6 +116,26 @@ def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter:
             excess = message_tokens(counter, [message]) - cap
             if excess > 0:
                 total += excess
+    return total
+
+
+def unservable_tokens(
+    messages: Sequence[AnyMessage], room: int, cap: int | None, counter: TokenCounter
+) -> int:
+    """What a compaction trigger sheds of ``messages``: each tool result larger than the whole
+    ``room`` counts at the ``cap`` (``state.budget.result_cap_tokens``; None: nothing shed).
+    No compaction can make room for such a result (the window cuts it to the cap once it is
+    older than the newest step), while one that fits the room is served whole once the
+    history around it is summarised. Counted whole, a 37k-token log asked for a compaction
+    on every window it stayed in the tail, each run to shave a few tokens off the target."""
+    if cap is None:
+        return 0
+    total = 0
+    for message in messages[: newest_step_start(messages)]:
+        if isinstance(message, ToolMessage):
+            tokens = message_tokens(counter, [message])
+            if tokens > room:
+                total += tokens - cap
     return total
 
 

@@ -19,7 +19,14 @@ from ctxcore.errors import BudgetExceeded, InvalidRequestError
 from ctxcore.messages import AnyMessage
 from ctxcore.tokens import TokenCounter
 
-__all__ = ["MAX_BUDGET_TOKENS", "BudgetTokens", "check_budget", "conversation_budget", "trigger_tokens"]
+__all__ = [
+    "MAX_BUDGET_TOKENS",
+    "BudgetTokens",
+    "check_budget",
+    "conversation_budget",
+    "result_cap_tokens",
+    "trigger_tokens",
+]
 
 MAX_BUDGET_TOKENS = 1_000_000_000
 """The largest budget: it is stored beside the state (a BIGINT column on SQL backends), and
@@ -77,3 +84,10 @@ def trigger_tokens(budget_tokens: int, room: int, trigger_ratio: float) -> int:
     ``trigger_ratio`` of the ``room`` (``conversation_budget``), with the system messages and
     tools on top."""
     return budget_tokens - room + int(room * trigger_ratio)
+
+
+def result_cap_tokens(room: int, max_result_ratio: float | None) -> int | None:
+    """The most one tool result counts in a conversation's view: ``max_result_ratio`` of the
+    ``room`` (the default chain's cap; None: no cap, results count whole). Compaction plans
+    with it and the window's trigger compares with it, so both count a view the same way."""
+    return max(int(room * max_result_ratio), 1) if max_result_ratio is not None else None

@@ -19,6 +19,7 @@ from ctxcore.config import Settings
 from ctxcore.contract import check_messages_contract
 from ctxcore.errors import ConflictError, InvalidMessageError, NotFoundError, QuotaExceeded, RecallDisabled
 from ctxcore.messages import AnyMessage, SystemMessage
+from ctxcore.pipeline.sizing import unservable_tokens
 from ctxcore.processors.chain import WindowRules
 from ctxcore.processors.recall_tool import DEFAULT_RECALL_TOKENS, RECALL_TOOL_NAME, recall_tool_definition
 from ctxcore.protocol import append_violation
@@ -27,7 +28,13 @@ from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey, MessageLog, OffloadStore, StateStore
 from ctxcore.state.base import read_pinned
-from ctxcore.state.budget import BudgetTokens, check_budget, conversation_budget, trigger_tokens
+from ctxcore.state.budget import (
+    BudgetTokens,
+    check_budget,
+    conversation_budget,
+    result_cap_tokens,
+    trigger_tokens,
+)
 from ctxcore.state.tail import AppendCounts, TailRead
 from ctxcore.state.undecodable import is_undecodable, without_undecodable
 from ctxcore.status import CompactionDetail
@@ -185,6 +192,12 @@ class ContextService:
         # tail (bench/fast_path.py --caches, issue 41).
         chain = WindowRules(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
         return partial(chain.apply, counter=counter, offloads=self.offloads, key=key, detector=self.detector)
+
+    def _result_cap(self, room: int) -> int | None:
+        """The most one tool result counts in the view, as the workers' planning counts it
+        (``Runtime``'s coordinator: the default chain's cap, none without the chain)."""
+        engine = self.settings.engine
+        return result_cap_tokens(room, engine.max_result_ratio if engine.rule_chain == "default" else None)
 
     def _window_reads(
         self,
@@ -347,6 +360,9 @@ class ContextService:
         if undecodable:
             result.elided_ranges = sorted([*result.elided_ranges, *undecodable])
         trigger = trigger_tokens(budget_tokens, room, self.settings.service.trigger_ratio)
+        # A result no window could serve whole counts at the cap (ctxcore.pipeline.sizing:
+        # unservable_tokens): counted whole, it asked for a compaction on every window.
+        due_tokens = result.raw_tokens - unservable_tokens(tail, room, self._result_cap(room), counter)
         detail = record.detail if record is not None else CompactionDetail()
         cap = summariser_cap(self.settings, key.tenant_id)
         held = detail.hold is not None and not rearmed(
@@ -362,7 +378,7 @@ class ContextService:
             # No job until the hold re-arms (workers.holds): the last one could not progress,
             # or the tenant's summariser tokens of the day are spent.
             result.compaction = "paused"
-        elif result.raw_tokens > trigger and not held and cap != 0 and not preview:  # cap 0: rules only
+        elif due_tokens > trigger and not held and cap != 0 and not preview:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
             # The queue's status from the record already read: read once per window.
