@@ -5,7 +5,8 @@
 * ``steps``: a correct truncation: system, task anchor, intent anchor, then the newest whole
   steps that fit, in log order. A step is an assistant message plus its tool results; any
   other message is a step by itself. When not even the newest step fits, its outputs are
-  cut to an equal head and tail around ``[... N characters cut ...]``.
+  cut to an equal head and tail around ``[... N characters cut ...]``; an older step larger
+  than the whole room (no window could hold it) is left out and older steps still go in.
 * ``mask``: observation masking: tool results older than the 10 newest assistant messages
   become ``[old tool output omitted: N lines]``, then ``steps``.
 * ``lossless``: system plus every raw message, no budget (a reference row).
@@ -135,7 +136,7 @@ class StepsPolicy(_Recorder):
                 counter.count_messages(anchor_msgs),
             )
         priming = priming_tokens(counter)
-        room = s.budget - fixed
+        room = whole_room = s.budget - fixed
         chosen: dict[int, AnyMessage] = {i: messages[i] for i in found}
         first = True
         for step in reversed(_steps(messages)):
@@ -149,6 +150,9 @@ class StepsPolicy(_Recorder):
             elif first:
                 chosen.update(self._fit(messages, members, room, priming))
                 break
+            elif cost > whole_room:
+                # No window could hold it: one such output must not push every older step out.
+                continue
             elif self.fill:
                 # The room left goes to the next older step that fits, cut if need be.
                 part = self._fit(messages, members, room, priming)

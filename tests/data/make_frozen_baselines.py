@@ -3,7 +3,9 @@
 The baselines every figure is measured against must not move: this pins, for a few runs of
 the test data at a few budgets, every window each baseline serves (per window the index of
 each message kept, with a short hash of its text where the baseline changed it). Written at
-1293df3; ``tests/unit/test_frozen_baselines.py`` compares. Re-run only for a deliberate change:
+1293df3, re-written once for a deliberate change (stop 52: ``steps`` leaves out an older
+step larger than the whole room and goes on, where it stopped there; one replay moved);
+``tests/unit/test_frozen_baselines.py`` compares. Re-run only for a deliberate change:
 
     .venv/bin/python tests/data/make_frozen_baselines.py [--check]
 """

@@ -70,6 +70,16 @@ def test_steps_cuts_the_newest_step_to_head_and_tail_when_it_alone_is_too_big() 
     assert window[-2] == big[0]  # the call itself is whole
 
 
+def test_steps_leaves_out_an_older_step_no_window_could_hold_and_goes_on() -> None:
+    task = UserMessage(content="Fix the bug.")
+    huge = step(2, size=3000)
+    window = replay("steps", 800, [[task], step(0), step(1), huge, step(3), step(4)])
+    assert check_window(window) == []
+    kept = [int(str(m.content).split()[1]) for m in window if isinstance(m, AssistantMessage)]
+    # Before, the walk stopped at the huge output and served the two steps after it only.
+    assert kept == [0, 1, 3, 4] and not any("characters cut" in str(m.content) for m in window)
+
+
 def test_steps_raises_when_the_anchors_alone_do_not_fit() -> None:
     policy = make_policy("steps", setup(50))
     policy.append([UserMessage(content="a long task " * 40)])

@@ -1,5 +1,5 @@
 """The baselines every figure is measured against keep their windows (``tests/data/frozen_baselines.json``,
-written at 1293df3 by ``tests/data/make_frozen_baselines.py``)."""
+written at 1293df3 by ``tests/data/make_frozen_baselines.py``, re-written once since: see it)."""
 
 from __future__ import annotations
 
