@@ -4,7 +4,8 @@ The baselines every figure is measured against must not move: this pins, for a f
 the test data at a few budgets, every window each baseline serves (per window the index of
 each message kept, with a short hash of its text where the baseline changed it). Written at
 1293df3, re-written once for a deliberate change (stop 52: ``steps`` leaves out an older
-step larger than the whole room and goes on, where it stopped there; one replay moved);
+step larger than the whole room and goes on, where it stopped there; four replays moved:
+``steps`` and ``mask`` of two runs at 3,000 tokens);
 ``tests/unit/test_frozen_baselines.py`` compares. Re-run only for a deliberate change:
 
     .venv/bin/python tests/data/make_frozen_baselines.py [--check]
