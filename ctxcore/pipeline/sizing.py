@@ -122,12 +122,14 @@ def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter:
 def unservable_tokens(
     messages: Sequence[AnyMessage], room: int, cap: int | None, counter: TokenCounter
 ) -> int:
-    """What a compaction trigger sheds of ``messages``: each tool result larger than the whole
-    ``room`` counts at the ``cap`` (``state.budget.result_cap_tokens``; None: nothing shed).
-    No compaction can make room for such a result (the window cuts it to the cap once it is
-    older than the newest step), while one that fits the room is served whole once the
-    history around it is summarised. Counted whole, a 37k-token log asked for a compaction
-    on every window it stayed in the tail, each run to shave a few tokens off the target."""
+    """What a compaction trigger sheds of ``messages``: each tool result before the newest
+    step larger than the whole ``room`` counts at the ``cap`` (``state.budget.
+    result_cap_tokens``; None: nothing shed). No compaction can make room for such a result
+    (the window cuts it to the cap), while one that fits the room is served whole once the
+    history around it is summarised, and a newest output gets the room the older messages
+    held (counted at the cap there too, tau-bench lost 0.646 -> 0.636). Counted whole, a
+    37k-token log asked for a compaction on every window it stayed in the tail, each run to
+    shave a few tokens off the target."""
     if cap is None:
         return 0
     total = 0
