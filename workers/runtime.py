@@ -233,11 +233,7 @@ class Runtime:
             default_budget=service.default_budget,
             keep_recent_messages=self.settings.engine.keep_recent_messages,
             detector=self.detector,
-            max_result_ratio=(
-                self.settings.engine.max_result_ratio
-                if self.settings.engine.rule_chain == "default"
-                else None
-            ),
+            max_result_ratio=self.settings.engine.result_cap_ratio,
             recall_for=self.chunking_for,
             call_limits_for=self.call_limits_for,
         )

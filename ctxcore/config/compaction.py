@@ -77,6 +77,12 @@ class EngineSettings(UserMarkers):
     # The most of the window one tool result may take in the default chain (ToolResultCap).
     max_result_ratio: float = Field(default=0.25, gt=0, le=1)
 
+    @property
+    def result_cap_ratio(self) -> float | None:
+        """``max_result_ratio`` when the default chain (whose cap it is) serves the windows,
+        else None: compaction and the trigger count tool results whole."""
+        return self.max_result_ratio if self.rule_chain == "default" else None
+
 
 class RecallSettings(BaseModel):
     """Compression recall: archive what compaction folds, search it, spend headroom on it.

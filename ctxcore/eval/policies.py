@@ -51,7 +51,7 @@ from ctxcore.recall.archive import ChunkingConfig, recall
 from ctxcore.recall.auto import AutoRecall
 from ctxcore.recall.cache import IndexCache
 from ctxcore.state import CompressionState, ConversationKey
-from ctxcore.state.budget import BudgetTokens, conversation_budget, trigger_tokens
+from ctxcore.state.budget import BudgetTokens, conversation_budget, result_cap_tokens, trigger_tokens
 from ctxcore.state.memory import MemoryMessageLog, MemoryOffloadStore, MemoryStateStore
 
 __all__ = [
@@ -141,11 +141,7 @@ class FullPolicy(Policy):
             default_budget=setup.budget,
             keep_recent_messages=setup.keep_recent_messages,
             detector=setup.detector,
-            max_result_ratio=(
-                setup.settings.engine.max_result_ratio
-                if setup.settings.engine.rule_chain == "default"
-                else None
-            ),
+            max_result_ratio=setup.settings.engine.result_cap_ratio,
             call_limits_for=lambda _key: CallLimits.of(setup.settings.model),
         )
         # The window at which the pending compaction was asked for (``setup.lag`` > 0).
@@ -198,7 +194,7 @@ class FullPolicy(Policy):
             return self.compact()
         view = self.coordinator.view(self.key, system=list(s.system), tools=[dict(t) for t in tools])
         # As the service's trigger counts it: a result no window could serve whole at the cap.
-        cap = self.coordinator.pipeline_config(self.key).result_cap_tokens
+        cap = result_cap_tokens(room, self.coordinator.max_result_ratio)
         due = view.tokens(s.counter) - unservable_tokens(view.tail, room, cap, s.counter)
         if due <= trigger_tokens(s.budget, room, s.trigger_ratio):
             return [], []

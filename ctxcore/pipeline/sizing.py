@@ -108,14 +108,19 @@ def as_served(
 def _cap_excess(messages: Sequence[AnyMessage], config: PipelineConfig, counter: TokenCounter) -> int:
     """The tokens of tool results over ``config.result_cap_tokens`` that a window never serves."""
     cap = config.result_cap_tokens
+    return 0 if cap is None else _excess_over_cap(messages, cap, cap, counter)
+
+
+def _excess_over_cap(
+    messages: Sequence[AnyMessage], cap: int, larger_than: int, counter: TokenCounter
+) -> int:
+    """What the tool results of ``messages`` larger than ``larger_than`` tokens hold beyond ``cap``."""
     total = 0
-    if cap is None:
-        return total
     for message in messages:
         if isinstance(message, ToolMessage):
-            excess = message_tokens(counter, [message]) - cap
-            if excess > 0:
-                total += excess
+            tokens = message_tokens(counter, [message])
+            if tokens > larger_than:
+                total += tokens - cap
     return total
 
 
@@ -132,13 +137,7 @@ def unservable_tokens(
     shave a few tokens off the target."""
     if cap is None:
         return 0
-    total = 0
-    for message in messages[: newest_step_start(messages)]:
-        if isinstance(message, ToolMessage):
-            tokens = message_tokens(counter, [message])
-            if tokens > room:
-                total += tokens - cap
-    return total
+    return _excess_over_cap(messages[: newest_step_start(messages)], cap, room, counter)
 
 
 def held_tokens(view: View, config: PipelineConfig, counter: TokenCounter) -> int:

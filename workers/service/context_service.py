@@ -193,12 +193,6 @@ class ContextService:
         chain = WindowRules(budget_tokens, max_result_ratio=self.settings.engine.max_result_ratio)
         return partial(chain.apply, counter=counter, offloads=self.offloads, key=key, detector=self.detector)
 
-    def _result_cap(self, room: int) -> int | None:
-        """The most one tool result counts in the view, as the workers' planning counts it
-        (``Runtime``'s coordinator: the default chain's cap, none without the chain)."""
-        engine = self.settings.engine
-        return result_cap_tokens(room, engine.max_result_ratio if engine.rule_chain == "default" else None)
-
     def _window_reads(
         self,
         key: ConversationKey,
@@ -360,9 +354,16 @@ class ContextService:
         if undecodable:
             result.elided_ranges = sorted([*result.elided_ranges, *undecodable])
         trigger = trigger_tokens(budget_tokens, room, self.settings.service.trigger_ratio)
-        # A result no window could serve whole counts at the cap (ctxcore.pipeline.sizing:
-        # unservable_tokens): counted whole, it asked for a compaction on every window.
-        due_tokens = result.raw_tokens - unservable_tokens(tail, room, self._result_cap(room), counter)
+        # A result no window could serve whole counts at the cap, as the workers' planning
+        # counts it (ctxcore.pipeline.sizing: unservable_tokens): counted whole, it asked for a
+        # compaction on every window. Counted only when the whole count is over the trigger.
+        due = result.raw_tokens > trigger and (
+            result.raw_tokens
+            - unservable_tokens(
+                tail, room, result_cap_tokens(room, self.settings.engine.result_cap_ratio), counter
+            )
+            > trigger
+        )
         detail = record.detail if record is not None else CompactionDetail()
         cap = summariser_cap(self.settings, key.tenant_id)
         held = detail.hold is not None and not rearmed(
@@ -378,7 +379,7 @@ class ContextService:
             # No job until the hold re-arms (workers.holds): the last one could not progress,
             # or the tenant's summariser tokens of the day are spent.
             result.compaction = "paused"
-        elif due_tokens > trigger and not held and cap != 0 and not preview:  # cap 0: rules only
+        elif due and not held and cap != 0 and not preview:  # cap 0: rules only
             result.compaction = self.queue.request(key)
         else:
             # The queue's status from the record already read: read once per window.
