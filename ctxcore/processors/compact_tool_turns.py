@@ -9,7 +9,8 @@ the model still needs.
 
 With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the turns are
 compacted oldest first, one at a time, only while the messages are over
-``RuleEnv.tail_budget_tokens``; ``keep_recent_turns`` is unused (the current turn never is).
+``RuleEnv.tail_budget_tokens``; ``keep_recent_turns`` is unused (the current turn never is,
+nor the turn the newest step closes: a request with no reply yet answers that turn).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
-from ctxcore.turns import Turn, turns
+from ctxcore.turns import Turn, newest_step_start, turns
 
 __all__ = ["CompactCompletedToolTurns", "CompactCompletedToolTurnsConfig", "apply", "triggers"]
 
@@ -49,6 +50,12 @@ def _compactable(
     keep = 1 if config.act_only_over_budget else max(config.keep_recent_turns, 1)
     # The current (last) turn is never compacted, even with keep_recent_turns=0.
     older = found[: max(len(found) - keep, 0)]
+    if config.act_only_over_budget:
+        # A new request answers the reply before it: the newest step is that reply, and the
+        # turn it closes keeps its tool steps (tau-bench at lag 5: 0.571 -> 0.588 of the
+        # next-step references; bench/README.md, "The turn a new request answers").
+        newest = newest_step_start(messages)
+        older = [t for t in older if t.end <= newest]
     return [t for t in older if t.complete and not t.failed and not t.cancelled and _uses_tools(messages, t)]
 
 

@@ -15,9 +15,11 @@ from ctxcore.messages import (
     UserMessage,
     messages_to_json,
 )
+from ctxcore.processors.chain import apply_rules
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.memory import MemoryOffloadStore
+from ctxcore.tokens import TiktokenCounter
 from ctxcore.window import check_window
 
 
@@ -209,6 +211,25 @@ def test_an_incomplete_turn_and_a_chat_without_tools_are_left_alone() -> None:
         [UserMessage(content="hi"), AssistantMessage(content="hello"), *unfinished, UserMessage(content="?")]
     )
     assert ctx.get_context_window().context_messages == ctx.get_messages()
+
+
+def headroom_turns(messages: list[AnyMessage], room: int) -> list[Any]:
+    counter = TiktokenCounter()
+    chain = [("CompactCompletedToolTurns", {"act_only_over_budget": True})]
+    served = apply_rules(messages, chain, counter, None, ConversationKey("t", "c"), tail_budget_tokens=room)
+    return [m.content for m in served]
+
+
+def test_over_budget_the_turn_a_new_request_answers_keeps_its_tool_steps() -> None:
+    # The user's reply to "done b" asks about what turn b found: its results stay, the older
+    # turn goes first, and nothing else goes even with the window still over.
+    texts = headroom_turns([*tool_turn("a"), *tool_turn("b", 2), UserMessage(content="why b?")], room=10)
+    assert "a result 0" not in texts and texts[:2] == ["do a", "done a"]
+    assert "b result 0" in texts and "b result 1" in texts
+    # Once the agent works on the new request, turn b is an older turn like any other.
+    working = [*tool_turn("a"), *tool_turn("b", 2), *tool_turn("c")[:-1]]
+    texts = headroom_turns(working, room=10)
+    assert "b result 0" not in texts and "do b" in texts and "done b" in texts
 
 
 # --- WindowLimit ----------------------------------------------------------------------
