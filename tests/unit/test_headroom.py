@@ -376,3 +376,39 @@ def test_a_result_over_the_cap_is_served_whole_while_the_window_fits() -> None:
     tight = COUNTER.count_messages([*SYSTEM, *tail]) - 400
     cut = assemble_window(CompressionState(), tail, tight, SYSTEM, [], rules(tight, store), COUNTER).messages
     assert OFFLOAD_MARKER_RE.search(message_text(cut[-1])) and COUNTER.count_messages(cut) <= tight
+
+
+def chat(turns: int, steps: int, size: int) -> list[AnyMessage]:
+    """``turns`` requests of a user, each answered after ``steps`` lookups of ``size`` words."""
+    out: list[AnyMessage] = []
+    for t in range(turns):
+        out.append(UserMessage(content=f"request {t}: look up the bookings"))
+        for s in range(steps):
+            call = ToolCall(id=f"t{t}s{s}", name="get_booking", arguments=json.dumps({"id": f"B{t}{s}"}))
+            out.append(AssistantMessage(content="", tool_calls=[call]))
+            out.append(ToolMessage(tool_call_id=call.id, content=f"booking B{t}{s} " + "seat " * size))
+        out.append(AssistantMessage(content=f"answer {t}"))
+    return [m.model_copy(update={"context_message_id": f"{n:012d}"}) for n, m in enumerate(out, 1)]
+
+
+@pytest.mark.parametrize("replied", [True, False])
+def test_over_budget_the_rules_leave_the_turn_the_agent_works_in_whole(replied: bool) -> None:
+    # The current request's lookups are what the agent answers from: older turns' results
+    # are cleared and, when that is not enough, the oldest steps are left out, never a
+    # result of the current request. With no reply yet to a new request, the turn it
+    # answers is the one kept whole.
+    tail = chat(3, 4, 150)
+    if replied:
+        tail = tail[:-1]  # the third request's lookups are done, its answer not yet written
+        current = tail[-9:]
+    else:
+        tail = [*tail, UserMessage(content="and the second one?", context_message_id="000000000099")]
+        current = tail[-11:-1]
+    budget = COUNTER.count_messages([*SYSTEM, *current]) + 150
+    result = assemble_window(
+        CompressionState(), tail, budget, SYSTEM, [], rules(budget, MemoryOffloadStore()), COUNTER
+    )
+    served = result.messages
+    assert check_window(served) == [] and COUNTER.count_messages(served) <= budget
+    kept = [m for m in current if isinstance(m, ToolMessage)]
+    assert kept and all(m in served for m in kept)
