@@ -7,8 +7,8 @@ tokens (the counter's); the preview length ``trim_size`` is characters.
 With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the turn
 budget is unused: results over ``large_message_threshold`` are offloaded oldest first,
 across turns, only while the messages are over ``RuleEnv.tail_budget_tokens``, and never
-in the turn the agent works in (``rules.current_work_start``); a result whose preview alone would bring them under goes before older
-ones that would not.
+in the turn the agent works in (``rules.current_work_start``); a result whose preview
+alone would bring them under goes before older ones that would not.
 
 Not carried over from the reference: ``offload_message_type`` (only tool results are ever
 handled), ``offload_file_prefix`` (offloads are named by content handle) and the
