@@ -20,8 +20,8 @@ from pydantic import NonNegativeInt
 from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
-from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult, current_work_start
-from ctxcore.turns import Turn, turns
+from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
+from ctxcore.turns import Turn, newest_step_start, turns
 
 __all__ = ["CompactCompletedToolTurns", "CompactCompletedToolTurnsConfig", "apply", "triggers"]
 
@@ -53,9 +53,9 @@ def _compactable(
     if config.act_only_over_budget:
         # A new request answers the reply before it: the newest step is that reply, and the
         # turn it closes keeps its tool steps (tau-bench at lag 5: 0.571 -> 0.588 of the
-        # next-step references; bench/README.md, "The turn the agent works in").
-        end = current_work_start(messages, env.detector)
-        older = [t for t in older if t.end <= end]
+        # next-step references; bench/README.md, "The turn a new request answers").
+        newest = newest_step_start(messages)
+        older = [t for t in older if t.end <= newest]
     return [t for t in older if t.complete and not t.failed and not t.cancelled and _uses_tools(messages, t)]
 
 

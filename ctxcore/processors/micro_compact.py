@@ -9,7 +9,7 @@ patterns, so ``"*"`` makes every tool compactable.
 With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the per-tool
 count and the trigger are unused: results are cleared one at a time, oldest first across
 tools, only while the messages are over ``RuleEnv.tail_budget_tokens``, never in the
-turn the agent works in (``rules.current_work_start``).
+newest step.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from ctxcore.processors.rules import (
     Rewrite,
     RuleEnv,
     RuleResult,
-    current_work_start,
     tool_calls_of_results,
     tool_name,
 )
-from ctxcore.turns import steps
+from ctxcore.turns import newest_step_start, steps
 
 __all__ = ["MicroCompactConfig", "MicroCompactProcessor", "apply", "triggers"]
 
@@ -94,9 +93,9 @@ def _round_complete(messages: list[AnyMessage]) -> bool:
 def _headroom_candidates(messages: list[AnyMessage], config: MicroCompactConfig, env: RuleEnv) -> list[int]:
     if not HeadroomBudget(messages, env).over:
         return []
-    end = current_work_start(messages, env.detector)
+    newest = newest_step_start(messages)
     found = (i for results in _by_tool(messages, config).values() for i in results)
-    return sorted(i for i in found if i < end and not _cleared(messages[i], config))
+    return sorted(i for i in found if i < newest and not _cleared(messages[i], config))
 
 
 def triggers(messages: list[AnyMessage], config: MicroCompactConfig, env: RuleEnv) -> bool:

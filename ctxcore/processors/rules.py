@@ -20,7 +20,7 @@ from ctxcore.processors.offload import Offload, store_offload
 from ctxcore.state.base import OffloadStore
 from ctxcore.state.keys import ConversationKey
 from ctxcore.tokens import TokenCounter
-from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, anchors, newest_step_start, tool_callers, turns
+from ctxcore.turns import DEFAULT_DETECTOR, UserDetector, anchors, tool_callers, turns
 from ctxcore.window import DEFAULT_CONTEXT_MAX_TOKENS
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "RuleEnv",
     "RuleResult",
     "anchor_indices",
-    "current_work_start",
     "id_ranges",
     "query_terms",
     "rounds",
@@ -259,24 +258,6 @@ class HeadroomBudget:
                 return
             act(i)
             self.saved(rewrite.messages[i], rewrite.current(i))
-
-
-def current_work_start(messages: Sequence[AnyMessage], detector: UserDetector) -> int:
-    """Where the headroom rules stop rewriting: the turn the newest step belongs to (the
-    current request's, or the turn a request with no reply yet answers) when something comes
-    before it, else the newest step (a run that is one request, such as a coding task: its
-    older steps are history the rules may shrink).
-
-    On tau-bench's conversations, where a user speaks every few steps, rules that cleared
-    the current request's older results while a worker lagged held 0.588 of the next-step
-    references against 0.636 for a plain truncation (lag 5); leaving that turn whole, 0.619
-    (bench/README.md, "The turn the agent works in"). The development runs are one request:
-    identical."""
-    newest = newest_step_start(messages)
-    for turn in reversed(turns(messages, detector)):
-        if turn.start <= newest:
-            return turn.start if turn.start > 0 else newest
-    return newest
 
 
 def anchor_indices(messages: Sequence[AnyMessage], detector: UserDetector) -> frozenset[int]:

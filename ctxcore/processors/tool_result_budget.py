@@ -7,8 +7,8 @@ tokens (the counter's); the preview length ``trim_size`` is characters.
 With ``act_only_over_budget`` (set by the default chain; ctxcore's own mode) the turn
 budget is unused: results over ``large_message_threshold`` are offloaded oldest first,
 across turns, only while the messages are over ``RuleEnv.tail_budget_tokens``, and never
-in the turn the agent works in (``rules.current_work_start``); a result whose preview
-alone would bring them under goes before older ones that would not.
+in the newest step; a result whose preview alone would bring them under goes before older
+ones that would not.
 
 Not carried over from the reference: ``offload_message_type`` (only tool results are ever
 handled), ``offload_file_prefix`` (offloads are named by content handle) and the
@@ -32,11 +32,11 @@ from ctxcore.processors.rules import (
     Rewrite,
     RuleEnv,
     RuleResult,
-    current_work_start,
     rounds,
     tool_calls_of_results,
     tool_name,
 )
+from ctxcore.turns import newest_step_start
 
 __all__ = [
     "ToolResultBudgetConfig",
@@ -119,7 +119,7 @@ def _headroom_candidates(
 ) -> list[int]:
     if not HeadroomBudget(messages, env).over:
         return []
-    return _offloadable(messages, range(current_work_start(messages, env.detector)), config, env)
+    return _offloadable(messages, range(newest_step_start(messages)), config, env)
 
 
 # A marker as long as any the offload store writes: previews are sized with it before one is.
