@@ -221,6 +221,23 @@ def with_huge_outputs(run: dict[str, Any], chars: int, every: int = 8) -> dict[s
     return {**run, "messages": messages, "source": f"{run.get('source', '')}+huge-outputs"}
 
 
+FOLLOW_UP = (
+    "Thanks. Before you finish, also make sure the existing tests still pass and keep the change minimal."
+)
+
+
+def with_follow_up(run: dict[str, Any], at: float = 0.6) -> dict[str, Any]:
+    """``run`` with the user speaking again at ``at`` of its messages, between two steps (before
+    the first assistant message from there that follows a tool result): a coding session of
+    two requests, the second one long, as a user who follows up makes it."""
+    messages = list(run["messages"])
+    for i in range(max(int(len(messages) * at), 1), len(messages)):
+        if messages[i].get("role") == "assistant" and messages[i - 1].get("role") == "tool":
+            messages.insert(i, {"role": "user", "content": FOLLOW_UP})
+            break
+    return {**run, "messages": messages, "source": f"{run.get('source', '')}+follow-up"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("form", choices=FORMS)

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.harness_forms import FORMS, as_content_parts, rewrite, with_huge_outputs  # noqa: E402
+from bench.harness_forms import FORMS, as_content_parts, rewrite, with_follow_up, with_huge_outputs  # noqa: E402
 from bench.summary_lines import line_stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -201,6 +201,12 @@ def main() -> None:
         help="every 8th tool result of the development runs preceded by filler test-log lines "
         "(naming nothing the runs name) up to CHARS characters: an output no harness truncated (0: none)",
     )
+    parser.add_argument(
+        "--follow-up",
+        action="store_true",
+        help="the development runs with the user speaking again at 0.6 of each run, between two "
+        "steps: a coding session of two requests",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--json", help="write every report (without per-conversation rows) here")
     args = parser.parse_args()
@@ -220,6 +226,8 @@ def main() -> None:
     if args.huge_outputs:
         grow = partial(with_huge_outputs, chars=args.huge_outputs)
         swe = rewritten(swe, "huge", grow, Path(scratch.name))
+    if args.follow_up:
+        swe = rewritten(swe, "follow-up", with_follow_up, Path(scratch.name))
     if args.content_parts:
         swe, tau = (rewritten(p, "parts", as_content_parts, Path(scratch.name)) for p in (swe, tau))
     budgets = [16000] if args.quick else args.budgets
@@ -247,6 +255,8 @@ def main() -> None:
                     label += f", {args.harness_form} form"
                 if args.huge_outputs:
                     label += f", every 8th output {args.huge_outputs} characters"
+                if args.follow_up:
+                    label += ", a follow-up request"
                 if args.content_parts:
                     label += ", content as parts"
                 reports.append(run(swe, label, config))
