@@ -392,9 +392,9 @@ def chat(turns: int, steps: int, size: int) -> list[AnyMessage]:
 
 
 def test_a_long_follow_up_request_is_shrunk_by_the_rules_not_left_to_the_fallback() -> None:
-    # A follow-up request in a coding session runs long: its older results are cleared
-    # oldest first (in chunks, the prefix stays put from one window to the next) rather
-    # than its oldest steps left out by the fallback anew on every window. Keeping the
+    # A follow-up request in a coding session runs long: its older results are cleared by
+    # the rules, oldest first (while a worker lags they go in chunks and the prefix stays
+    # put), rather than its oldest steps left out by the fallback on every window. Keeping the
     # request's turn whole while it fit the room cost such sessions cache share at lag 5
     # (bench/README.md, "The turn a new request answers").
     tail = chat(2, 12, 150)[:-1]
