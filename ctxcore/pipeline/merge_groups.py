@@ -23,12 +23,22 @@ Item = SummaryBlock | AnyMessage
 MergeGroup = list[Item]
 
 
-def merge_groups(view: View, barriers: frozenset[str], fold: Sequence[AnyMessage] = ()) -> list[MergeGroup]:
-    """The groups a recursive merge of ``view`` summarises, each in log order.
+def merge_groups(
+    view: View, barriers: frozenset[str], fold: Sequence[AnyMessage] = (), *, lone: bool = False
+) -> list[MergeGroup]:
+    """The groups a recursive merge of ``view`` summarises, in log order, each in log order.
 
     ``fold``: the tail's oldest raw steps to take as well. They join the group ending with
     the view's newest block (a group of that block alone when no run ends there), and only
     when nothing pinned lies between that block and the tail; otherwise they are left out.
+
+    ``lone`` (the blocks are over their cap): a block that no other block shares a stretch
+    between pinned messages with, so no run can take it, is a group of its own,
+    re-summarised to its share. A user's new request is pinned as the intent anchor: without
+    this the summary of the work before it kept the whole cap, the work after it was held at
+    the pass floor beside it (0.59 of the target where the cap is 0.4), and tighter budgets
+    escalated to the aggressive passes (bench/README, "Coding sessions with a follow-up
+    request").
     """
     between: set[tuple[str, str]] = set()
     gaps: dict[tuple[str, str], list[AnyMessage]] = {}
@@ -47,8 +57,15 @@ def merge_groups(view: View, barriers: frozenset[str], fold: Sequence[AnyMessage
             separated = True
         else:
             gap.append(item)
+    blocks = list(view.blocks)
+    runs = _merge_runs(blocks, between)
+    if lone:
+        bounds = [True, *((a.block_id, b.block_id) in between for a, b in itertools.pairwise(blocks)), True]
+        alone = [[b] for n, b in enumerate(blocks) if bounds[n] and bounds[n + 1]]
+        order = {b.block_id: n for n, b in enumerate(blocks)}
+        runs = sorted([*runs, *alone], key=lambda run: order[run[0].block_id])
     groups: list[MergeGroup] = []
-    for run in _merge_runs(list(view.blocks), between):
+    for run in runs:
         group: MergeGroup = [run[0]]
         for previous, block in itertools.pairwise(run):
             group.extend(gaps.get((previous.block_id, block.block_id), []))

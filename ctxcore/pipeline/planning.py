@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ctxcore.pipeline.models import STAGE_ORDER, PipelineConfig, Stage, StageKind
-from ctxcore.pipeline.sizing import held_tokens, message_tokens, served_tokens, summary_cap
+from ctxcore.pipeline.sizing import blocks_over_cap, held_tokens, served_tokens
 from ctxcore.pipeline.targets import build_targets, l1_falls_short
 from ctxcore.pipeline.view import View
 from ctxcore.tokens import TokenCounter
@@ -72,12 +72,6 @@ def _stage_order(view: View, config: PipelineConfig, counter: TokenCounter) -> t
     (folding old summaries together then makes the room, rather than summarising the newest
     steps of the tail) or when L0->L1 alone would fall short of the target (the merge then
     takes in the steps L0->L1 would summarise: one model call instead of two)."""
-    cap = summary_cap(view, config)
-    over_cap = (
-        cap is not None
-        and len(view.blocks) >= 2
-        and sum(message_tokens(counter, b.messages) for b in view.blocks) > cap
-    )
-    if not over_cap and not l1_falls_short(view, config, counter):
+    if not blocks_over_cap(view, config, counter) and not l1_falls_short(view, config, counter):
         return STAGE_ORDER
     return ("recursive_merge", *(k for k in STAGE_ORDER if k != "recursive_merge"))

@@ -22,6 +22,7 @@ from ctxcore.turns import newest_step_start
 __all__ = [
     "ViewSizes",
     "as_served",
+    "blocks_over_cap",
     "header_tokens",
     "held_tokens",
     "item_tokens",
@@ -162,6 +163,16 @@ def summary_cap(view: View, config: PipelineConfig) -> int | None:
         return None
     share = int(config.target_tokens * config.summary_share)
     return max(share, min(config.summary_floor_tokens, config.target_tokens))
+
+
+def blocks_over_cap(view: View, config: PipelineConfig, counter: TokenCounter) -> bool:
+    """Two or more summary blocks together over their cap (``summary_cap``)."""
+    cap = summary_cap(view, config)
+    return (
+        cap is not None
+        and len(view.blocks) >= 2
+        and sum(message_tokens(counter, b.messages) for b in view.blocks) > cap
+    )
 
 
 def room_for(

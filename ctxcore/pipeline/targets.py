@@ -18,6 +18,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage
 from ctxcore.pipeline.merge_groups import merge_groups
 from ctxcore.pipeline.models import PipelineConfig, Stage, StageKind
 from ctxcore.pipeline.sizing import (
+    blocks_over_cap,
     header_tokens,
     item_tokens,
     message_tokens,
@@ -242,7 +243,7 @@ def _build_targets(
 
     if kind == "recursive_merge":
         fold = _fold_raw(view, config, counter, barriers)
-        groups = merge_groups(view, barriers, fold)
+        groups = merge_groups(view, barriers, fold, lone=blocks_over_cap(view, config, counter))
         run_sizes = [item_tokens(counter, group, config) for group in groups]
         merged = sum(
             message_tokens(counter, i.messages) for g in groups for i in g if isinstance(i, SummaryBlock)
@@ -305,7 +306,7 @@ def _fold_raw(
             eligible_raw(view, config.keep_recent_messages, newest_step=config.summarise_all_pending),
         )
     )
-    groups = merge_groups(view, barriers)
+    groups = merge_groups(view, barriers, lone=blocks_over_cap(view, config, counter))
     replaced = {b.block_id: b for g in groups for b in g if isinstance(b, SummaryBlock)}
     replaced.setdefault(view.blocks[-1].block_id, view.blocks[-1])
     block_tokens = sum(message_tokens(counter, b.messages) for b in replaced.values())

@@ -145,3 +145,57 @@ def test_a_result_over_the_budget_reaches_the_summariser_cut_to_the_budget() -> 
         assert str(tail[3].content) in selected
         if not whole:
             assert COUNTER.count_text(selected) < budget * 2
+
+
+def test_a_summary_before_the_users_new_request_shrinks_with_the_work_after_it() -> None:
+    # The follow-up is pinned as the intent anchor between the blocks: no run can take them
+    # together, so each is a group of its own and the two share the cap.
+    task = UserMessage(content="fix the parser", context_message_id="000000000001")
+    follow_up = UserMessage(content="now make it handle tabs", context_message_id="000000000041")
+    before, after = _block(_summary(1, 70), 2, 40), _block(_summary(2, 30), 42, 80)
+    tail = agent_steps(100, 6)
+    view = View(
+        version=3,
+        pinned=(task, follow_up),
+        blocks=(before, after),
+        tail=tuple(tail),
+        covered_until="000000000080",
+    )
+    blocks = sum(message_tokens(COUNTER, b.messages) for b in view.blocks)
+    cfg = PipelineConfig(
+        target_tokens=view.tokens(COUNTER) - 100,
+        summary_share=blocks * 0.6 / (view.tokens(COUNTER) - 100),
+        first_pass_target_tokens=200,
+        second_pass_target_tokens=150,
+        third_pass_target_tokens=100,
+    )
+    stage = plan_next_stage(view, cfg, COUNTER)
+    assert stage is not None and stage.kind == "recursive_merge"
+    assert set(stage.block_ids) == {before.block_id, after.block_id}
+    targets = build_targets("recursive_merge", view, cfg, COUNTER)
+    assert [t.blocks for t in targets] == [(before,), (after,)]
+    run = compress_until_target(view, cfg, _Calls(), COUNTER)
+    # The older block keeps its range, the request stays verbatim after it.
+    assert (run.view.blocks[0].first_id, run.view.blocks[0].last_id) == ("000000000002", "000000000040")
+    assert run.view.blocks[1].first_id == "000000000042"
+    assert follow_up in run.view.pinned
+    assert [r.stage.kind for r in run.results] == ["recursive_merge"]
+    assert message_tokens(COUNTER, run.view.blocks[0].messages) < 0.7 * message_tokens(
+        COUNTER, before.messages
+    )
+    assert run.view.tokens(COUNTER) <= cfg.target_tokens
+
+
+def test_blocks_within_their_cap_on_either_side_of_a_request_are_left_alone() -> None:
+    task = UserMessage(content="fix the parser", context_message_id="000000000001")
+    follow_up = UserMessage(content="now make it handle tabs", context_message_id="000000000041")
+    blocks = (_block(_summary(1, 20), 2, 40), _block(_summary(2, 20), 42, 80))
+    view = View(
+        version=3,
+        pinned=(task, follow_up),
+        blocks=blocks,
+        tail=tuple(agent_steps(100, 12)),
+        covered_until="000000000080",
+    )
+    cfg = PipelineConfig(target_tokens=view.tokens(COUNTER) - 100, summary_share=0.9)
+    assert build_targets("recursive_merge", view, cfg, COUNTER) == []
