@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from ctxcore.engine import ContextEngine, ModelContext
+from ctxcore.errors import ConfigError
 from ctxcore.markers import CLEARED_TOOL_RESULT
 from ctxcore.messages import (
     AnyMessage,
@@ -15,11 +18,12 @@ from ctxcore.messages import (
     UserMessage,
     messages_to_json,
 )
-from ctxcore.processors.chain import apply_rules
+from ctxcore.processors.chain import WindowRules, apply_rules
 from ctxcore.processors.offload import OFFLOAD_MARKER_RE
 from ctxcore.state.keys import ConversationKey
 from ctxcore.state.memory import MemoryOffloadStore
 from ctxcore.tokens import TiktokenCounter
+from ctxcore.turns import DEFAULT_DETECTOR
 from ctxcore.window import check_window
 
 
@@ -232,6 +236,15 @@ def test_over_budget_the_turn_a_new_request_answers_keeps_its_tool_steps() -> No
     assert "b result 0" not in texts and "do b" in texts and "done b" in texts
 
 
+def test_over_budget_an_old_turn_loses_its_oldest_steps_first_not_all_at_once() -> None:
+    messages = [*tool_turn("a"), *tool_turn("b", 6), *tool_turn("c")[:-1]]
+    texts = headroom_turns(messages, room=TiktokenCounter().sum_messages(messages) - 1)
+    assert "a result 0" not in texts  # the oldest turn's step went first
+    assert all(f"b result {i}" in texts for i in range(6))
+    texts = headroom_turns(messages, room=TiktokenCounter().sum_messages(messages) - 60)
+    assert "b result 0" not in texts and "b result 5" in texts and "done b" in texts
+
+
 # --- WindowLimit ----------------------------------------------------------------------
 
 
@@ -250,6 +263,65 @@ def test_window_limit_by_messages_never_splits_a_turn_and_always_keeps_the_curre
     ctx.add_messages([*tool_turn("a"), *tool_turn("b"), *tool_turn("c", 3)])
     texts = [m.content for m in ctx.get_context_window().context_messages]
     assert texts[0] == "do a" and texts[1] == "do c" and len(texts) == 1 + 8
+
+
+def limited(messages: list[AnyMessage], room: int) -> list[Any]:
+    counter = TiktokenCounter()
+    chain = [("WindowLimit", {"act_only_over_budget": True})]
+    served = apply_rules(messages, chain, counter, None, ConversationKey("t", "c"), tail_budget_tokens=room)
+    assert check_window(served) == []
+    return [m.content for m in served]
+
+
+def test_over_budget_the_oldest_answered_turns_are_left_out_whole_anchors_kept() -> None:
+    turns_ = [*tool_turn("a"), *tool_turn("b"), *tool_turn("c"), *tool_turn("d", 3)[:-1]]
+    everything = [m.content for m in turns_]
+    room = TiktokenCounter().sum_messages(turns_) - 1
+    texts = limited(turns_, room)
+    # Only as far as needed: the oldest turn goes, whole but for the task anchor; b stays.
+    assert texts[0] == "do a" and "a result 0" not in texts and "done a" not in texts
+    assert texts[1:] == everything[4:]
+    # With no room at all every answered turn goes but the task anchor and the current turn.
+    texts = limited(turns_, 10)
+    assert texts[0] == "do a" and "done b" not in texts and "do c" not in texts
+    assert texts[1:] == everything[-7:]
+
+
+def test_the_turn_a_new_request_answers_and_unanswered_or_failed_turns_stay() -> None:
+    asked = [*tool_turn("a"), *tool_turn("b"), UserMessage(content="why b?")]
+    texts = limited(asked, 10)
+    assert "b result 0" in texts and "done b" in texts and "why b?" in texts
+    failed = [*tool_turn("a"), *tool_turn("b", is_error=True), *tool_turn("c")[:-1]]
+    assert "b result 0" in limited(failed, 10)
+    unanswered = [*tool_turn("a"), *tool_turn("b")[:-1], *tool_turn("c")[:-1]]
+    assert "b result 0" in limited(unanswered, 10)
+    # Within its room nothing is left out.
+    assert limited(asked, 10_000) == [m.content for m in asked]
+
+
+def test_window_limit_by_room_and_by_count_at_once_is_refused() -> None:
+    with pytest.raises(ConfigError, match="act_only_over_budget"):
+        context([("WindowLimit", {"act_only_over_budget": True, "max_attached_turns": 2})])
+
+
+def test_the_default_chain_leaves_out_old_turns_before_it_previews_the_current_ones() -> None:
+    lookups = [*tool_turn("a"), *tool_turn("b", 2), *tool_turn("c", 2), UserMessage(content="and d?")]
+    lookups += step("d0", "grep", " ".join(f"d{i}" for i in range(400)))
+    lookups += step("d1", "grep", "d result 1")
+    counter = TiktokenCounter()
+    # Room for the current request and the task alone: each older turn goes whole.
+    room = counter.sum_messages(lookups[-5:]) + counter.sum_messages(lookups[:1]) + 10
+    served = WindowRules(4000).apply(
+        lookups,
+        room,
+        counter=counter,
+        offloads=None,
+        key=ConversationKey("t", "c"),
+        detector=DEFAULT_DETECTOR,
+    )
+    texts = [m.content for m in served]
+    assert texts[0] == "do a" and "do b" not in texts and "done c" not in texts
+    assert lookups[-3].content in texts  # the current request's first lookup, whole
 
 
 def test_window_limit_without_limits_or_turns_to_drop_does_nothing() -> None:

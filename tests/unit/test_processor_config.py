@@ -119,9 +119,10 @@ def test_the_default_chain_is_valid_for_any_window(window: int) -> None:
     assert [name for name, _ in ctx.processors] == [
         "ToolResultCap",
         "ToolResultCap",
+        "CompactCompletedToolTurns",
+        "WindowLimit",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
-        "CompactCompletedToolTurns",
         "ToolResultCap",
     ]
     assert all(p.config.act_only_over_budget for _, p in ctx.processors)

@@ -104,9 +104,10 @@ def test_default_chain_order_and_scaling() -> None:
     assert [name for name, _ in chain] == [
         "ToolResultCap",
         "ToolResultCap",
+        "CompactCompletedToolTurns",
+        "WindowLimit",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
-        "CompactCompletedToolTurns",
         "ToolResultCap",
     ]
     assert [c.get("scope") for _, c in chain[:2]] == ["newest_step", "older_steps"]
@@ -117,9 +118,10 @@ def test_default_chain_order_and_scaling() -> None:
     assert small["ToolResultBudgetProcessor"]["large_message_threshold"] == 800
     assert big["ToolResultBudgetProcessor"]["large_message_threshold"] == 10_000
     for name in (
+        "CompactCompletedToolTurns",
+        "WindowLimit",
         "ToolResultBudgetProcessor",
         "MicroCompactProcessor",
-        "CompactCompletedToolTurns",
         "ToolResultCap",
     ):
         assert small[name]["act_only_over_budget"] is True
