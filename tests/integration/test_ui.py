@@ -176,11 +176,13 @@ def test_diff_sources_preview_and_sign_out(ui: Any) -> None:
 def test_offloads_the_rules_cleared_link_to_their_originals(ui: Any) -> None:
     client, runtime, _ = ui
     key = ConversationKey("acme", "tools")
+    # One request worked through in many steps: its older results are what the rules clear
+    # (answered requests of their own would be left out whole first).
+    runtime.log.append(key, [UserMessage(content="read every file")])
     for i in range(20):
         runtime.log.append(
             key,
             [
-                UserMessage(content=f"step {i}"),
                 AssistantMessage(content=None, tool_calls=[ToolCall(id=f"c{i}", name="cat")]),
                 ToolMessage(content=f"file {i} {PLANTED} " + "line of output\n" * 120, tool_call_id=f"c{i}"),
                 AssistantMessage(content=f"read {i}"),
