@@ -5,8 +5,8 @@ are kept or left out whole (so no tool call loses its result), the current turn 
 attached, and a left-out task anchor is put back at the head of the window. What is left
 out is reported as log-id ranges and stays in the view and the log.
 
-With ``act_only_over_budget`` (set by the default chain) the limits are unused: the oldest
-answered turns are left out, one at a time, only while the messages are over
+With ``act_only_over_budget`` (set by the default chain; the count limits are refused beside
+it) the oldest answered turns are left out, one at a time, only while the messages are over
 ``RuleEnv.tail_budget_tokens``; the current turn, the turn the newest step closes, a turn
 without its answer and failed or cancelled turns stay (as for ``CompactCompletedToolTurns``),
 and so do the anchors. In a chat whose user speaks every few steps (tau-bench) the current
