@@ -21,7 +21,7 @@ from ctxcore.messages import AnyMessage, AssistantMessage, UserMessage
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult
-from ctxcore.turns import Turn, newest_step_start, steps, turns
+from ctxcore.turns import Turn, settled_older_turns, steps, turns
 
 __all__ = ["CompactCompletedToolTurns", "CompactCompletedToolTurnsConfig", "apply", "triggers"]
 
@@ -44,18 +44,13 @@ def _uses_tools(messages: list[AnyMessage], turn: Turn) -> bool:
 def _compactable(
     messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv
 ) -> list[Turn]:
-    if config.act_only_over_budget and not HeadroomBudget(messages, env).over:
-        return []
-    found = turns(messages, env.detector)
-    keep = 1 if config.act_only_over_budget else max(config.keep_recent_turns, 1)
-    # The current (last) turn is never compacted, even with keep_recent_turns=0.
-    older = found[: max(len(found) - keep, 0)]
     if config.act_only_over_budget:
-        # A new request answers the reply before it: the newest step is that reply, and the
-        # turn it closes keeps its tool steps (tau-bench at lag 5: 0.571 -> 0.588 of the
-        # next-step references; bench/README.md, "The turn a new request answers").
-        newest = newest_step_start(messages)
-        older = [t for t in older if t.end <= newest]
+        if not HeadroomBudget(messages, env).over:
+            return []
+        return [t for t in settled_older_turns(messages, env.detector) if _uses_tools(messages, t)]
+    found = turns(messages, env.detector)
+    # The current (last) turn is never compacted, even with keep_recent_turns=0.
+    older = found[: max(len(found) - max(config.keep_recent_turns, 1), 0)]
     return [t for t in older if t.complete and not t.failed and not t.cancelled and _uses_tools(messages, t)]
 
 

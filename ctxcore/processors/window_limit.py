@@ -23,7 +23,7 @@ from ctxcore.messages import AnyMessage
 from ctxcore.processors.base import HeadroomConfig
 from ctxcore.processors.rule_processor import RuleFunctions, RuleProcessor
 from ctxcore.processors.rules import HeadroomBudget, Rewrite, RuleEnv, RuleResult, anchor_indices, rounds
-from ctxcore.turns import Turn, newest_step_start, turns
+from ctxcore.turns import Turn, settled_older_turns
 
 __all__ = ["WindowLimit", "WindowLimitConfig", "apply", "triggers"]
 
@@ -74,10 +74,7 @@ def _answered(messages: list[AnyMessage], env: RuleEnv) -> list[Turn]:
     """The turns the headroom mode may leave out, oldest first."""
     if not HeadroomBudget(messages, env).over:
         return []
-    newest = newest_step_start(messages)
-    # The last turn is the current one; a turn the newest step closes is being answered.
-    older = [t for t in turns(messages, env.detector)[:-1] if t.end <= newest]
-    return [t for t in older if t.complete and not t.failed and not t.cancelled]
+    return settled_older_turns(messages, env.detector)
 
 
 def triggers(messages: list[AnyMessage], config: WindowLimitConfig, env: RuleEnv) -> bool:
