@@ -240,6 +240,62 @@ def test_json_fields_are_the_documents_own_fields_or_items() -> None:
     assert json_fields("[" * 500 + "]" * 500) is None
 
 
+def _flight(number: str, business: int) -> dict[str, object]:
+    return {
+        "flight_number": number,
+        "origin": "IAH",
+        "destination": "LAS",
+        "scheduled_departure_time_est": "22:00:00",
+        "status": "available",
+        "available_seats": {"basic_economy": 10, "economy": 11, "business": 19},
+        "prices": {"basic_economy": 54, "economy": 135, "business": business},
+        "date": "2024-05-24",
+    }
+
+
+def test_a_field_too_long_for_one_line_is_read_by_its_records() -> None:
+    # Compact JSON has no space to cut at: a field longer than a line used to vanish whole
+    # (a reservation's flights, a user's payment methods).
+    methods = {f"card_{n}": {"source": "gift_card", "amount": 10 * n, "id": f"card_{n}"} for n in range(8)}
+    lines = json_fields(json.dumps({"user_id": "u1", "payment_methods": methods}))
+    assert lines is not None and lines[0] == '"user_id":"u1"'
+    assert 'payment_methods.card_7: {"source":"gift_card","amount":70,"id":"card_7"}' in lines
+    assert len(lines) == 1 + len(methods)
+    # A search result: a list of itineraries, each a list of long records.
+    search = json_fields(
+        json.dumps([[_flight(f"HAT{n}", 400 + n), _flight("HAT047", 202)] for n in range(3)])
+    )
+    assert search is not None and len(search) == 6
+    assert search[2].startswith('[1][0]: {"flight_number":"HAT1",') and '"business":401}' in search[2]
+    # A record too long even alone: its own fields on its line, each nested one on its own.
+    big = {"id": "r1", "note": "word " * 40, "seats": {"a": 1}, "prices": {f"p{n}": n for n in range(40)}}
+    parts = json_fields(json.dumps({"record": big}))
+    assert parts is not None and parts[0].startswith('record: {"id":"r1","note":"word word')
+    assert 'record.seats: {"a":1}' in parts
+    # An array of scalars too long for a line is cut at a word end, never a line per number.
+    (numbers,) = [line for line in parts if line.startswith("record.prices")]
+    assert numbers.endswith("…") and len(numbers) <= 320
+    (values,) = json_fields(json.dumps({"values": list(range(200))})) or []
+    assert values.startswith("values: [0, 1, 2") and values.endswith("…")
+
+
+def test_the_fare_of_a_later_itinerary_is_kept(model: ExtractiveModel) -> None:
+    call = ToolCall(id="c1", name="search_onestop_flight", arguments=json.dumps({"origin": "IAH"}))
+    itineraries = [[_flight(f"HAT{n}", 400 + n), _flight("HAT047", 202)] for n in range(3)]
+    source: list[AnyMessage] = [
+        UserMessage(content="Find me a business seat from IAH to SEA on May 24."),
+        AssistantMessage(content="", tool_calls=[call]),
+        ToolMessage(tool_call_id="c1", name="search_onestop_flight", content=json.dumps(itineraries)),
+        AssistantMessage(content="Three itineraries are available; which one would you like?"),
+    ]
+    text = summary(model, source, 500)
+    # The first record does not fit beside the call: the call's line shows its head and the
+    # record competes as a line of its own, like every later one.
+    fares = [line for line in lines_of(text) if '"flight_number":"HAT2"' in line]
+    assert fares and '"business":402}' in fares[0], text
+    assert any('[0][0]: {"flight_number":"HAT0"' in line for line in lines_of(text)), text
+
+
 def test_a_crafted_deeply_nested_result_is_summarised_as_text(model: ExtractiveModel) -> None:
     call = ToolCall(id="c1", name="fetch", arguments="{}")
     source: list[AnyMessage] = [

@@ -334,7 +334,6 @@ class Extractor:
             shown = line or "(empty)"
             if result.metadata.get("cancelled") is True:
                 shown = f"(cancelled) {shown}"
-        item_text = f"{head(args)} -> {shown}"
         name = call.name.casefold()
         path = call_path(call, parsed)
         command = shell_command(parsed)
@@ -344,6 +343,15 @@ class Extractor:
         # line number.
         whole = self.rules.commands_whole and command_text(parsed) is not None
         limit = COMMAND_CHARS + MAX_LINE_CHARS if whole else MAX_LINE_CHARS
+        # The result line this call's line shows whole (``tool_output`` skips it).
+        used = line
+        room = limit - len(head(args)) - len(" -> ")
+        if len(shown) > room:
+            # The result line does not fit beside the call (a record of compact JSON has no
+            # space to cut at): the call shows its head, and the line competes on its own.
+            shown = clip(shown, room, mark=True) or "…"
+            used = ""
+        item_text = f"{head(args)} -> {shown}"
         order = (index, _CALL_ORDER + pos)
         if failed or is_error(line):
             self.add(order, "error", item_text, tag=tag, limit=limit, call=True)
@@ -373,7 +381,7 @@ class Extractor:
             # through a heredoc or an editor's argument.
             for sub, code in enumerate(written_lines(parsed, writes)[: _CALL_ORDER - 1], start=1):
                 self.add((index, (2 + pos) * _CALL_ORDER + sub), "work", code, tag="assistant")
-        return line
+        return used
 
     def tool_output(self, index: int, message: ToolMessage, used: str, tag: str) -> None:
         """Error lines of a tool result beyond the one already shown (and, for a JSON

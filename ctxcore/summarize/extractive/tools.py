@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from ctxcore.json_text import loads_shallow
 from ctxcore.messages import ToolCall
-from ctxcore.summarize.extractive.features import PATH, clip, collapse
+from ctxcore.summarize.extractive.features import MAX_LINE_CHARS, PATH, clip, collapse
 
 __all__ = [
     "TASK_TOOL",
@@ -49,6 +49,11 @@ _HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 # f.py``) cut after its first line number loses the others, which the agent re-issues later.
 # Past it the command is a pasted script, shortened like any other value.
 COMMAND_CHARS: Final = 1000
+# A line of a JSON result is kept whole up to this many characters (a flight record of a
+# search result, ~320 characters, fits); a longer field is read by its parts.
+JSON_LINE_CHARS: Final = MAX_LINE_CHARS
+# A key printed bare in a JSON line's path (``payment_methods.gift_card_1``); others quoted.
+_NAME = re.compile(r"[A-Za-z_][\w-]*")
 
 
 def result_line(lines: Sequence[tuple[str, bool]]) -> str:
@@ -233,23 +238,76 @@ def json_fields(text: str) -> list[str] | None:
     """A result that is one JSON object or array, one line per top-level field (its
     ``"key":value`` as compact JSON) or per array item; None for anything else. Such a result
     is one line of JSON that a 200-character cut ends before its ids and amounts; a field's
-    own line keeps them beside their key, in the result's own syntax."""
+    own line keeps them beside their key, in the result's own syntax.
+
+    A field too long for one line is read by its parts (``_part_lines``): compact JSON has no
+    space to cut at, and a cut record loses the values at its end (a fare, an id), so each
+    nested record is a line of its own under its path (``flights[2]: {...}``)."""
     stripped = text.strip()
     if not stripped.startswith(("{", "[")):
         return None
     try:
         value = loads_shallow(stripped)
-        if isinstance(value, dict):
-            raw = [_compact({key: item})[1:-1] for key, item in value.items()]
-        elif isinstance(value, list):
-            raw = [_compact(item) for item in value]
-        else:
-            return None
     except ValueError:
         # Not JSON, or nested too deep (``loads_shallow``): read as text.
         return None
-    lines = [line for line in (clip(collapse(text), 200) for text in raw) if line]
+    if isinstance(value, dict):
+        parts = [(f"{_compact(key)}:", _path("", key), item) for key, item in value.items()]
+    elif isinstance(value, list):
+        parts = [("", f"[{n}]", item) for n, item in enumerate(value)]
+    else:
+        return None
+    lines: list[str] = []
+    for head, path, item in parts:
+        whole = head + _compact(item)
+        if len(whole) <= JSON_LINE_CHARS:
+            lines.append(whole)
+        elif isinstance(item, dict | list):
+            lines.extend(_part_lines(path, item))
+        else:
+            lines.append(_cut(head + json.dumps(item, ensure_ascii=False, default=str)))
     return lines or None
+
+
+def _part_lines(path: str, value: Any) -> list[str]:
+    """The lines of a value too long for one: its scalar members together on the line of
+    ``path`` (a record's own fields stay beside each other), each nested object or array on
+    lines of its own under its path, recursively; a long scalar or a long array of scalars
+    is cut at a word end of its spaced JSON (never a line per bare number)."""
+    if isinstance(value, dict):
+        members = list(value.items())
+        scalars: Any = {key: item for key, item in members if not isinstance(item, dict | list)}
+        nested = [(_path(path, key), item) for key, item in members if isinstance(item, dict | list)]
+    elif isinstance(value, list) and any(isinstance(item, dict | list) for item in value):
+        scalars = [item for item in value if not isinstance(item, dict | list)]
+        nested = [(f"{path}[{n}]", item) for n, item in enumerate(value) if isinstance(item, dict | list)]
+    else:
+        return [_cut_line(path, value)]
+    lines = [_cut_line(path, scalars)] if scalars else []
+    for sub_path, item in nested:
+        whole = f"{sub_path}: {_compact(item)}"
+        lines.extend([whole] if len(whole) <= JSON_LINE_CHARS else _part_lines(sub_path, item))
+    return lines
+
+
+def _cut_line(path: str, value: Any) -> str:
+    """``path: value`` within ``JSON_LINE_CHARS``: compact when it fits, else its spaced JSON
+    cut at a word end and marked."""
+    whole = f"{path}: {_compact(value)}"
+    if len(whole) <= JSON_LINE_CHARS:
+        return whole
+    return _cut(f"{path}: {json.dumps(value, ensure_ascii=False, default=str)}")
+
+
+def _cut(text: str) -> str:
+    return clip(collapse(text), JSON_LINE_CHARS, mark=True)
+
+
+def _path(parent: str, key: str) -> str:
+    """``parent.key`` (a key that is no plain name quoted: ``parent["a b"]``)."""
+    if _NAME.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{_compact(key)}]"
 
 
 def _compact(value: Any) -> str:
