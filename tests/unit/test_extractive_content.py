@@ -280,7 +280,8 @@ def test_a_field_too_long_for_one_line_is_read_by_its_records() -> None:
 
 
 def test_the_fare_of_a_later_itinerary_is_kept(model: ExtractiveModel) -> None:
-    call = ToolCall(id="c1", name="search_onestop_flight", arguments=json.dumps({"origin": "IAH"}))
+    arguments = json.dumps({"origin": "IAH", "destination": "SEA", "date": "2024-05-24"})
+    call = ToolCall(id="c1", name="search_onestop_flight", arguments=arguments)
     itineraries = [[_flight(f"HAT{n}", 400 + n), _flight("HAT047", 202)] for n in range(3)]
     source: list[AnyMessage] = [
         UserMessage(content="Find me a business seat from IAH to SEA on May 24."),
@@ -294,6 +295,7 @@ def test_the_fare_of_a_later_itinerary_is_kept(model: ExtractiveModel) -> None:
     fares = [line for line in lines_of(text) if '"flight_number":"HAT2"' in line]
     assert fares and '"business":402}' in fares[0], text
     assert any('[0][0]: {"flight_number":"HAT0"' in line for line in lines_of(text)), text
+    assert any(line.endswith('date="2024-05-24" -> [0][0]: …') for line in lines_of(text)), text
 
 
 def test_a_crafted_deeply_nested_result_is_summarised_as_text(model: ExtractiveModel) -> None:

@@ -349,7 +349,9 @@ class Extractor:
         if len(shown) > room:
             # The result line does not fit beside the call (a record of compact JSON has no
             # space to cut at): the call shows its head, and the line competes on its own.
-            shown = clip(shown, room, mark=True) or "…"
+            cut = clip(shown, room, mark=True)
+            # ``clip`` keeps a first word longer than the room whole (a record has no space).
+            shown = cut if 0 < len(cut) <= room else "…"
             used = ""
         item_text = f"{head(args)} -> {shown}"
         order = (index, _CALL_ORDER + pos)
