@@ -32,7 +32,8 @@ class Rules:
     line of the agent's own: a shell command's heredoc bodies, an editor's ``file_text`` or
     ``new_str``), ``json_fields`` (a tool result that is one
     JSON document competes field by field, each top-level field or array item a line of
-    compact JSON, instead of as its first 200 characters). Weights:
+    compact JSON, a field too long for one line by its records under their paths, instead of
+    as its first 200 characters). Weights:
     ``category_priors`` (a prior per kind of line, else one flat prior), ``summary_bonus``
     (an earlier summary's line +1, its request +3), ``question_weight`` (a dialogue question
     half a statement's weight; moves no next-step reference, kept for LoCoMo's c_hit goal,
