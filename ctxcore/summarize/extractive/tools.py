@@ -271,9 +271,10 @@ def json_fields(text: str) -> list[str] | None:
 
 def _part_lines(path: str, value: Any) -> list[str]:
     """The lines of a value too long for one: its scalar members together on the line of
-    ``path`` (a record's own fields stay beside each other), each nested object or array on
-    lines of its own under its path, recursively; a long scalar or a long array of scalars
-    is cut at a word end of its spaced JSON (never a line per bare number)."""
+    ``path`` (a record's own fields stay beside each other; an array's scalars in order,
+    without their indices), each nested object or array on lines of its own under its path,
+    recursively; a long scalar or a long array of scalars is cut at a word end of its spaced
+    JSON (never a line per bare number)."""
     if isinstance(value, dict):
         members = list(value.items())
         scalars: Any = {key: item for key, item in members if not isinstance(item, dict | list)}
