@@ -277,6 +277,9 @@ def test_a_field_too_long_for_one_line_is_read_by_its_records() -> None:
     assert numbers.endswith("…") and len(numbers) <= 320
     (values,) = json_fields(json.dumps({"values": list(range(200))})) or []
     assert values.startswith("values: [0, 1, 2") and values.endswith("…")
+    # A key longer than a line has no line; the other fields still do.
+    assert json_fields(json.dumps({"k" * 400: {"a": "x" * 400}, "b": 1})) == ['"b":1']
+    assert json_fields(json.dumps({"outer": {"k" * 400: [1] * 200}})) is None
 
 
 def test_the_fare_of_a_later_itinerary_is_kept(model: ExtractiveModel) -> None:

@@ -266,6 +266,8 @@ def json_fields(text: str) -> list[str] | None:
             lines.extend(_part_lines(path, item))
         else:
             lines.append(_cut(head + json.dumps(item, ensure_ascii=False, default=str)))
+    # A line whose path alone is longer than a line (a 400-character key) is cut to nothing.
+    lines = [line for line in lines if line]
     return lines or None
 
 
