@@ -195,6 +195,16 @@ def test_a_script_the_agent_writes_keeps_its_code_lines(model: ExtractiveModel) 
     assert "<<'EOF'" in text  # the call's own line still shows the command without its body
 
 
+def lookup(request: str, call: ToolCall, result: object, reply: str) -> list[AnyMessage]:
+    """A user's request, the agent's one call, its JSON result and the agent's reply."""
+    return [
+        UserMessage(content=request),
+        AssistantMessage(content="", tool_calls=[call]),
+        ToolMessage(tool_call_id=call.id, name=call.name, content=json.dumps(result)),
+        AssistantMessage(content=reply),
+    ]
+
+
 USER_DETAILS = {
     "user_id": "mia_kim_4397",
     "name": {"first_name": "Mia", "last_name": "Kim"},
@@ -212,12 +222,12 @@ USER_DETAILS = {
 
 def test_a_json_results_ids_and_amounts_stay_beside_their_keys(model: ExtractiveModel) -> None:
     call = ToolCall(id="c1", name="get_user_details", arguments=json.dumps({"user_id": "mia_kim_4397"}))
-    source: list[AnyMessage] = [
-        UserMessage(content="I want to pay for my new booking with my gift card."),
-        AssistantMessage(content="", tool_calls=[call]),
-        ToolMessage(tool_call_id="c1", name="get_user_details", content=json.dumps(USER_DETAILS)),
-        AssistantMessage(content="Which of your payment methods would you like to use?"),
-    ]
+    source = lookup(
+        "I want to pay for my new booking with my gift card.",
+        call,
+        USER_DETAILS,
+        "Which of your payment methods would you like to use?",
+    )
     text = summary(model, source, 400)
     # One line of JSON cut at 200 characters ended before the payment methods; each field is
     # its own line now, in the result's own syntax.
@@ -286,12 +296,12 @@ def test_the_fare_of_a_later_itinerary_is_kept(model: ExtractiveModel) -> None:
     arguments = json.dumps({"origin": "IAH", "destination": "SEA", "date": "2024-05-24"})
     call = ToolCall(id="c1", name="search_onestop_flight", arguments=arguments)
     itineraries = [[_flight(f"HAT{n}", 400 + n), _flight("HAT047", 202)] for n in range(3)]
-    source: list[AnyMessage] = [
-        UserMessage(content="Find me a business seat from IAH to SEA on May 24."),
-        AssistantMessage(content="", tool_calls=[call]),
-        ToolMessage(tool_call_id="c1", name="search_onestop_flight", content=json.dumps(itineraries)),
-        AssistantMessage(content="Three itineraries are available; which one would you like?"),
-    ]
+    source = lookup(
+        "Find me a business seat from IAH to SEA on May 24.",
+        call,
+        itineraries,
+        "Three itineraries are available; which one would you like?",
+    )
     text = summary(model, source, 500)
     # The first record does not fit beside the call: the call's line shows its head and the
     # record competes as a line of its own, like every later one.
