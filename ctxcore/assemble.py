@@ -29,6 +29,7 @@ from ctxcore.markers import ELIDED_STEPS
 from ctxcore.messages import AnyMessage, UserMessage, message_text
 from ctxcore.pipeline import PipelineConfig, View
 from ctxcore.pipeline.truncate import truncate_blocks
+from ctxcore.pipeline.view import log_id
 from ctxcore.protocol import check_window, close_interrupted_tool_calls
 from ctxcore.recall.auto import AutoRecall, RecallStats, recall_position, recall_query, recalled_message
 from ctxcore.render import head_tail
@@ -216,6 +217,23 @@ def _drop_oldest_blocks(view: View, fit: _Fit) -> tuple[View, Elided]:
     return replace(view, blocks=tuple(blocks)), elided
 
 
+def _drop_pinned(view: View, fit: _Fit) -> tuple[View, Elided]:
+    """Raw messages a compaction left pinned between its blocks (not the anchors) left out,
+    oldest first, until the rest fits. No other step touches them: without this one the last
+    step kept them and the window stayed over its budget. Run after the tail's steps, not as
+    the oldest content right after the blocks: that cost tau-bench (60 runs at 0.5, lag 0)
+    a reference, 0.650 -> 0.646; here every window that fitted before is served as before."""
+    pinned, elided = list(view.pinned), []
+    for message in view.pinned:
+        if fit.over(replace(view, pinned=tuple(pinned))) <= 0:
+            break
+        mid = log_id(message)
+        if mid not in fit.anchor_ids:
+            pinned.remove(message)
+            elided.append((mid, mid))
+    return replace(view, pinned=tuple(pinned)), elided
+
+
 def _drop_markers(view: View, fit: _Fit) -> tuple[View, Elided]:
     """Not even the notes standing for left-out steps fit: the window is served without them."""
     return replace(view, tail=tuple(m for m in view.tail if not _is_marker(m))), []
@@ -381,5 +399,6 @@ FALLBACK_STEPS: tuple[tuple[str, FallbackStep], ...] = (
     ("elide oldest tail steps", _elide_oldest_steps),
     ("cut tail texts", _cut_tail_texts),
     ("drop elided markers", _drop_markers),
+    ("drop pinned non-anchors", _drop_pinned),
     ("serve the anchors only", _anchors_only),
 )

@@ -277,6 +277,36 @@ def test_the_fallback_drops_blocks_before_tail_steps_and_cuts_the_newest_step_la
     assert ("000000000002", "000000000019") in elided or fitted.blocks[0].messages != block.messages
 
 
+def test_the_fallback_leaves_out_raw_messages_a_compaction_left_between_its_blocks() -> None:
+    # Raw messages below the cursor that no block covers stay pinned beside the anchors; the
+    # fallback must be able to leave them out too, or the window stays over its budget.
+    task = UserMessage(content="Fix the crash.", context_message_id="000000000001")
+    old = [
+        UserMessage(
+            content=f"an earlier request {n}: " + "detail " * 200, context_message_id=f"00000000000{n}"
+        )
+        for n in (2, 3, 4)
+    ]
+    intent = UserMessage(content="Now only fix the docs.", context_message_id="000000000005")
+    tail = run(1, 20, first_id=6)[1:]
+    view = View(
+        version=1,
+        system=tuple(SYSTEM),
+        pinned=(task, *old, intent),
+        tail=tuple(tail),
+        covered_until="000000000005",
+    )
+    anchors = frozenset({"000000000001", "000000000005"})
+    budget = view.tokens(COUNTER) - 150
+    fitted, elided = fit_to_budget(view, budget, COUNTER, anchor_ids=anchors)
+    assert fitted.tokens(COUNTER) <= budget
+    # Only when the tail's steps are not enough, oldest first and only as many as the budget
+    # needs: the anchors stay.
+    assert ("000000000002", "000000000002") in elided
+    kept = [m.context_message_id for m in fitted.pinned]
+    assert kept[0] == "000000000001" and kept[-2:] == ["000000000004", "000000000005"]
+
+
 def test_embedded_default_chain_is_headroom_aware_and_within_budget() -> None:
     record = next(swe_runs())
     system, rest = logged(record["messages"])
