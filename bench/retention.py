@@ -21,6 +21,7 @@ each run's tokens, and optionally LoCoMo (QA). It asserts nothing.
     .venv/bin/python bench/retention.py --budgets 16000 --lags 0 --json out.json
     .venv/bin/python bench/retention.py --system-padding 4 --tau-runs 0   # a 5k-token system prompt
     .venv/bin/python bench/retention.py --harness-form openhands --tau-runs 0   # OpenHands' tools
+    .venv/bin/python bench/retention.py --budgets --tau-held-out   # tau-bench, tuned and held out
 
 Data: ``CTXCORE_DATA_DIR`` (default ``../shared/data``).
 """
@@ -168,6 +169,11 @@ def main() -> None:
         "--tau-runs", type=int, default=60, help="tau-bench runs at 0.5 of their tokens (0: none)"
     )
     parser.add_argument(
+        "--tau-held-out",
+        action="store_true",
+        help="also the tau-bench runs after the first --tau-runs (no rule was tuned on them)",
+    )
+    parser.add_argument(
         "--locomo-ratios", type=float, nargs="*", default=[], help="LoCoMo budget ratios (QA)"
     )
     parser.add_argument(
@@ -267,6 +273,14 @@ def main() -> None:
                 policies=policies, budget_ratio=0.5, limit=tau_runs, lag=lag, recall=recall, settings=settings
             )
             label = f"tau-bench ({tau_runs} runs), 0.5 of each run, lag {lag}"
+            reports.append(run(tau, label + (", content as parts" if args.content_parts else ""), config))
+    if tau_runs and tau.exists() and args.tau_held_out:
+        held_out = [json.loads(line)["id"] for line in tau.open()][tau_runs:]
+        for lag in args.lags:
+            config = EvalConfig(
+                policies=policies, budget_ratio=0.5, ids=held_out, lag=lag, recall=recall, settings=settings
+            )
+            label = f"tau-bench held out (runs {tau_runs}-{tau_runs + len(held_out) - 1}), 0.5 of each run, lag {lag}"
             reports.append(run(tau, label + (", content as parts" if args.content_parts else ""), config))
     for ratio in args.locomo_ratios:
         config = EvalConfig(policies=policies, budget_ratio=ratio, recall=recall, settings=settings)
