@@ -41,12 +41,11 @@ def _uses_tools(messages: list[AnyMessage], turn: Turn) -> bool:
     return any(isinstance(m, AssistantMessage) and m.tool_calls for m in messages[turn.start : turn.end])
 
 
-def _compactable(
+def _candidates(
     messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv
 ) -> list[Turn]:
+    """The turns that may be compacted, oldest first, whatever the room."""
     if config.act_only_over_budget:
-        if not HeadroomBudget(messages, env).over:
-            return []
         return [t for t in settled_older_turns(messages, env.detector) if _uses_tools(messages, t)]
     found = turns(messages, env.detector)
     # The current (last) turn is never compacted, even with keep_recent_turns=0.
@@ -55,8 +54,10 @@ def _compactable(
 
 
 def triggers(messages: list[AnyMessage], config: CompactCompletedToolTurnsConfig, env: RuleEnv) -> bool:
-    """True if an older completed tool turn exists."""
-    return bool(_compactable(messages, config, env))
+    """True if an older completed tool turn exists (headroom mode: and the room is exceeded)."""
+    if config.act_only_over_budget and not HeadroomBudget(messages, env).over:
+        return False
+    return bool(_candidates(messages, config, env))
 
 
 def apply(
@@ -71,7 +72,8 @@ def apply(
     tail budget)."""
     rewrite = Rewrite(messages)
     budget = HeadroomBudget(messages, env)
-    for turn in _compactable(messages, config, env):
+    # Headroom mode checks the room before each step (none is taken while the messages fit).
+    for turn in _candidates(messages, config, env):
         # Step by step, not the turn at once: one lookup-heavy turn of a chat (tau-bench,
         # sixteen messages) left a lagging worker's window at 0.36 of its budget.
         for step in steps(messages[turn.start : turn.end]):

@@ -107,8 +107,10 @@ def apply(
 def _leave_out_while_over(messages: list[AnyMessage], env: RuleEnv) -> RuleResult:
     rewrite = Rewrite(messages)
     budget = HeadroomBudget(messages, env)
+    if not budget.over:
+        return rewrite.result()
     pinned = anchor_indices(messages, env.detector)
-    for turn in _answered(messages, env):
+    for turn in settled_older_turns(messages, env.detector):
         if not budget.over:
             break
         for i in range(turn.start, turn.end):
